@@ -1,0 +1,228 @@
+//! Configuration: the validated, typed form of `proxy.toml` (SPEC section 2).
+//!
+//! Loading happens in two steps. [`load`] walks the TOML document (with the position of every
+//! item kept), rejects unknown keys, expands `${NAME}` references and turns each value into the
+//! types below, collecting *every* problem with its `FILE:LINE:COL: field.path` instead of
+//! stopping at the first. The types here carry no raw TOML: every invariant the rest of the
+//! program relies on (a route's upstream exists, a window is whole seconds, ...) holds by
+//! construction once a [`Config`] exists.
+
+mod load;
+
+pub use load::{load_file, load_str, ConfigError, ConfigErrors};
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderName, Method, StatusCode, Uri};
+use ipnet::IpNet;
+
+/// Everything one `proxy.toml` says.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file it was read from (for messages and reload).
+    pub source: PathBuf,
+    pub server: ServerConfig,
+    pub admin: Option<AdminConfig>,
+    pub store: StoreConfig,
+    pub keys: KeysConfig,
+    /// In file order; names are unique.
+    pub upstreams: Vec<Arc<UpstreamConfig>>,
+    /// In file order: the first match wins.
+    pub routes: Vec<RouteConfig>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub listen: Vec<SocketAddr>,
+    pub tls_listen: Vec<SocketAddr>,
+    pub trusted_proxies: Vec<IpNet>,
+    /// 1..=128; 128 keys each IPv6 address on its own.
+    pub ipv6_prefix: u8,
+    pub header_read_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub max_connections: usize,
+    pub shutdown_timeout: Duration,
+    pub rate_limit_headers: RateLimitHeaders,
+    /// The first is the default certificate.
+    pub certs: Vec<CertConfig>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RateLimitHeaders {
+    Draft,
+    Legacy,
+    Both,
+    None,
+}
+
+#[derive(Debug, Clone)]
+pub struct CertConfig {
+    /// Resolved against the config file's directory when relative.
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+#[derive(Debug, Clone)]
+pub struct AdminConfig {
+    pub listen: SocketAddr,
+}
+
+#[derive(Clone)]
+pub struct StoreConfig {
+    /// `None` = the in-process memory store.
+    pub url: Option<String>,
+    pub pool_size: u32,
+    /// Budget for one decision, pool wait included.
+    pub timeout: Duration,
+    pub on_error: StoreErrorPolicy,
+    pub migrate: bool,
+    pub sweep_interval: Duration,
+    pub synchronous_commit: bool,
+}
+
+impl fmt::Debug for StoreConfig {
+    // The URL may carry a password: never print it.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoreConfig")
+            .field("url", &self.url.as_ref().map(|_| "<redacted>"))
+            .field("pool_size", &self.pool_size)
+            .field("timeout", &self.timeout)
+            .field("on_error", &self.on_error)
+            .field("migrate", &self.migrate)
+            .field("sweep_interval", &self.sweep_interval)
+            .field("synchronous_commit", &self.synchronous_commit)
+            .finish()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreErrorPolicy {
+    /// Fail open: forward the request.
+    Allow,
+    /// Fail closed: 503 with `Retry-After: 1`.
+    Deny,
+}
+
+#[derive(Clone, Default)]
+pub struct KeysConfig {
+    /// HMAC-SHA256 key for subjects; `None` = plain SHA-256.
+    pub secret: Option<Vec<u8>>,
+}
+
+impl fmt::Debug for KeysConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeysConfig")
+            .field("secret", &self.secret.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct UpstreamConfig {
+    pub name: String,
+    /// One or more origins (scheme + authority, no path); several are used round robin.
+    pub urls: Vec<Uri>,
+    pub connect_timeout: Duration,
+    pub response_timeout: Duration,
+    pub preserve_host: bool,
+    pub ca_file: Option<PathBuf>,
+    pub http2: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct RouteConfig {
+    pub name: String,
+    pub host: Option<HostPattern>,
+    /// Starts with `/`; never ends with `/` unless it is exactly `/`.
+    pub path_prefix: String,
+    /// `None` = any method.
+    pub methods: Option<Vec<Method>>,
+    /// Index into [`Config::upstreams`].
+    pub upstream: usize,
+    pub strip_prefix: bool,
+    pub on_store_error: Option<StoreErrorPolicy>,
+    pub shadow: bool,
+    pub limits: Vec<LimitConfig>,
+    pub reject: Option<RejectConfig>,
+}
+
+/// A route's `host`, lowercased.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostPattern {
+    /// `api.example.com`
+    Exact(String),
+    /// `*.example.com`, stored as `.example.com`: any depth of subdomain, not the bare domain.
+    Suffix(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct LimitConfig {
+    pub key: KeySpec,
+    /// 1..=i32::MAX (the column is `integer`).
+    pub requests: u32,
+    /// Whole seconds, 1s..=366d.
+    pub window_secs: u32,
+    /// Defaults to the route's name.
+    pub scope: String,
+    pub shadow: bool,
+}
+
+impl LimitConfig {
+    /// `<scope>:<label>`: the bucket prefix and the policy name in headers and problem bodies.
+    pub fn policy_name(&self) -> String {
+        format!("{}:{}", self.scope, self.key.label())
+    }
+}
+
+/// What a limit counts by. A list of parts means "all of these together"; `Global` is never
+/// part of a list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeySpec {
+    pub parts: Vec<KeyPart>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyPart {
+    Ip,
+    /// The header name, lowercased.
+    Header(HeaderName),
+    Global,
+}
+
+impl KeySpec {
+    /// `ip`, `authorization`, `global`, `x-tenant+ip`.
+    pub fn label(&self) -> String {
+        let labels: Vec<&str> = self
+            .parts
+            .iter()
+            .map(|p| match p {
+                KeyPart::Ip => "ip",
+                KeyPart::Header(h) => h.as_str(),
+                KeyPart::Global => "global",
+            })
+            .collect();
+        labels.join("+")
+    }
+
+    pub fn is_global(&self) -> bool {
+        self.parts == [KeyPart::Global]
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct RejectConfig {
+    pub status: StatusCode,
+    pub content_type: Option<String>,
+    pub body: Bytes,
+}
+
+impl Config {
+    pub fn upstream(&self, route: &RouteConfig) -> &Arc<UpstreamConfig> {
+        &self.upstreams[route.upstream]
+    }
+}

@@ -1,0 +1,38 @@
+//! tollgate: a rate-limiting reverse proxy whose counters live in PostgreSQL.
+//!
+//! An in-process limiter behind N replicas silently allows N times its limit, because each
+//! replica counts only what it saw. tollgate counts in one shared table instead, with one
+//! atomic upsert per decision, so a limit holds however many instances run
+//! (`seeds/rate_limits.sql` has the reasoning, SPEC.md the contract).
+//!
+//! One pipeline, one direction; each stage is one module:
+//!
+//! ```text
+//! accept -> HTTP (h1/h2) -> normalise -> route -> key -> limit -> store
+//!  server        server      normalise   route   key    limit    store::{memory,postgres}
+//!                                                          |
+//!                      forward (upstream pool, headers) <- allow
+//!                                                          '-> deny: 429 / 503
+//! ```
+//!
+//! `proxy` runs the per-request steps in that order and is the single place where a request
+//! ends (the access log is written there). `config` feeds all of them; nothing below `proxy`
+//! knows about hyper's connection types.
+
+pub mod admin;
+pub mod body;
+pub mod config;
+pub mod error;
+pub mod forward;
+pub mod headers;
+pub mod key;
+pub mod limit;
+pub mod metrics;
+pub mod normalise;
+pub mod proxy;
+pub mod route;
+pub mod server;
+pub mod store;
+
+pub use config::Config;
+pub use server::{RunningServer, Server};
