@@ -1,0 +1,71 @@
+//! Counter stores: where the fixed-window counts live (SPEC sections 3 and 6).
+//!
+//! A store takes a batch of increments, one per distinct bucket, and answers with each bucket's
+//! count after the increment, the end of its window and the store's own clock. Both the window
+//! and "now" come from the same clock (the database's, for Postgres) so that instances whose
+//! clocks disagree still share one window, and `Retry-After` agrees with it.
+
+pub mod memory;
+pub mod postgres;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+/// One bucket to increment. Buckets in one batch are distinct.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Increment {
+    /// `<scope>:<label>:<digest>` or `<scope>:global`; never a raw subject.
+    pub bucket: Arc<str>,
+    /// Window length in whole seconds.
+    pub window_secs: u32,
+    /// How many requests this increment stands for (1, or more when coalesced).
+    pub by: u32,
+}
+
+/// The state of one bucket right after an increment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counted {
+    /// The count after this increment (saturating at `i32::MAX`).
+    pub count: u32,
+    /// Unix time, in milliseconds, at which this window ends.
+    pub window_end_ms: i64,
+    /// The store's clock when it counted, in unix milliseconds.
+    pub now_ms: i64,
+}
+
+/// The state of one bucket as read, without incrementing (`tollgate explain`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peeked {
+    pub count: u32,
+    pub window_end_ms: i64,
+    pub now_ms: i64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("store timed out")]
+    Timeout,
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    #[error("store error: {0}")]
+    Query(String),
+}
+
+pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
+
+/// A place that counts. Implementations must be exact under concurrency: two increments of
+/// one bucket never both see the same count.
+pub trait Store: Send + Sync + 'static {
+    /// Increment every bucket of the batch (all in one round trip), answering in batch order.
+    fn increment<'a>(&'a self, batch: &'a [Increment]) -> StoreFuture<'a, Vec<Counted>>;
+
+    /// Read buckets' current windows without changing them, in batch order (`by` is ignored).
+    fn peek<'a>(&'a self, batch: &'a [Increment]) -> StoreFuture<'a, Vec<Peeked>>;
+
+    /// Whether the store answers now (for `/readyz`).
+    fn ready(&self) -> bool;
+
+    /// A short name for logs: `memory` or `postgres`.
+    fn kind(&self) -> &'static str;
+}

@@ -1,0 +1,976 @@
+//! The PostgreSQL counter store: counters shared by every tollgate instance (SPEC sections 3
+//! and 6, `seeds/rate_limits.sql`).
+//!
+//! What this module owns:
+//!
+//! - **The increment.** One statement per batch: the seed's atomic
+//!   `INSERT … ON CONFLICT (bucket, window_start) DO UPDATE … RETURNING count`, generalised to
+//!   several rows with `unnest`. No read-then-write, no explicit transaction, no lock taken here.
+//!   The window is computed from the database's `now()` inside the statement (SPEC 3), so
+//!   instances whose clocks disagree still share one window.
+//! - **Migrations.** The files of `migrations/` are embedded in the binary and recorded in
+//!   `public.tollgate_migrations`; each runs in its own transaction under a transaction-level
+//!   advisory lock, so N instances starting at once apply each exactly once (SPEC 6).
+//! - **The key fingerprint** (SPEC 3): stored in `public.tollgate_settings`; an instance with a
+//!   different one refuses to start, `tollgate migrate --accept-new-key` replaces it.
+//! - **The sweep** (SPEC 6): expired rows deleted in bounded batches through
+//!   `rate_limits_expires_idx`, by one instance at a time.
+//!
+//! Construction never touches the database: SPEC 1 says a database that is down at start must
+//! not stop tollgate. Until [`PostgresStore::initialize`] has succeeded the store answers
+//! [`StoreError::Unavailable`] and reports not ready, and the proxy applies its failure policy.
+//!
+//! The connection URL can carry a password, so it is never logged or put in an error.
+//! tokio-postgres' own error messages do not contain it.
+
+use std::collections::{HashMap, HashSet};
+use std::error::Error as _;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bb8::{ErrorSink, Pool, RunError};
+use bb8_postgres::PostgresConnectionManager;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{Client, NoTls};
+
+use super::{Counted, Increment, Peeked, Store, StoreError, StoreFuture};
+use crate::config::StoreConfig;
+
+/// Advisory lock serialising migrations and fingerprint writes across instances.
+/// The bytes spell "tollgate", so the key is recognisable in `pg_locks`.
+const MIGRATION_LOCK: i64 = 0x746f_6c6c_6761_7465;
+/// Advisory lock electing the one instance that sweeps.
+const SWEEP_LOCK: i64 = MIGRATION_LOCK + 1;
+
+/// Connecting gets longer than one decision's budget: a TLS and SCRAM handshake to a remote
+/// primary can take longer than `store.timeout`, and a pool connection is made in the
+/// background (a request that finds none fails under its policy while it is being made).
+/// Bounding it still matters: without it a blackholed host holds a connect attempt for minutes.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Upper bound on one `initialize`/`migrate` run. Waiting for another instance's migration is
+/// part of it. Past it the attempt counts as unreachable and can be retried.
+const INIT_TIMEOUT: Duration = Duration::from_secs(60);
+/// Server-side bound on one sweep batch, so a batch abandoned by the client does not go on
+/// deleting on the server.
+const SWEEP_STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a background connection error explains a timeout (see [`PostgresStore::pool_error`]).
+const CONNECT_ERROR_RELEVANCE: Duration = Duration::from_secs(10);
+
+/// The settings row holding the key fingerprint.
+const FINGERPRINT_SETTING: &str = "key_fingerprint";
+
+/// One embedded migration.
+struct Migration {
+    version: i32,
+    name: &'static str,
+    sql: &'static str,
+}
+
+/// Every migration, in the order they apply. Versions are the files' numeric prefixes.
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "0001_rate_limits",
+        sql: include_str!("../../migrations/0001_rate_limits.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "0002_tollgate_settings",
+        sql: include_str!("../../migrations/0002_tollgate_settings.sql"),
+    },
+];
+
+/// The batch increment (SPEC 6). Parameters: buckets (`text[]`), window lengths in seconds and
+/// amounts (`int8[]`, so a `u32` never overflows on the way in).
+///
+/// - `window_start = floor(unix_seconds / window) * window` from the database clock (SPEC 3);
+///   integer division on non-negative seconds is that floor.
+/// - `ORDER BY bucket`: every batch takes its row locks in the same order, so two batches
+///   sharing buckets wait for each other instead of deadlocking.
+/// - The sum is done in `int8` and clamped, so a flooded bucket saturates at `i32::MAX`
+///   instead of failing with an overflow.
+/// - RETURNING order is not guaranteed; rows carry their bucket and are matched back.
+const INCREMENT_SQL: &str = "\
+WITH input AS (
+    SELECT b.bucket,
+           b.amount,
+           b.win,
+           (floor(extract(epoch FROM now()))::int8 / b.win) * b.win AS start_secs
+    FROM unnest($1::text[], $2::int8[], $3::int8[]) AS b(bucket, win, amount)
+)
+INSERT INTO public.rate_limits AS r (bucket, window_start, count, expires_at)
+SELECT bucket,
+       to_timestamp(start_secs),
+       LEAST(amount, 2147483647)::int4,
+       to_timestamp(start_secs + win)
+FROM input
+ORDER BY bucket
+ON CONFLICT (bucket, window_start) DO UPDATE
+    SET count = LEAST(r.count::int8 + EXCLUDED.count, 2147483647)::int4
+RETURNING r.bucket,
+          r.count,
+          floor(extract(epoch FROM r.expires_at) * 1000)::int8,
+          floor(extract(epoch FROM now()) * 1000)::int8";
+
+/// The read-only twin of [`INCREMENT_SQL`] for `tollgate explain`: same window arithmetic,
+/// no write, 0 for a bucket without a row. `WITH ORDINALITY` keeps the batch order.
+const PEEK_SQL: &str = "\
+WITH input AS (
+    SELECT b.ord,
+           b.bucket,
+           b.win,
+           (floor(extract(epoch FROM now()))::int8 / b.win) * b.win AS start_secs
+    FROM unnest($1::text[], $2::int8[]) WITH ORDINALITY AS b(bucket, win, ord)
+)
+SELECT COALESCE(r.count, 0),
+       (i.start_secs + i.win) * 1000,
+       floor(extract(epoch FROM now()) * 1000)::int8
+FROM input i
+LEFT JOIN public.rate_limits r
+       ON r.bucket = i.bucket AND r.window_start = to_timestamp(i.start_secs)
+ORDER BY i.ord";
+
+/// One sweep batch. `FOR UPDATE SKIP LOCKED` leaves rows another session holds (a late
+/// increment of a just-expired window) for the next sweep instead of waiting on them; the
+/// `ORDER BY expires_at LIMIT` makes it a range scan of `rate_limits_expires_idx`.
+/// `expires_at <= now()` means the window has ended: a live window is never deleted.
+const SWEEP_SQL: &str = "\
+DELETE FROM public.rate_limits
+WHERE (bucket, window_start) IN (
+    SELECT bucket, window_start
+    FROM public.rate_limits
+    WHERE expires_at <= now()
+    ORDER BY expires_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+)";
+
+/// Why [`PostgresStore::initialize`] or [`PostgresStore::migrate`] failed.
+///
+/// [`InitError::is_retryable`] tells the caller whether to keep serving under the failure
+/// policy and try again (SPEC 1) or to stop with exit code 1.
+#[derive(Debug, thiserror::Error)]
+pub enum InitError {
+    /// The database did not answer (refused, timed out, closed, shutting down, too many
+    /// connections, read-only standby). Retryable.
+    #[error("database unreachable: {0}")]
+    Unreachable(String),
+    /// `store.migrate = false` and the schema lacks migrations this binary needs. Retryable:
+    /// the operator (or a deploy job) may be running `tollgate migrate` right now.
+    #[error(
+        "database schema is not up to date: migration {missing} has not been applied; \
+         run `tollgate migrate` or set store.migrate = true"
+    )]
+    SchemaBehind { missing: &'static str },
+    /// The database holds a different key fingerprint. Fatal. The message says what happened
+    /// and how to rotate the key (`tollgate migrate --accept-new-key`).
+    #[error("{0}")]
+    FingerprintMismatch(String),
+    /// A migration failed (its transaction was rolled back). Fatal.
+    #[error("migration {name} failed: {message}")]
+    Migration { name: &'static str, message: String },
+    /// Any other database error (authentication, missing database, permissions, TLS). Fatal.
+    #[error("database error: {0}")]
+    Database(String),
+}
+
+impl InitError {
+    /// Whether trying again later can succeed without an operator changing something.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            InitError::Unreachable(_) | InitError::SchemaBehind { .. }
+        )
+    }
+}
+
+/// What happened to the stored key fingerprint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FingerprintChange {
+    /// It already matched.
+    Unchanged,
+    /// There was none; this one was stored.
+    Written,
+    /// A different one was replaced (`--accept-new-key`).
+    Replaced,
+}
+
+/// The outcome of [`PostgresStore::migrate`] (`tollgate migrate`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigrateReport {
+    /// Names of the migrations applied by this run, in order; empty when already up to date.
+    pub applied: Vec<&'static str>,
+    pub fingerprint: FingerprintChange,
+}
+
+impl fmt::Display for MigrateReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.applied.is_empty() {
+            write!(f, "schema up to date, no migration applied")?;
+        } else {
+            write!(
+                f,
+                "applied {} migration(s): {}",
+                self.applied.len(),
+                self.applied.join(", ")
+            )?;
+        }
+        let fp = match self.fingerprint {
+            FingerprintChange::Unchanged => "key fingerprint unchanged",
+            FingerprintChange::Written => "key fingerprint stored",
+            FingerprintChange::Replaced => "key fingerprint replaced",
+        };
+        write!(f, "; {fp}")
+    }
+}
+
+/// Remembers the last background connection error, so that a pool timeout can say why.
+/// bb8 keeps connection errors to itself (a `get` only ever times out); this sink is how they
+/// come out. Only tokio-postgres' message is kept, which never contains the URL.
+#[derive(Clone, Default)]
+struct LastConnectError(Arc<Mutex<Option<(Instant, String)>>>);
+
+impl fmt::Debug for LastConnectError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("LastConnectError")
+    }
+}
+
+impl ErrorSink<tokio_postgres::Error> for LastConnectError {
+    fn sink(&self, error: tokio_postgres::Error) {
+        tracing::debug!(error = %error, "store connection attempt failed");
+        if let Ok(mut last) = self.0.lock() {
+            *last = Some((Instant::now(), error.to_string()));
+        }
+    }
+
+    fn boxed_clone(&self) -> Box<dyn ErrorSink<tokio_postgres::Error>> {
+        Box::new(self.clone())
+    }
+}
+
+impl LastConnectError {
+    fn recent(&self) -> Option<String> {
+        let last = self.0.lock().ok()?;
+        match &*last {
+            Some((at, msg)) if at.elapsed() < CONNECT_ERROR_RELEVANCE => Some(msg.clone()),
+            _ => None,
+        }
+    }
+}
+
+/// Counters in PostgreSQL, shared by every instance using the same database.
+pub struct PostgresStore {
+    pool: Pool<PostgresConnectionManager<NoTls>>,
+    /// Budget for one call, pool wait included (`store.timeout`).
+    timeout: Duration,
+    /// Set once migrations and the fingerprint check have passed.
+    initialized: AtomicBool,
+    /// Whether the last increment, peek or ping succeeded.
+    healthy: AtomicBool,
+    last_connect_error: LastConnectError,
+}
+
+impl fmt::Debug for PostgresStore {
+    // No URL, no pool internals: only what is safe to log.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("timeout", &self.timeout)
+            .field("initialized", &self.initialized.load(Ordering::Relaxed))
+            .field("healthy", &self.healthy.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresStore {
+    /// Builds the store and its connection pool without connecting: the first connection is
+    /// made when first needed. Must be called inside a tokio runtime (the pool spawns its
+    /// maintenance task).
+    ///
+    /// Every session runs with `synchronous_commit = off` unless `cfg.synchronous_commit`
+    /// (appended to any `options` the URL carries, so the URL's own settings still apply).
+    pub fn new(cfg: &StoreConfig) -> Result<Arc<Self>, StoreError> {
+        let pg = connection_config(cfg)?;
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(StoreError::Unavailable(
+                "the Postgres store must be created inside a tokio runtime".to_owned(),
+            ));
+        }
+
+        // bb8's defaults suit web apps, not a per-request decision (DESIGN): its 30 s wait
+        // becomes store.timeout, and the health query on every checkout goes (it would double
+        // the round trips; a broken connection shows up as a failed statement instead).
+        // bb8 asserts both sizes are non-zero, so guard against a config that slipped through.
+        let last_connect_error = LastConnectError::default();
+        let timeout = cfg.timeout.max(Duration::from_millis(1));
+        let pool = Pool::builder()
+            .max_size(cfg.pool_size.max(1))
+            .connection_timeout(timeout)
+            .test_on_check_out(false)
+            .error_sink(Box::new(last_connect_error.clone()))
+            .build_unchecked(PostgresConnectionManager::new(pg, NoTls));
+
+        Ok(Arc::new(PostgresStore {
+            pool,
+            timeout,
+            initialized: AtomicBool::new(false),
+            healthy: AtomicBool::new(false),
+            last_connect_error,
+        }))
+    }
+
+    /// Prepares the database for counting: applies pending migrations when `migrate`, then
+    /// checks the key fingerprint (storing it if the database has none). Until this has
+    /// succeeded the store does not count.
+    ///
+    /// On [`InitError::is_retryable`] errors the caller keeps serving under its failure
+    /// policy and calls this again later (SPEC 1); on the others it stops.
+    pub async fn initialize(&self, fingerprint: &str, migrate: bool) -> Result<(), InitError> {
+        let run = async {
+            let mut client = self.connect_for_init().await?;
+            if migrate {
+                let applied = apply_migrations(&mut client).await?;
+                if !applied.is_empty() {
+                    tracing::info!(applied = ?applied, "applied database migrations");
+                }
+            } else {
+                check_schema(&client).await?;
+            }
+            let change = settle_fingerprint(&mut client, fingerprint, false).await?;
+            if change == FingerprintChange::Written {
+                tracing::info!("stored the key fingerprint in the database");
+            }
+            Ok(())
+        };
+        let result = tokio::time::timeout(INIT_TIMEOUT, run)
+            .await
+            .unwrap_or_else(|_| {
+                Err(InitError::Unreachable(format!(
+                    "database initialization did not finish within {INIT_TIMEOUT:?}"
+                )))
+            });
+        if result.is_ok() {
+            self.initialized.store(true, Ordering::Release);
+            self.healthy.store(true, Ordering::Release);
+        }
+        result
+    }
+
+    /// `tollgate migrate`: applies pending migrations and checks the key fingerprint; with
+    /// `accept_new_key` a different stored fingerprint is replaced instead of refused.
+    /// Running it again applies nothing.
+    pub async fn migrate(
+        &self,
+        fingerprint: &str,
+        accept_new_key: bool,
+    ) -> Result<MigrateReport, InitError> {
+        let run = async {
+            let mut client = self.connect_for_init().await?;
+            let applied = apply_migrations(&mut client).await?;
+            let fingerprint = settle_fingerprint(&mut client, fingerprint, accept_new_key).await?;
+            Ok(MigrateReport {
+                applied,
+                fingerprint,
+            })
+        };
+        let result = tokio::time::timeout(INIT_TIMEOUT, run)
+            .await
+            .unwrap_or_else(|_| {
+                Err(InitError::Unreachable(format!(
+                    "migration did not finish within {INIT_TIMEOUT:?}"
+                )))
+            });
+        if result.is_ok() {
+            self.initialized.store(true, Ordering::Release);
+            self.healthy.store(true, Ordering::Release);
+        }
+        result
+    }
+
+    /// Whether [`PostgresStore::initialize`] (or [`PostgresStore::migrate`]) has succeeded.
+    pub fn is_initialized(&self) -> bool {
+        self.initialized.load(Ordering::Acquire)
+    }
+
+    /// A cheap round trip (`SELECT 1`) under `store.timeout`, for a readiness probe that
+    /// wants a fresh answer; updates [`Store::ready`]. Fails with `Unavailable` before
+    /// initialization.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        self.require_initialized()?;
+        let result = self
+            .bounded(async {
+                let conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
+                conn.simple_query("SELECT 1").await.map_err(query_error)?;
+                Ok(())
+            })
+            .await;
+        self.record(&result);
+        result
+    }
+
+    /// Deletes expired rows (SPEC 6), `batch_size` rows per statement, until a batch comes back
+    /// short. Returns how many rows were deleted (0 when another instance holds the sweep).
+    ///
+    /// Each batch is a transaction that first tries `pg_try_advisory_xact_lock`: only one
+    /// instance deletes at a time, and the lock is released by the commit (or by the rollback
+    /// when this future is dropped), so it can never stay behind on a pooled connection, as a
+    /// session lock abandoned by a timed-out call would.
+    pub async fn sweep_once(&self, batch_size: i64) -> Result<u64, StoreError> {
+        self.require_initialized()?;
+        let batch_size = batch_size.max(1);
+        let mut deleted = 0u64;
+        loop {
+            // A batch may take longer than one decision's budget; the server-side
+            // statement_timeout is the real bound, the client one only covers a dead server.
+            let budget = SWEEP_STATEMENT_TIMEOUT + self.timeout;
+            let batch = tokio::time::timeout(budget, self.sweep_batch(batch_size))
+                .await
+                .map_err(|_| StoreError::Timeout)??;
+            match batch {
+                None => return Ok(deleted),
+                Some(n) => {
+                    deleted += n;
+                    if n < batch_size as u64 {
+                        return Ok(deleted);
+                    }
+                }
+            }
+        }
+    }
+
+    /// One sweep batch; `None` when another instance holds the sweep lock.
+    async fn sweep_batch(&self, batch_size: i64) -> Result<Option<u64>, StoreError> {
+        let mut conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
+        let tx = conn.transaction().await.map_err(query_error)?;
+        let won: bool = tx
+            .query_one("SELECT pg_try_advisory_xact_lock($1)", &[&SWEEP_LOCK])
+            .await
+            .map_err(query_error)?
+            .try_get(0)
+            .map_err(query_error)?;
+        if !won {
+            tx.rollback().await.map_err(query_error)?;
+            return Ok(None);
+        }
+        let ms = SWEEP_STATEMENT_TIMEOUT.as_millis();
+        tx.batch_execute(&format!("SET LOCAL statement_timeout = {ms}"))
+            .await
+            .map_err(query_error)?;
+        let n = tx
+            .execute(SWEEP_SQL, &[&batch_size])
+            .await
+            .map_err(query_error)?;
+        tx.commit().await.map_err(query_error)?;
+        Ok(Some(n))
+    }
+
+    /// A connection of its own (not from the pool) for initialization: it can wait on the
+    /// migration lock far longer than `store.timeout`, and the real connect error (refused,
+    /// authentication, ...) comes back instead of a pool timeout. It is closed when dropped,
+    /// which also discards the `SET search_path` the migrations do.
+    async fn connect_for_init(&self) -> Result<Client, InitError> {
+        self.pool
+            .dedicated_connection()
+            .await
+            .map_err(|e| classify(&e, InitError::Database))
+    }
+
+    fn require_initialized(&self) -> Result<(), StoreError> {
+        if self.is_initialized() {
+            Ok(())
+        } else {
+            Err(StoreError::Unavailable(
+                "the database has not been initialized yet".to_owned(),
+            ))
+        }
+    }
+
+    /// Runs `fut` under `store.timeout`. tokio-postgres has no timeout of its own (DESIGN),
+    /// and the budget covers the pool wait as well as the statement.
+    async fn bounded<T>(
+        &self,
+        fut: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.timeout, fut).await {
+            Ok(result) => result,
+            Err(_) => Err(self.timeout_error()),
+        }
+    }
+
+    /// A timeout while connections are failing in the background is really "unavailable":
+    /// say so, with the reason, instead of a bare timeout.
+    fn timeout_error(&self) -> StoreError {
+        match self.last_connect_error.recent() {
+            Some(msg) => StoreError::Unavailable(msg),
+            None => StoreError::Timeout,
+        }
+    }
+
+    fn pool_error(&self, e: RunError<tokio_postgres::Error>) -> StoreError {
+        match e {
+            RunError::User(e) => query_error(e),
+            RunError::TimedOut => self.timeout_error(),
+        }
+    }
+
+    fn record<T>(&self, result: &Result<T, StoreError>) {
+        self.healthy.store(result.is_ok(), Ordering::Release);
+    }
+
+    async fn run_increment(&self, batch: &[Increment]) -> Result<Vec<Counted>, StoreError> {
+        self.require_initialized()?;
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (buckets, windows) = columns(batch)?;
+        let amounts: Vec<i64> = batch.iter().map(|inc| i64::from(inc.by)).collect();
+        let params: [(&(dyn ToSql + Sync), Type); 3] = [
+            (&buckets, Type::TEXT_ARRAY),
+            (&windows, Type::INT8_ARRAY),
+            (&amounts, Type::INT8_ARRAY),
+        ];
+        let result = self
+            .bounded(async {
+                let conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
+                // query_typed sends Parse/Bind/Execute/Sync at once: one round trip per batch
+                // without a per-connection prepared-statement cache (a plain `query` with SQL
+                // text would prepare first, a second round trip).
+                conn.query_typed(INCREMENT_SQL, &params)
+                    .await
+                    .map_err(query_error)
+            })
+            .await
+            .and_then(|rows| {
+                let mut by_bucket = HashMap::with_capacity(rows.len());
+                for row in rows {
+                    let bucket: String = row.try_get(0).map_err(query_error)?;
+                    let counted = Counted {
+                        count: count_from(row.try_get(1).map_err(query_error)?)?,
+                        window_end_ms: row.try_get(2).map_err(query_error)?,
+                        now_ms: row.try_get(3).map_err(query_error)?,
+                    };
+                    by_bucket.insert(bucket, counted);
+                }
+                batch
+                    .iter()
+                    .map(|inc| {
+                        by_bucket.get(&*inc.bucket).copied().ok_or_else(|| {
+                            StoreError::Query("the increment returned no row for a bucket".into())
+                        })
+                    })
+                    .collect()
+            });
+        self.record(&result);
+        result
+    }
+
+    async fn run_peek(&self, batch: &[Increment]) -> Result<Vec<Peeked>, StoreError> {
+        self.require_initialized()?;
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (buckets, windows) = columns(batch)?;
+        let params: [(&(dyn ToSql + Sync), Type); 2] =
+            [(&buckets, Type::TEXT_ARRAY), (&windows, Type::INT8_ARRAY)];
+        let result = self
+            .bounded(async {
+                let conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
+                conn.query_typed(PEEK_SQL, &params)
+                    .await
+                    .map_err(query_error)
+            })
+            .await
+            .and_then(|rows| {
+                if rows.len() != batch.len() {
+                    return Err(StoreError::Query(format!(
+                        "the peek returned {} rows for {} buckets",
+                        rows.len(),
+                        batch.len()
+                    )));
+                }
+                rows.iter()
+                    .map(|row| {
+                        Ok(Peeked {
+                            count: count_from(row.try_get(0).map_err(query_error)?)?,
+                            window_end_ms: row.try_get(1).map_err(query_error)?,
+                            now_ms: row.try_get(2).map_err(query_error)?,
+                        })
+                    })
+                    .collect()
+            });
+        self.record(&result);
+        result
+    }
+}
+
+impl Store for PostgresStore {
+    fn increment<'a>(&'a self, batch: &'a [Increment]) -> StoreFuture<'a, Vec<Counted>> {
+        Box::pin(self.run_increment(batch))
+    }
+
+    fn peek<'a>(&'a self, batch: &'a [Increment]) -> StoreFuture<'a, Vec<Peeked>> {
+        Box::pin(self.run_peek(batch))
+    }
+
+    fn ready(&self) -> bool {
+        self.is_initialized() && self.healthy.load(Ordering::Acquire)
+    }
+
+    fn kind(&self) -> &'static str {
+        "postgres"
+    }
+}
+
+/// The tokio-postgres configuration for `cfg`: its URL plus tollgate's session defaults.
+fn connection_config(cfg: &StoreConfig) -> Result<tokio_postgres::Config, StoreError> {
+    let url = cfg
+        .url
+        .as_deref()
+        .ok_or_else(|| StoreError::Unavailable("store.url is not set".to_owned()))?;
+    // tokio-postgres' parser accepts both URL and key=value forms, several hosts and
+    // target_session_attrs=read-write (SPEC 6). Its messages name the bad option, not
+    // the URL, so they are safe to return.
+    let mut pg = tokio_postgres::Config::from_str(url)
+        .map_err(|e| StoreError::Unavailable(format!("invalid store.url: {e}")))?;
+    if !cfg.synchronous_commit {
+        let options = match pg.get_options() {
+            Some(existing) if !existing.trim().is_empty() => {
+                format!("{existing} -c synchronous_commit=off")
+            }
+            _ => "-c synchronous_commit=off".to_owned(),
+        };
+        pg.options(&options);
+    }
+    if pg.get_connect_timeout().is_none() {
+        pg.connect_timeout(CONNECT_TIMEOUT);
+    }
+    if pg.get_application_name().is_none() {
+        // Lets an operator find tollgate's sessions in pg_stat_activity.
+        pg.application_name("tollgate");
+    }
+
+    Ok(pg)
+}
+
+/// Splits a batch into the statement's array parameters, refusing what the statement cannot
+/// take: a zero window (division by zero) and a bucket twice (ON CONFLICT cannot update one
+/// row twice in a statement; the trait promises distinct buckets).
+fn columns(batch: &[Increment]) -> Result<(Vec<&str>, Vec<i64>), StoreError> {
+    let mut seen = HashSet::with_capacity(batch.len());
+    let mut buckets = Vec::with_capacity(batch.len());
+    let mut windows = Vec::with_capacity(batch.len());
+    for inc in batch {
+        if inc.window_secs == 0 {
+            return Err(StoreError::Query("a window of 0 seconds".to_owned()));
+        }
+        if !seen.insert(&*inc.bucket) {
+            return Err(StoreError::Query(
+                "the same bucket twice in one batch".to_owned(),
+            ));
+        }
+        buckets.push(&*inc.bucket);
+        windows.push(i64::from(inc.window_secs));
+    }
+    Ok((buckets, windows))
+}
+
+/// The column is `integer` with `CHECK (count >= 0)`; anything else is a broken table.
+fn count_from(count: i32) -> Result<u32, StoreError> {
+    u32::try_from(count)
+        .map_err(|_| StoreError::Query(format!("negative count {count} in rate_limits")))
+}
+
+/// Whether an error is the database being (temporarily) out of reach rather than wrong:
+/// network and connect errors, a closed connection, and the server-side codes that mean
+/// "not now" (connection exceptions, insufficient resources, shutdown or start-up in
+/// progress). Authentication failures, a missing database, permissions and TLS
+/// misconfiguration are not: retrying would not help.
+fn is_transient(e: &tokio_postgres::Error) -> bool {
+    if e.is_closed() {
+        return true;
+    }
+    if let Some(db) = e.as_db_error() {
+        let code = db.code().code();
+        return code.starts_with("08")
+            || code.starts_with("53")
+            || matches!(code, "57P01" | "57P02" | "57P03" | "25006");
+    }
+    // Connect errors (refused, timed out, "database does not allow writes" from
+    // target_session_attrs=read-write) carry an io::Error somewhere in their chain.
+    let mut source = e.source();
+    while let Some(s) = source {
+        if s.is::<std::io::Error>() {
+            return true;
+        }
+        source = s.source();
+    }
+    false
+}
+
+/// A message for a tokio-postgres error: the server's code and message for database errors
+/// (tokio-postgres' Display says only "db error"), its own text otherwise.
+fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => {
+            // tokio-postgres' Display stops at its own words ("error connecting to server");
+            // the cause (refused, timed out, ...) is in the source chain.
+            let mut message = e.to_string();
+            let mut source = e.source();
+            while let Some(s) = source {
+                message.push_str(": ");
+                message.push_str(&s.to_string());
+                source = s.source();
+            }
+            message
+        }
+    }
+}
+
+/// Maps an error met during initialization: transient ones to `Unreachable`, the rest with
+/// `fatal`.
+fn classify(e: &tokio_postgres::Error, fatal: impl FnOnce(String) -> InitError) -> InitError {
+    if is_transient(e) {
+        InitError::Unreachable(describe(e))
+    } else {
+        fatal(describe(e))
+    }
+}
+
+/// Maps an error met while counting.
+fn query_error(e: tokio_postgres::Error) -> StoreError {
+    if is_transient(&e) {
+        StoreError::Unavailable(describe(&e))
+    } else {
+        StoreError::Query(describe(&e))
+    }
+}
+
+/// Applies every embedded migration the database has not recorded, each in its own
+/// transaction holding the migration advisory lock, and returns the names applied.
+///
+/// The lock is taken before looking at `tollgate_migrations`, so of N instances starting at
+/// once one applies a migration and the others, once they get the lock, find it recorded.
+/// Creating the bookkeeping table happens under the lock too: concurrent
+/// `CREATE TABLE IF NOT EXISTS` can fail on a catalog unique index.
+async fn apply_migrations(client: &mut Client) -> Result<Vec<&'static str>, InitError> {
+    let mut applied = Vec::new();
+    for migration in MIGRATIONS {
+        let db_err = |e: tokio_postgres::Error| classify(&e, InitError::Database);
+        let tx = client.transaction().await.map_err(db_err)?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+            .await
+            .map_err(db_err)?;
+        tx.batch_execute(
+            "CREATE TABLE IF NOT EXISTS public.tollgate_migrations (
+                 version    integer     PRIMARY KEY,
+                 name       text        NOT NULL,
+                 applied_at timestamptz NOT NULL DEFAULT now()
+             )",
+        )
+        .await
+        .map_err(db_err)?;
+        let done = tx
+            .query_opt(
+                "SELECT 1 FROM public.tollgate_migrations WHERE version = $1",
+                &[&migration.version],
+            )
+            .await
+            .map_err(db_err)?
+            .is_some();
+        if done {
+            tx.rollback().await.map_err(db_err)?;
+            continue;
+        }
+        let mig_err = |e: tokio_postgres::Error| {
+            classify(&e, |message| InitError::Migration {
+                name: migration.name,
+                message,
+            })
+        };
+        tx.batch_execute(migration.sql).await.map_err(mig_err)?;
+        tx.execute(
+            "INSERT INTO public.tollgate_migrations (version, name) VALUES ($1, $2)",
+            &[&migration.version, &migration.name],
+        )
+        .await
+        .map_err(mig_err)?;
+        tx.commit().await.map_err(mig_err)?;
+        tracing::info!(migration = migration.name, "applied migration");
+        applied.push(migration.name);
+    }
+    Ok(applied)
+}
+
+/// With `store.migrate = false`: refuses to count against a schema that lacks a migration
+/// this binary relies on. Versions the binary does not know (a newer tollgate migrated) are
+/// fine: migrations only add.
+async fn check_schema(client: &Client) -> Result<(), InitError> {
+    let db_err = |e: tokio_postgres::Error| classify(&e, InitError::Database);
+    let exists: bool = client
+        .query_one(
+            "SELECT to_regclass('public.tollgate_migrations') IS NOT NULL",
+            &[],
+        )
+        .await
+        .map_err(db_err)?
+        .try_get(0)
+        .map_err(db_err)?;
+    let recorded: HashSet<i32> = if exists {
+        let rows = client
+            .query("SELECT version FROM public.tollgate_migrations", &[])
+            .await
+            .map_err(db_err)?;
+        rows.iter()
+            .map(|row| row.try_get(0))
+            .collect::<Result<_, _>>()
+            .map_err(db_err)?
+    } else {
+        HashSet::new()
+    };
+    match MIGRATIONS.iter().find(|m| !recorded.contains(&m.version)) {
+        Some(m) => Err(InitError::SchemaBehind { missing: m.name }),
+        None => Ok(()),
+    }
+}
+
+/// Checks the stored key fingerprint against `fingerprint` (SPEC 3), storing it if there is
+/// none and replacing it when `accept_new_key`. Under the migration lock, so two instances
+/// starting with different keys on an empty database cannot both "store first": one stores,
+/// the other is refused.
+async fn settle_fingerprint(
+    client: &mut Client,
+    fingerprint: &str,
+    accept_new_key: bool,
+) -> Result<FingerprintChange, InitError> {
+    let db_err = |e: tokio_postgres::Error| classify(&e, InitError::Database);
+    let tx = client.transaction().await.map_err(db_err)?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .await
+        .map_err(db_err)?;
+    let inserted_now = tx
+        .query_opt(
+            "INSERT INTO public.tollgate_settings (name, value) VALUES ($1, $2)
+             ON CONFLICT (name) DO NOTHING
+             RETURNING true",
+            &[&FINGERPRINT_SETTING, &fingerprint],
+        )
+        .await
+        .map_err(db_err)?
+        .is_some();
+    // Re-read rather than trust the insert: the row may predate it.
+    let stored: String = tx
+        .query_one(
+            "SELECT value FROM public.tollgate_settings WHERE name = $1",
+            &[&FINGERPRINT_SETTING],
+        )
+        .await
+        .map_err(db_err)?
+        .try_get(0)
+        .map_err(db_err)?;
+    let change = if inserted_now {
+        FingerprintChange::Written
+    } else if stored == fingerprint {
+        FingerprintChange::Unchanged
+    } else if accept_new_key {
+        tx.execute(
+            "UPDATE public.tollgate_settings SET value = $2, updated_at = now() WHERE name = $1",
+            &[&FINGERPRINT_SETTING, &fingerprint],
+        )
+        .await
+        .map_err(db_err)?;
+        tracing::warn!("replaced the key fingerprint stored in the database (--accept-new-key)");
+        FingerprintChange::Replaced
+    } else {
+        return Err(fingerprint_mismatch(&stored, fingerprint));
+    };
+    tx.commit().await.map_err(db_err)?;
+    Ok(change)
+}
+
+/// The refusal of SPEC 3: what is wrong, why it matters, how to rotate on purpose.
+fn fingerprint_mismatch(stored: &str, configured: &str) -> InitError {
+    InitError::FingerprintMismatch(format!(
+        "the key fingerprint stored in the database ({}) differs from this configuration's \
+         ({}): keys.secret is not the one the other instances use, so this instance would put \
+         the same clients in different buckets and silently multiply every limit. If the \
+         secret was rotated on purpose, stop every instance, then run \
+         `tollgate migrate --accept-new-key` with the new configuration",
+        short(stored),
+        short(configured)
+    ))
+}
+
+/// Enough of a fingerprint for an operator to tell two apart: a `scheme:` prefix (such as
+/// `hmac-sha256:`) is kept whole, then the first 12 characters of the rest.
+fn short(fingerprint: &str) -> String {
+    let (scheme, rest) = match fingerprint.split_once(':') {
+        Some((scheme, rest)) => (&fingerprint[..scheme.len() + 1], rest),
+        None => ("", fingerprint),
+    };
+    let head: String = rest.chars().take(12).collect();
+    let more = if rest.chars().count() > 12 { "…" } else { "" };
+    format!("{scheme}{head}{more}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::StoreErrorPolicy;
+
+    fn cfg(url: &str, synchronous_commit: bool) -> StoreConfig {
+        StoreConfig {
+            url: Some(url.to_owned()),
+            pool_size: 4,
+            timeout: Duration::from_millis(100),
+            on_error: StoreErrorPolicy::Allow,
+            migrate: true,
+            sweep_interval: Duration::from_secs(60),
+            synchronous_commit,
+        }
+    }
+
+    #[test]
+    fn synchronous_commit_off_is_appended_to_the_url_options() {
+        let pg = connection_config(&cfg(
+            "postgres://u:secret@h1:5432,h2:5433/db?target_session_attrs=read-write&options=-c%20statement_timeout%3D5000",
+            false,
+        ))
+        .expect("parses");
+        assert_eq!(
+            pg.get_options(),
+            Some("-c statement_timeout=5000 -c synchronous_commit=off")
+        );
+        assert_eq!(pg.get_hosts().len(), 2);
+        assert_eq!(
+            pg.get_target_session_attrs(),
+            tokio_postgres::config::TargetSessionAttrs::ReadWrite
+        );
+        assert_eq!(pg.get_connect_timeout(), Some(&CONNECT_TIMEOUT));
+        assert_eq!(pg.get_application_name(), Some("tollgate"));
+
+        let pg = connection_config(&cfg("host=h connect_timeout=2", true)).expect("parses");
+        assert_eq!(pg.get_options(), None);
+        assert_eq!(pg.get_connect_timeout(), Some(&Duration::from_secs(2)));
+    }
+
+    #[test]
+    fn invalid_urls_are_refused_without_echoing_them() {
+        let err = connection_config(&cfg("postgres://u:hunter2@h:notaport/db", false))
+            .expect_err("bad port");
+        assert!(!err.to_string().contains("hunter2"), "{err}");
+    }
+
+    #[test]
+    fn fingerprint_mismatch_explains_the_rotation() {
+        let err = fingerprint_mismatch("hmac-sha256:0123456789abcdef", "sha256:unkeyed");
+        let msg = err.to_string();
+        assert!(msg.contains("(hmac-sha256:0123456789ab…)"), "{msg}");
+        assert!(msg.contains("(sha256:unkeyed)"), "{msg}");
+        assert!(msg.contains("tollgate migrate --accept-new-key"), "{msg}");
+        assert!(!err.is_retryable());
+    }
+}
