@@ -1,0 +1,60 @@
+//! Errors. [`RequestError`] is every way a request can end without reaching (or hearing from)
+//! the upstream; [`RequestError::status`] is the only place that turns a failure into a status
+//! code, so the mapping is decided once. [`StartupError`] is what stops the process from
+//! starting, each with one clear line for stderr.
+
+use std::io;
+use std::net::SocketAddr;
+
+use http::StatusCode;
+
+/// Why a request was answered by tollgate itself instead of the upstream.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    #[error("bad request: {0}")]
+    BadRequest(&'static str),
+    #[error("no route matches")]
+    NoRoute,
+    #[error("upstream unreachable: {0}")]
+    UpstreamUnreachable(String),
+    #[error("upstream sent no response headers within the response timeout")]
+    UpstreamTimeout,
+    #[error("rate-limit store failing and the route fails closed")]
+    StoreFailedClosed,
+}
+
+impl RequestError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            RequestError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            RequestError::NoRoute => StatusCode::NOT_FOUND,
+            RequestError::UpstreamUnreachable(_) => StatusCode::BAD_GATEWAY,
+            RequestError::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+            RequestError::StoreFailedClosed => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// A short word for the access log's `decision` field.
+    pub fn log_word(&self) -> &'static str {
+        match self {
+            RequestError::BadRequest(_) => "bad_request",
+            RequestError::NoRoute => "no_route",
+            RequestError::UpstreamUnreachable(_) => "upstream_error",
+            RequestError::UpstreamTimeout => "upstream_timeout",
+            RequestError::StoreFailedClosed => "failed_closed",
+        }
+    }
+}
+
+/// What keeps tollgate from starting (exit code 1).
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: SocketAddr, source: io::Error },
+    #[error("{0}")]
+    Tls(String),
+    #[error("{0}")]
+    Store(String),
+    #[error("{0}")]
+    Upstream(String),
+}

@@ -1,0 +1,305 @@
+//! Keys: who a request is counted as (SPEC sections 3 and 4).
+//!
+//! This module owns the client address (the TCP peer, or the right-to-left walk of
+//! `X-Forwarded-For` when the peer is a trusted proxy), the subject each limit key takes from a
+//! request, and the bucket name derived from it: `<scope>:<label>:<hex digest>` where the digest
+//! is HMAC-SHA256 under `keys.secret` (plain SHA-256 without one). Subjects exist only inside
+//! this module's functions: nothing here implements `Debug` or `Display` for a subject, and
+//! only the digest leaves.
+
+use std::net::{IpAddr, Ipv6Addr};
+use std::sync::Arc;
+
+use hmac::{Hmac, Mac};
+use http::HeaderMap;
+use ipnet::IpNet;
+use sha2::{Digest, Sha256};
+
+use crate::config::{KeyPart, KeySpec};
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// The address a request is attributed to (SPEC 4).
+///
+/// A client can never choose its own address by sending `X-Forwarded-For`: the header is read
+/// only when the TCP peer itself is trusted.
+pub fn client_addr(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr {
+    let peer = canonical(peer);
+    if !is_trusted(peer, trusted) {
+        return peer;
+    }
+    // Entries are read right to left across all X-Forwarded-For fields, as if joined by ",".
+    let fields: Vec<&[u8]> = headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .map(|v| v.as_bytes())
+        .collect();
+    let mut chosen = peer;
+    for field in fields.iter().rev() {
+        for entry in field.rsplit(|b| *b == b',') {
+            let Some(addr) = parse_forwarded_entry(entry) else {
+                // A malformed entry stops the walk at the last good address.
+                return chosen;
+            };
+            chosen = addr;
+            if !is_trusted(addr, trusted) {
+                return addr;
+            }
+        }
+    }
+    // Every entry was trusted: the leftmost one.
+    chosen
+}
+
+fn is_trusted(addr: IpAddr, trusted: &[IpNet]) -> bool {
+    trusted.iter().any(|net| net.contains(&addr))
+}
+
+/// IPv4-mapped IPv6 (`::ffff:192.0.2.7`) counts as the IPv4 address it carries.
+pub fn canonical(addr: IpAddr) -> IpAddr {
+    match addr {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(v6),
+        },
+        v4 => v4,
+    }
+}
+
+/// One `X-Forwarded-For` entry: an address, optionally `[v6]` or `v4:port` as some proxies send.
+fn parse_forwarded_entry(entry: &[u8]) -> Option<IpAddr> {
+    let text = std::str::from_utf8(entry).ok()?.trim();
+    if let Ok(addr) = text.parse::<IpAddr>() {
+        return Some(canonical(addr));
+    }
+    if let Some(inner) = text.strip_prefix('[') {
+        let inner = inner.split(']').next()?;
+        return inner
+            .parse::<Ipv6Addr>()
+            .ok()
+            .map(|a| canonical(IpAddr::V6(a)));
+    }
+    let sock: std::net::SocketAddr = text.parse().ok()?;
+    Some(canonical(sock.ip()))
+}
+
+/// The `ip` subject: dotted quad for IPv4; for IPv6 the address masked to `prefix` in RFC 5952
+/// form with the prefix length (`2001:db8:1:2::/64`), or the bare address when `prefix` is 128.
+pub fn ip_subject(addr: IpAddr, ipv6_prefix: u8) -> String {
+    match canonical(addr) {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) if ipv6_prefix >= 128 => v6.to_string(),
+        IpAddr::V6(v6) => {
+            let bits = u128::from(v6);
+            let mask = if ipv6_prefix == 0 {
+                0
+            } else {
+                u128::MAX << (128 - u32::from(ipv6_prefix))
+            };
+            // std's Display for Ipv6Addr already follows RFC 5952 (lowercase, longest zero run).
+            format!("{}/{}", Ipv6Addr::from(bits & mask), ipv6_prefix)
+        }
+    }
+}
+
+/// Turns subjects into digests. Built once (and the keyed HMAC state with it), shared by `Arc`.
+#[derive(Clone)]
+pub struct BucketHasher {
+    keyed: Option<HmacSha256>,
+}
+
+impl BucketHasher {
+    pub fn new(secret: Option<&[u8]>) -> Self {
+        let keyed = secret.and_then(|s| HmacSha256::new_from_slice(s).ok());
+        BucketHasher { keyed }
+    }
+
+    pub fn is_keyed(&self) -> bool {
+        self.keyed.is_some()
+    }
+
+    /// Lowercase hex of HMAC-SHA256(secret, subject), or SHA-256(subject) without a secret.
+    pub fn digest(&self, subject: &[u8]) -> String {
+        match &self.keyed {
+            Some(mac) => {
+                let mut mac = mac.clone();
+                mac.update(subject);
+                hex::encode(mac.finalize().into_bytes())
+            }
+            None => hex::encode(Sha256::digest(subject)),
+        }
+    }
+
+    /// What the database stores to prove every instance hashes alike; never the secret itself.
+    pub fn fingerprint(&self) -> String {
+        match &self.keyed {
+            Some(mac) => {
+                let mut mac = mac.clone();
+                mac.update(b"tollgate key fingerprint v1");
+                format!("hmac-sha256:{}", hex::encode(mac.finalize().into_bytes()))
+            }
+            None => "sha256:unkeyed".to_string(),
+        }
+    }
+}
+
+impl std::fmt::Debug for BucketHasher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BucketHasher")
+            .field("keyed", &self.is_keyed())
+            .finish()
+    }
+}
+
+/// What a request looks like to the key derivation: its attributed address and its headers.
+pub struct RequestIdentity<'a> {
+    pub client: IpAddr,
+    pub ipv6_prefix: u8,
+    pub headers: &'a HeaderMap,
+}
+
+/// The bucket this request counts in for one limit, or `None` when the limit does not apply
+/// (a keyed header is missing).
+pub fn bucket_for(
+    scope: &str,
+    spec: &KeySpec,
+    who: &RequestIdentity<'_>,
+    hasher: &BucketHasher,
+) -> Option<Arc<str>> {
+    let label = spec.label();
+    if spec.is_global() {
+        return Some(Arc::from(format!("{scope}:global")));
+    }
+    let subject = subject(spec, who)?;
+    let digest = hasher.digest(&subject);
+    Some(Arc::from(format!("{scope}:{label}:{digest}")))
+}
+
+/// The subject bytes: one part as it is; several parts each prefixed with its length (4 bytes,
+/// big endian) so that no two different tuples can produce the same bytes.
+fn subject(spec: &KeySpec, who: &RequestIdentity<'_>) -> Option<Vec<u8>> {
+    let one = |part: &KeyPart| -> Option<Vec<u8>> {
+        match part {
+            KeyPart::Ip => Some(ip_subject(who.client, who.ipv6_prefix).into_bytes()),
+            KeyPart::Header(name) => who.headers.get(name).map(|v| v.as_bytes().to_vec()),
+            KeyPart::Global => Some(Vec::new()),
+        }
+    };
+    if let [single] = spec.parts.as_slice() {
+        return one(single);
+    }
+    let mut joined = Vec::new();
+    for part in &spec.parts {
+        let bytes = one(part)?;
+        let len = u32::try_from(bytes.len()).ok()?;
+        joined.extend_from_slice(&len.to_be_bytes());
+        joined.extend_from_slice(&bytes);
+    }
+    Some(joined)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn nets(list: &[&str]) -> Vec<IpNet> {
+        list.iter().map(|s| s.parse().expect("test cidr")).collect()
+    }
+
+    fn xff(values: &[&str]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append(
+                "x-forwarded-for",
+                HeaderValue::from_str(v).expect("test header"),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn untrusted_peer_ignores_forwarded_for() {
+        let peer: IpAddr = "203.0.113.9".parse().unwrap();
+        let got = client_addr(peer, &xff(&["1.2.3.4"]), &nets(&["10.0.0.0/8"]));
+        assert_eq!(got, peer);
+    }
+
+    #[test]
+    fn trusted_peer_walks_from_the_right() {
+        let peer: IpAddr = "10.0.0.1".parse().unwrap();
+        let got = client_addr(
+            peer,
+            &xff(&["6.6.6.6, 198.51.100.2", "10.0.0.7"]),
+            &nets(&["10.0.0.0/8"]),
+        );
+        assert_eq!(got, "198.51.100.2".parse::<IpAddr>().unwrap());
+    }
+
+    #[test]
+    fn all_trusted_takes_leftmost_and_malformed_stops() {
+        let peer: IpAddr = "10.0.0.1".parse().unwrap();
+        let trusted = nets(&["10.0.0.0/8"]);
+        assert_eq!(
+            client_addr(peer, &xff(&["10.1.1.1, 10.2.2.2"]), &trusted),
+            "10.1.1.1".parse::<IpAddr>().unwrap()
+        );
+        assert_eq!(
+            client_addr(peer, &xff(&["5.5.5.5, garbage, 10.2.2.2"]), &trusted),
+            "10.2.2.2".parse::<IpAddr>().unwrap()
+        );
+    }
+
+    #[test]
+    fn mapped_ipv4_is_ipv4_and_ipv6_is_masked() {
+        let mapped: IpAddr = "::ffff:192.0.2.7".parse().unwrap();
+        assert_eq!(ip_subject(mapped, 64), "192.0.2.7");
+        let v6: IpAddr = "2001:db8:1:2:aaaa::1".parse().unwrap();
+        assert_eq!(ip_subject(v6, 64), "2001:db8:1:2::/64");
+        assert_eq!(ip_subject(v6, 128), "2001:db8:1:2:aaaa::1");
+    }
+
+    #[test]
+    fn digests_are_keyed_and_stable() {
+        let plain = BucketHasher::new(None);
+        assert_eq!(
+            plain.digest(b"192.0.2.7"),
+            hex::encode(Sha256::digest(b"192.0.2.7"))
+        );
+        let a = BucketHasher::new(Some(b"one"));
+        let b = BucketHasher::new(Some(b"two"));
+        assert_ne!(a.digest(b"x"), b.digest(b"x"));
+        assert_eq!(a.digest(b"x"), BucketHasher::new(Some(b"one")).digest(b"x"));
+        assert_ne!(a.fingerprint(), b.fingerprint());
+        assert_eq!(a.digest(b"x").len(), 64);
+    }
+
+    #[test]
+    fn composite_subjects_are_unambiguous() {
+        let spec = KeySpec {
+            parts: vec![
+                KeyPart::Header(http::HeaderName::from_static("x-a")),
+                KeyPart::Header(http::HeaderName::from_static("x-b")),
+            ],
+        };
+        let hasher = BucketHasher::new(None);
+        let mut h1 = HeaderMap::new();
+        h1.insert("x-a", HeaderValue::from_static("ab"));
+        h1.insert("x-b", HeaderValue::from_static("c"));
+        let mut h2 = HeaderMap::new();
+        h2.insert("x-a", HeaderValue::from_static("a"));
+        h2.insert("x-b", HeaderValue::from_static("bc"));
+        let who = |h| RequestIdentity {
+            client: "192.0.2.1".parse().unwrap(),
+            ipv6_prefix: 64,
+            headers: h,
+        };
+        let b1 = bucket_for("s", &spec, &who(&h1), &hasher).unwrap();
+        let b2 = bucket_for("s", &spec, &who(&h2), &hasher).unwrap();
+        assert_ne!(b1, b2);
+        assert!(b1.starts_with("s:x-a+x-b:"));
+        let mut missing = HeaderMap::new();
+        missing.insert("x-a", HeaderValue::from_static("a"));
+        assert!(bucket_for("s", &spec, &who(&missing), &hasher).is_none());
+    }
+}

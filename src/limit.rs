@@ -1,0 +1,325 @@
+//! Decisions: counts against limits (SPEC sections 3 and 5).
+//!
+//! A request is allowed when every applicable non-shadow limit's count, after this request's
+//! increment, is at most its `requests`. All of a request's increments go to the store in one
+//! batch. The store's answer is bounded by `store.timeout`; when the store fails, the caller
+//! applies the route's failure policy, and a [`Breaker`] stops paying a full timeout per
+//! request while the store stays down: after a run of failures it fails fast for a moment,
+//! then lets one probe through, and closes again as soon as a call succeeds.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::metrics::Metrics;
+use crate::store::{Increment, Store, StoreError};
+
+/// One limit as it applies to one request.
+#[derive(Debug, Clone)]
+pub struct PlannedLimit {
+    /// `<scope>:<label>`, the name clients see.
+    pub policy: Arc<str>,
+    pub bucket: Arc<str>,
+    pub requests: u32,
+    pub window_secs: u32,
+    /// Counted and reported in logs and metrics, never enforced.
+    pub shadow: bool,
+}
+
+/// Where one limit stands after this request.
+#[derive(Debug, Clone)]
+pub struct LimitOutcome {
+    pub policy: Arc<str>,
+    pub requests: u32,
+    pub window_secs: u32,
+    pub count: u32,
+    /// Whole seconds until this window ends (at least 1).
+    pub reset_secs: u64,
+    pub shadow: bool,
+}
+
+impl LimitOutcome {
+    pub fn exceeded(&self) -> bool {
+        self.count > self.requests
+    }
+
+    pub fn remaining(&self) -> u32 {
+        self.requests.saturating_sub(self.count)
+    }
+}
+
+#[derive(Debug)]
+pub enum Verdict {
+    /// Every enforced limit holds. `shadow_limited` says a shadow limit would have denied.
+    Allow {
+        outcomes: Vec<LimitOutcome>,
+        shadow_limited: bool,
+    },
+    /// At least one enforced limit is exceeded.
+    Deny {
+        outcomes: Vec<LimitOutcome>,
+        /// Seconds until every violated window has ended.
+        retry_after: u64,
+        violated: Vec<Arc<str>>,
+    },
+    /// The store failed, timed out or is being skipped by the breaker.
+    StoreFailed,
+}
+
+pub struct Limiter {
+    store: Arc<dyn Store>,
+    timeout: Duration,
+    breaker: Breaker,
+    metrics: Arc<Metrics>,
+}
+
+impl Limiter {
+    pub fn new(store: Arc<dyn Store>, timeout: Duration, metrics: Arc<Metrics>) -> Self {
+        Limiter {
+            store,
+            timeout,
+            breaker: Breaker::new(),
+            metrics,
+        }
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    pub async fn decide(&self, plans: &[PlannedLimit]) -> Verdict {
+        if plans.is_empty() {
+            return Verdict::Allow {
+                outcomes: Vec::new(),
+                shadow_limited: false,
+            };
+        }
+        if !self.breaker.should_try() {
+            return Verdict::StoreFailed;
+        }
+        let batch: Vec<Increment> = plans
+            .iter()
+            .map(|p| Increment {
+                bucket: p.bucket.clone(),
+                window_secs: p.window_secs,
+                by: 1,
+            })
+            .collect();
+        let started = Instant::now();
+        self.metrics.store_round_trips.inc();
+        let answer = match tokio::time::timeout(self.timeout, self.store.increment(&batch)).await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::Timeout),
+        };
+        self.metrics
+            .store_seconds
+            .observe(started.elapsed().as_secs_f64());
+        let counted = match answer {
+            Ok(counted) if counted.len() == plans.len() => {
+                self.breaker.record_success();
+                counted
+            }
+            Ok(_) => {
+                self.on_store_error(&StoreError::Query("store answered a short batch".into()));
+                return Verdict::StoreFailed;
+            }
+            Err(err) => {
+                self.on_store_error(&err);
+                return Verdict::StoreFailed;
+            }
+        };
+        let outcomes: Vec<LimitOutcome> = plans
+            .iter()
+            .zip(counted)
+            .map(|(plan, c)| LimitOutcome {
+                policy: plan.policy.clone(),
+                requests: plan.requests,
+                window_secs: plan.window_secs,
+                count: c.count,
+                reset_secs: seconds_until(c.now_ms, c.window_end_ms),
+                shadow: plan.shadow,
+            })
+            .collect();
+        judge(outcomes)
+    }
+
+    fn on_store_error(&self, err: &StoreError) {
+        self.metrics.store_errors.inc();
+        if self.breaker.record_failure() {
+            tracing::warn!(error = %err, "rate-limit store failing: skipping it for a moment");
+        } else {
+            tracing::debug!(error = %err, "rate-limit store call failed");
+        }
+    }
+}
+
+/// Whole seconds from `now_ms` until `end_ms`, rounded up, at least 1.
+pub fn seconds_until(now_ms: i64, end_ms: i64) -> u64 {
+    let ms = end_ms.saturating_sub(now_ms).max(1) as u64;
+    ms.div_ceil(1000).max(1)
+}
+
+/// The decision rule, on counts already taken.
+pub fn judge(outcomes: Vec<LimitOutcome>) -> Verdict {
+    let violated: Vec<&LimitOutcome> = outcomes
+        .iter()
+        .filter(|o| !o.shadow && o.exceeded())
+        .collect();
+    if violated.is_empty() {
+        let shadow_limited = outcomes.iter().any(|o| o.shadow && o.exceeded());
+        return Verdict::Allow {
+            outcomes,
+            shadow_limited,
+        };
+    }
+    // The request is admitted again only once every violated window has ended.
+    let retry_after = violated.iter().map(|o| o.reset_secs).max().unwrap_or(1);
+    let violated = violated.iter().map(|o| o.policy.clone()).collect();
+    Verdict::Deny {
+        outcomes,
+        retry_after,
+        violated,
+    }
+}
+
+/// Fails fast while the store is down. Closed: every call goes to the store. After
+/// [`Breaker::THRESHOLD`] consecutive failures it opens for [`Breaker::COOL_DOWN`]; then one
+/// call at a time probes the store until one succeeds.
+pub struct Breaker {
+    base: Instant,
+    consecutive_failures: AtomicU32,
+    /// Milliseconds since `base` until which calls are skipped; 0 = closed.
+    open_until_ms: AtomicU64,
+    probing: AtomicBool,
+}
+
+impl Default for Breaker {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Breaker {
+    pub const THRESHOLD: u32 = 5;
+    pub const COOL_DOWN: Duration = Duration::from_millis(500);
+
+    pub fn new() -> Self {
+        Breaker {
+            base: Instant::now(),
+            consecutive_failures: AtomicU32::new(0),
+            open_until_ms: AtomicU64::new(0),
+            probing: AtomicBool::new(false),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.base.elapsed().as_millis() as u64
+    }
+
+    pub fn should_try(&self) -> bool {
+        let until = self.open_until_ms.load(Ordering::Acquire);
+        if until == 0 {
+            return true;
+        }
+        if self.now_ms() < until {
+            return false;
+        }
+        // Cool-down over: exactly one caller probes.
+        self.probing
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    pub fn record_success(&self) {
+        self.consecutive_failures.store(0, Ordering::Release);
+        self.open_until_ms.store(0, Ordering::Release);
+        self.probing.store(false, Ordering::Release);
+    }
+
+    /// Returns true when this failure (re)opened the breaker.
+    pub fn record_failure(&self) -> bool {
+        let failures = self.consecutive_failures.fetch_add(1, Ordering::AcqRel) + 1;
+        let was_probing = self.probing.swap(false, Ordering::AcqRel);
+        if failures >= Self::THRESHOLD || was_probing {
+            let until = self.now_ms() + Self::COOL_DOWN.as_millis() as u64;
+            self.open_until_ms.store(until.max(1), Ordering::Release);
+            return true;
+        }
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outcome(count: u32, requests: u32, reset: u64, shadow: bool) -> LimitOutcome {
+        LimitOutcome {
+            policy: Arc::from(format!("p{requests}")),
+            requests,
+            window_secs: 60,
+            count,
+            reset_secs: reset,
+            shadow,
+        }
+    }
+
+    #[test]
+    fn allowed_up_to_the_limit_then_denied() {
+        assert!(matches!(
+            judge(vec![outcome(5, 5, 10, false)]),
+            Verdict::Allow { .. }
+        ));
+        match judge(vec![outcome(6, 5, 10, false), outcome(1, 100, 50, false)]) {
+            Verdict::Deny {
+                retry_after,
+                violated,
+                ..
+            } => {
+                assert_eq!(retry_after, 10);
+                assert_eq!(violated.len(), 1);
+            }
+            other => panic!("expected deny, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn shadow_never_denies() {
+        match judge(vec![outcome(9, 5, 10, true)]) {
+            Verdict::Allow { shadow_limited, .. } => assert!(shadow_limited),
+            other => panic!("expected allow, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn retry_after_waits_for_every_violated_window() {
+        match judge(vec![outcome(6, 5, 10, false), outcome(3, 2, 40, false)]) {
+            Verdict::Deny { retry_after, .. } => assert_eq!(retry_after, 40),
+            other => panic!("expected deny, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn seconds_round_up() {
+        assert_eq!(seconds_until(0, 1), 1);
+        assert_eq!(seconds_until(0, 1000), 1);
+        assert_eq!(seconds_until(0, 1001), 2);
+        assert_eq!(seconds_until(5000, 1000), 1);
+    }
+
+    #[test]
+    fn breaker_opens_and_probes() {
+        let b = Breaker::new();
+        for _ in 0..Breaker::THRESHOLD - 1 {
+            assert!(!b.record_failure());
+            assert!(b.should_try());
+        }
+        assert!(b.record_failure());
+        assert!(!b.should_try());
+        std::thread::sleep(Breaker::COOL_DOWN + Duration::from_millis(20));
+        assert!(b.should_try(), "one probe after the cool-down");
+        assert!(!b.should_try(), "only one probe at a time");
+        b.record_success();
+        assert!(b.should_try());
+    }
+}

@@ -1,0 +1,176 @@
+//! Prometheus metrics (SPEC section 7). Labels are route names, decisions, status codes and
+//! reload results: values from the configuration or a fixed set, never anything a client sent,
+//! so no subject can reach a label and cardinality stays bounded.
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DecisionLabels {
+    pub route: String,
+    pub decision: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResponseLabels {
+    pub route: String,
+    pub code: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    pub route: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: &'static str,
+}
+
+/// Route label for requests that matched no route.
+pub const NO_ROUTE: &str = "";
+
+fn latency_buckets() -> impl Iterator<Item = f64> {
+    [
+        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+    ]
+    .into_iter()
+}
+
+pub struct Metrics {
+    registry: Registry,
+    pub decisions: Family<DecisionLabels, Counter>,
+    pub responses: Family<ResponseLabels, Counter>,
+    pub upstream_seconds: Family<RouteLabels, Histogram>,
+    pub store_seconds: Histogram,
+    pub store_errors: Counter,
+    pub store_round_trips: Counter,
+    pub sweep_deleted_rows: Counter,
+    pub config_reloads: Family<ResultLabels, Counter>,
+    pub open_connections: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("tollgate");
+        let decisions = Family::<DecisionLabels, Counter>::default();
+        let responses = Family::<ResponseLabels, Counter>::default();
+        let upstream_seconds = Family::<RouteLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(latency_buckets())
+        });
+        let store_seconds = Histogram::new(latency_buckets());
+        let store_errors = Counter::default();
+        let store_round_trips = Counter::default();
+        let sweep_deleted_rows = Counter::default();
+        let config_reloads = Family::<ResultLabels, Counter>::default();
+        let open_connections = Gauge::default();
+        registry.register(
+            "decisions",
+            "Rate-limit decisions by route and outcome",
+            decisions.clone(),
+        );
+        registry.register(
+            "responses",
+            "Responses sent, by route and status code",
+            responses.clone(),
+        );
+        registry.register(
+            "upstream_seconds",
+            "Time until the upstream's response headers, by route",
+            upstream_seconds.clone(),
+        );
+        registry.register(
+            "store_seconds",
+            "Time of one counter-store round trip",
+            store_seconds.clone(),
+        );
+        registry.register(
+            "store_errors",
+            "Counter-store calls that failed or timed out",
+            store_errors.clone(),
+        );
+        registry.register(
+            "store_round_trips",
+            "Counter-store round trips (statements sent)",
+            store_round_trips.clone(),
+        );
+        registry.register(
+            "sweep_deleted_rows",
+            "Expired counter rows deleted by the sweep",
+            sweep_deleted_rows.clone(),
+        );
+        registry.register(
+            "config_reloads",
+            "Configuration reloads by result",
+            config_reloads.clone(),
+        );
+        registry.register(
+            "open_connections",
+            "Client connections currently open",
+            open_connections.clone(),
+        );
+        Metrics {
+            registry,
+            decisions,
+            responses,
+            upstream_seconds,
+            store_seconds,
+            store_errors,
+            store_round_trips,
+            sweep_deleted_rows,
+            config_reloads,
+            open_connections,
+        }
+    }
+
+    pub fn decision(&self, route: &str, decision: &'static str) {
+        self.decisions
+            .get_or_create(&DecisionLabels {
+                route: route.to_string(),
+                decision,
+            })
+            .inc();
+    }
+
+    pub fn response(&self, route: &str, code: u16) {
+        self.responses
+            .get_or_create(&ResponseLabels {
+                route: route.to_string(),
+                code,
+            })
+            .inc();
+    }
+
+    pub fn upstream_time(&self, route: &str, seconds: f64) {
+        self.upstream_seconds
+            .get_or_create(&RouteLabels {
+                route: route.to_string(),
+            })
+            .observe(seconds);
+    }
+
+    pub fn reload(&self, result: &'static str) {
+        self.config_reloads
+            .get_or_create(&ResultLabels { result })
+            .inc();
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
