@@ -1,0 +1,90 @@
+//! The admin listener (SPEC section 7): `/healthz` (the process serves), `/readyz` (the counter
+//! store answers) and `/metrics` (Prometheus text). It is a separate listener so that it can be
+//! bound to loopback or an internal network while the proxy faces the world.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+
+use http::{header, Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::net::TcpListener;
+
+use crate::body::ProxyBody;
+use crate::metrics::Metrics;
+use crate::store::Store;
+
+pub async fn serve(
+    listener: TcpListener,
+    metrics: Arc<Metrics>,
+    store: Arc<dyn Store>,
+    stopped: impl Future<Output = ()>,
+) {
+    tokio::pin!(stopped);
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = &mut stopped => return,
+        };
+        let Ok((stream, _)) = accepted else {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            continue;
+        };
+        let metrics = metrics.clone();
+        let store = store.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| {
+                let response = answer(&req, &metrics, store.as_ref());
+                async move { Ok::<_, Infallible>(response) }
+            });
+            let mut builder = auto::Builder::new(TokioExecutor::new());
+            builder
+                .http1()
+                .timer(TokioTimer::new())
+                .header_read_timeout(std::time::Duration::from_secs(10));
+            let _ = builder
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+fn answer(req: &Request<Incoming>, metrics: &Metrics, store: &dyn Store) -> Response<ProxyBody> {
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        return text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
+    }
+    match req.uri().path() {
+        "/healthz" => text(StatusCode::OK, "ok\n"),
+        "/readyz" => {
+            if store.ready() {
+                text(StatusCode::OK, "ready\n")
+            } else {
+                text(StatusCode::SERVICE_UNAVAILABLE, "store not answering\n")
+            }
+        }
+        "/metrics" => {
+            let mut response = Response::new(ProxyBody::text(metrics.render()));
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                header::HeaderValue::from_static(
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                ),
+            );
+            response
+        }
+        _ => text(StatusCode::NOT_FOUND, "not found\n"),
+    }
+}
+
+fn text(status: StatusCode, body: &'static str) -> Response<ProxyBody> {
+    let mut response = Response::new(ProxyBody::text(body));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}

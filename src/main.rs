@@ -1,0 +1,388 @@
+//! The `tollgate` command (SPEC section 1). This is the only place that reads the process
+//! environment, installs signal handlers or exits the process; everything else is in the
+//! library so that tests can run it in process.
+//!
+//! Exit codes: 0 success; 2 invalid configuration or usage; 1 any other failure.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri};
+use tracing_subscriber::EnvFilter;
+
+use tollgate::config::{self, Config, HostPattern, KeyPart};
+use tollgate::key::{self, BucketHasher, RequestIdentity};
+use tollgate::store::postgres::PostgresStore;
+use tollgate::store::{Increment, Store};
+use tollgate::{normalise, route, Server};
+
+#[derive(Parser)]
+#[command(
+    name = "tollgate",
+    version,
+    about = "A rate-limiting reverse proxy with counters in PostgreSQL"
+)]
+struct Cli {
+    /// Configuration file [default: $TOLLGATE_CONFIG, then ./proxy.toml]
+    #[arg(long, global = true, value_name = "PATH")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve until SIGTERM or SIGINT (the default)
+    Run,
+    /// Validate the configuration, print its routes and limits, and exit
+    Check,
+    /// Apply pending database migrations and exit
+    Migrate {
+        /// Also replace the stored key fingerprint with this configuration's (secret rotation)
+        #[arg(long)]
+        accept_new_key: bool,
+    },
+    /// Show which route and limits a request would meet, and whether it would be allowed now
+    /// (reads the counters, never increments them)
+    Explain {
+        /// Client address the request comes from
+        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1")]
+        ip: IpAddr,
+        /// A request header, as 'Name: value' (repeatable)
+        #[arg(long = "header", value_name = "'Name: value'")]
+        headers: Vec<String>,
+        /// Request method, e.g. GET
+        method: String,
+        /// Request URL, e.g. http://api.example.com/oauth/register
+        url: String,
+    },
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    let path = cli
+        .config
+        .or_else(|| env("TOLLGATE_CONFIG").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from("proxy.toml"));
+    let config = match config::load_file(&path, &env) {
+        Ok(config) => config,
+        Err(errors) => {
+            eprint!("{errors}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(err) => {
+            eprintln!("tollgate: cannot start the async runtime: {err}");
+            return ExitCode::from(1);
+        }
+    };
+    match cli.command.unwrap_or(Command::Run) {
+        Command::Run => runtime.block_on(run(config, path)),
+        Command::Check => {
+            print_check(&config);
+            ExitCode::SUCCESS
+        }
+        Command::Migrate { accept_new_key } => runtime.block_on(migrate(config, accept_new_key)),
+        Command::Explain {
+            ip,
+            headers,
+            method,
+            url,
+        } => runtime.block_on(explain(config, ip, headers, method, url)),
+    }
+}
+
+fn init_logging() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if env("TOLLGATE_LOG").as_deref() == Some("json") {
+        builder.json().flatten_event(true).init();
+    } else {
+        builder.init();
+    }
+}
+
+async fn run(config: Config, path: PathBuf) -> ExitCode {
+    let mut server = match Server::start(config).await {
+        Ok(server) => server,
+        Err(err) => {
+            eprintln!("tollgate: {err}");
+            return ExitCode::from(1);
+        }
+    };
+    let signals = Signals::install();
+    let Ok(mut signals) = signals else {
+        eprintln!("tollgate: cannot install signal handlers");
+        return ExitCode::from(1);
+    };
+    loop {
+        tokio::select! {
+            _ = signals.hangup.recv() => {
+                tracing::info!("SIGHUP: reloading {}", path.display());
+                server.reload_from(&path, &env);
+            }
+            _ = signals.terminate.recv() => break,
+            _ = signals.interrupt.recv() => break,
+            message = server.fatal() => {
+                eprintln!("tollgate: {message}");
+                server.shutdown().await;
+                return ExitCode::from(1);
+            }
+        }
+    }
+    tracing::info!("stopping: finishing in-flight requests");
+    server.shutdown().await;
+    ExitCode::SUCCESS
+}
+
+struct Signals {
+    hangup: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+    interrupt: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> std::io::Result<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Signals {
+            hangup: signal(SignalKind::hangup())?,
+            terminate: signal(SignalKind::terminate())?,
+            interrupt: signal(SignalKind::interrupt())?,
+        })
+    }
+}
+
+fn print_check(config: &Config) {
+    println!("{}: configuration OK", config.source.display());
+    for addr in &config.server.listen {
+        println!("listen      {addr}");
+    }
+    for addr in &config.server.tls_listen {
+        println!("tls_listen  {addr}");
+    }
+    if let Some(admin) = &config.admin {
+        println!("admin       {}", admin.listen);
+    }
+    match &config.store.url {
+        Some(_) => println!(
+            "store       postgres (on_error = {:?})",
+            config.store.on_error
+        ),
+        None => println!("store       memory (counters not shared between instances)"),
+    }
+    for upstream in &config.upstreams {
+        let urls: Vec<String> = upstream.urls.iter().map(|u| u.to_string()).collect();
+        println!("upstream    {} -> {}", upstream.name, urls.join(", "));
+    }
+    for route in &config.routes {
+        let host = match &route.host {
+            Some(HostPattern::Exact(h)) => h.clone(),
+            Some(HostPattern::Suffix(s)) => format!("*{s}"),
+            None => "*".to_string(),
+        };
+        let methods = route
+            .methods
+            .as_ref()
+            .map(|m| m.iter().map(|m| m.as_str()).collect::<Vec<_>>().join(","))
+            .unwrap_or_else(|| "any".to_string());
+        println!(
+            "route       {}: host {} path {} methods {} -> {}{}",
+            route.name,
+            host,
+            route.path_prefix,
+            methods,
+            config.upstream(route).name,
+            if route.shadow { " (shadow)" } else { "" }
+        );
+        for limit in &route.limits {
+            println!(
+                "  limit     {} {} per {}s{}",
+                limit.policy_name(),
+                limit.requests,
+                limit.window_secs,
+                if limit.shadow { " (shadow)" } else { "" }
+            );
+        }
+    }
+}
+
+async fn migrate(config: Config, accept_new_key: bool) -> ExitCode {
+    if config.store.url.is_none() {
+        eprintln!(
+            "{}: store.url is not set: the memory store has nothing to migrate",
+            config.source.display()
+        );
+        return ExitCode::from(2);
+    }
+    let hasher = BucketHasher::new(config.keys.secret.as_deref());
+    let store = match PostgresStore::new(&config.store) {
+        Ok(store) => store,
+        Err(err) => {
+            eprintln!("tollgate: {err}");
+            return ExitCode::from(1);
+        }
+    };
+    match store.migrate(&hasher.fingerprint(), accept_new_key).await {
+        Ok(report) => {
+            println!("{report}");
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("tollgate: migrate failed: {err}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn explain(
+    config: Config,
+    ip: IpAddr,
+    header_args: Vec<String>,
+    method: String,
+    url: String,
+) -> ExitCode {
+    let usage = |message: String| {
+        eprintln!("tollgate explain: {message}");
+        ExitCode::from(2)
+    };
+    let Ok(method) = Method::from_bytes(method.to_ascii_uppercase().as_bytes()) else {
+        return usage(format!("not an HTTP method: {method}"));
+    };
+    let Ok(uri) = url.parse::<Uri>() else {
+        return usage("URL does not parse".to_string());
+    };
+    let mut headers = HeaderMap::new();
+    for arg in &header_args {
+        let Some((name, value)) = arg.split_once(':') else {
+            return usage("--header takes 'Name: value'".to_string());
+        };
+        let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name.trim().as_bytes()),
+            HeaderValue::from_str(value.trim()),
+        ) else {
+            return usage("--header has an invalid name or value".to_string());
+        };
+        headers.append(name, value);
+    }
+    let authority = match normalise::request_authority(&uri, &headers) {
+        Ok(a) => a,
+        Err(e) => return usage(format!("{e} (give an absolute URL or a Host header)")),
+    };
+    let path = match normalise::normalise_path(uri.path()) {
+        Ok(p) => p,
+        Err(e) => return usage(e.to_string()),
+    };
+    println!("request     {method} {authority}{path} from {ip}");
+    let host = normalise::host_without_port(&authority);
+    let Some(index) = route::find(&config.routes, host, &path, &method) else {
+        println!("route       none: the request would get 404 and not be forwarded");
+        return ExitCode::SUCCESS;
+    };
+    let route = &config.routes[index];
+    println!(
+        "route       {} -> upstream {}",
+        route.name,
+        config.upstream(route).name
+    );
+    if route.limits.is_empty() {
+        println!("limits      none: the request would be forwarded");
+        return ExitCode::SUCCESS;
+    }
+    let hasher = BucketHasher::new(config.keys.secret.as_deref());
+    let client = key::client_addr(ip, &headers, &config.server.trusted_proxies);
+    let who = RequestIdentity {
+        client,
+        ipv6_prefix: config.server.ipv6_prefix,
+        headers: &headers,
+    };
+    let store: Arc<dyn Store> = match &config.store.url {
+        Some(_) => match PostgresStore::new(&config.store) {
+            Ok(pg) => pg,
+            Err(err) => {
+                eprintln!("tollgate: {err}");
+                return ExitCode::from(1);
+            }
+        },
+        None => {
+            println!("store       memory: counts live inside the running process; shown as 0 here");
+            Arc::new(tollgate::store::memory::MemoryStore::new())
+        }
+    };
+    let mut would_allow = true;
+    for limit in &route.limits {
+        let shadow = limit.shadow || route.shadow;
+        let Some(bucket) = key::bucket_for(&limit.scope, &limit.key, &who, &hasher) else {
+            let missing: Vec<String> = limit
+                .key
+                .parts
+                .iter()
+                .filter_map(|p| match p {
+                    KeyPart::Header(h) => Some(h.to_string()),
+                    _ => None,
+                })
+                .collect();
+            println!(
+                "limit       {}: does not apply (no {} header)",
+                limit.policy_name(),
+                missing.join("/")
+            );
+            continue;
+        };
+        let probe = [Increment {
+            bucket: bucket.clone(),
+            window_secs: limit.window_secs,
+            by: 0,
+        }];
+        let peeked = match store.peek(&probe).await {
+            Ok(mut p) if p.len() == 1 => p.remove(0),
+            Ok(_) => {
+                eprintln!("tollgate: the store answered oddly");
+                return ExitCode::from(1);
+            }
+            Err(err) => {
+                eprintln!("tollgate: cannot read the counters: {err}");
+                return ExitCode::from(1);
+            }
+        };
+        let next = peeked.count.saturating_add(1);
+        let fits = next <= limit.requests;
+        if !fits && !shadow {
+            would_allow = false;
+        }
+        println!(
+            "limit       {}{}: {} per {}s, bucket {}, count {} , window resets in {}s -> {}",
+            limit.policy_name(),
+            if shadow { " (shadow)" } else { "" },
+            limit.requests,
+            limit.window_secs,
+            bucket,
+            peeked.count,
+            tollgate::limit::seconds_until(peeked.now_ms, peeked.window_end_ms),
+            if fits { "within" } else { "exceeded" }
+        );
+    }
+    println!(
+        "decision    {}",
+        if would_allow {
+            "allowed"
+        } else {
+            "limited (429)"
+        }
+    );
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,406 @@
+//! The per-request pipeline: normalise -> route -> key -> limit -> forward, as named steps.
+//!
+//! [`Proxy::handle`] is the one place a request ends: every path through the pipeline returns
+//! a [`Handled`] that says what happened, and the access-log line and response metrics are
+//! written there and only there. The configuration-derived parts (routes, their policy names,
+//! upstream pools) live in a [`Runtime`] behind an `ArcSwap`: a request loads it once and keeps
+//! it to the end, so a reload never changes the rules under a request in flight.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::{Request, Response, StatusCode, Version};
+use http_body::Body as _;
+use hyper::body::Incoming;
+
+use crate::body::ProxyBody;
+use crate::config::{Config, RateLimitHeaders, RouteConfig, StoreErrorPolicy};
+use crate::error::{RequestError, StartupError};
+use crate::forward::{ForwardRequest, UpstreamPool};
+use crate::headers;
+use crate::key::{self, BucketHasher, RequestIdentity};
+use crate::limit::{LimitOutcome, Limiter, PlannedLimit, Verdict};
+use crate::metrics::{Metrics, NO_ROUTE};
+use crate::normalise;
+use crate::route;
+
+/// A route ready to serve: its configuration plus what is derived from it once.
+pub struct CompiledRoute {
+    pub config: RouteConfig,
+    /// `<scope>:<label>` per limit, in limit order.
+    pub policies: Vec<Arc<str>>,
+    pub upstream: Arc<UpstreamPool>,
+    pub on_store_error: StoreErrorPolicy,
+}
+
+/// Everything a reload replaces at once.
+pub struct Runtime {
+    pub config: Arc<Config>,
+    pub routes: Vec<CompiledRoute>,
+}
+
+impl Runtime {
+    pub fn build(config: Arc<Config>) -> Result<Self, StartupError> {
+        let pools: Vec<Arc<UpstreamPool>> = config
+            .upstreams
+            .iter()
+            .map(|u| UpstreamPool::new(u.clone()).map(Arc::new))
+            .collect::<Result<_, _>>()?;
+        let routes = config
+            .routes
+            .iter()
+            .map(|r| CompiledRoute {
+                config: r.clone(),
+                policies: r
+                    .limits
+                    .iter()
+                    .map(|l| Arc::from(l.policy_name()))
+                    .collect(),
+                upstream: pools[r.upstream].clone(),
+                on_store_error: r.on_store_error.unwrap_or(config.store.on_error),
+            })
+            .collect();
+        Ok(Runtime { config, routes })
+    }
+}
+
+/// What tollgate knows about the connection a request came on.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnInfo {
+    pub peer: SocketAddr,
+    pub tls: bool,
+}
+
+pub struct Proxy {
+    runtime: ArcSwap<Runtime>,
+    limiter: Limiter,
+    hasher: BucketHasher,
+    metrics: Arc<Metrics>,
+}
+
+/// How a request ended, for the log and metrics.
+struct Handled {
+    response: Response<ProxyBody>,
+    route: Option<Arc<str>>,
+    decision: &'static str,
+    /// The policies that denied it, if any.
+    violated: Vec<Arc<str>>,
+    upstream: Option<String>,
+}
+
+impl Proxy {
+    pub fn new(
+        runtime: Runtime,
+        limiter: Limiter,
+        hasher: BucketHasher,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Proxy {
+            runtime: ArcSwap::from_pointee(runtime),
+            limiter,
+            hasher,
+            metrics,
+        }
+    }
+
+    pub fn runtime(&self) -> Arc<Runtime> {
+        self.runtime.load_full()
+    }
+
+    /// Swaps in new rules for requests that start from now on.
+    pub fn replace_runtime(&self, runtime: Runtime) {
+        self.runtime.store(Arc::new(runtime));
+    }
+
+    pub fn limiter(&self) -> &Limiter {
+        &self.limiter
+    }
+
+    pub fn hasher(&self) -> &BucketHasher {
+        &self.hasher
+    }
+
+    pub async fn handle(&self, req: Request<Incoming>, conn: ConnInfo) -> Response<ProxyBody> {
+        let started = Instant::now();
+        let runtime = self.runtime.load_full();
+        let method = req.method().clone();
+        // The path without its query: queries can carry credentials.
+        let path = req.uri().path().to_string();
+        let handled = self.pipeline(&runtime, req, conn).await;
+        let status = handled.response.status().as_u16();
+        let route_name = handled.route.as_deref().unwrap_or(NO_ROUTE);
+        self.metrics.response(route_name, status);
+        let violated = handled.violated.join(",");
+        tracing::info!(
+            target: "tollgate::access",
+            method = %method,
+            path = %path,
+            route = route_name,
+            decision = handled.decision,
+            policy = %violated,
+            status,
+            duration_ms = started.elapsed().as_secs_f64() * 1000.0,
+            upstream = handled.upstream.as_deref().unwrap_or(""),
+        );
+        handled.response
+    }
+
+    async fn pipeline(&self, rt: &Runtime, req: Request<Incoming>, conn: ConnInfo) -> Handled {
+        // Step 1: one spelling of host and path.
+        let authority = match normalise::request_authority(req.uri(), req.headers()) {
+            Ok(a) => a,
+            Err(e) => return local_error(None, RequestError::BadRequest(bad_request_reason(e))),
+        };
+        let path = match normalise::normalise_path(req.uri().path()) {
+            Ok(p) => p,
+            Err(e) => return local_error(None, RequestError::BadRequest(bad_request_reason(e))),
+        };
+
+        // Step 2: the first route that matches.
+        let host = normalise::host_without_port(&authority);
+        let Some(index) = route::find(&rt.config.routes, host, &path, req.method()) else {
+            return local_error(None, RequestError::NoRoute);
+        };
+        let route = &rt.routes[index];
+        let route_name: Arc<str> = Arc::from(route.config.name.as_str());
+
+        // Step 3: who the request counts as, per limit.
+        let server = &rt.config.server;
+        let client = key::client_addr(conn.peer.ip(), req.headers(), &server.trusted_proxies);
+        let who = RequestIdentity {
+            client,
+            ipv6_prefix: server.ipv6_prefix,
+            headers: req.headers(),
+        };
+        let plans: Vec<PlannedLimit> = route
+            .config
+            .limits
+            .iter()
+            .zip(&route.policies)
+            .filter_map(|(limit, policy)| {
+                key::bucket_for(&limit.scope, &limit.key, &who, &self.hasher).map(|bucket| {
+                    PlannedLimit {
+                        policy: policy.clone(),
+                        bucket,
+                        requests: limit.requests,
+                        window_secs: limit.window_secs,
+                        shadow: limit.shadow || route.config.shadow,
+                    }
+                })
+            })
+            .collect();
+
+        // Step 4: the decision, before a byte of the body is read.
+        let (decision, outcomes) = match self.limiter.decide(&plans).await {
+            Verdict::Allow {
+                outcomes,
+                shadow_limited,
+            } => {
+                let word = if shadow_limited {
+                    "shadow_limited"
+                } else {
+                    "allowed"
+                };
+                (word, outcomes)
+            }
+            Verdict::Deny {
+                outcomes,
+                retry_after,
+                violated,
+            } => {
+                self.metrics.decision(&route_name, "limited");
+                let response = rejection(rt, route, &req, &outcomes, retry_after, &violated);
+                return Handled {
+                    response,
+                    route: Some(route_name),
+                    decision: "limited",
+                    violated,
+                    upstream: None,
+                };
+            }
+            Verdict::StoreFailed => match route.on_store_error {
+                StoreErrorPolicy::Allow => ("failed_open", Vec::new()),
+                StoreErrorPolicy::Deny => {
+                    self.metrics.decision(&route_name, "failed_closed");
+                    let mut handled =
+                        local_error(Some(route_name), RequestError::StoreFailedClosed);
+                    handled
+                        .response
+                        .headers_mut()
+                        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                    close_if_body_unread(&req, &mut handled.response);
+                    return handled;
+                }
+            },
+        };
+        self.metrics.decision(&route_name, decision);
+
+        // Step 5: forward.
+        let peer_trusted = server
+            .trusted_proxies
+            .iter()
+            .any(|net| net.contains(&key::canonical(conn.peer.ip())));
+        let upstream_path = if route.config.strip_prefix {
+            route::strip(&route.config.path_prefix, &path)
+        } else {
+            path.clone()
+        };
+        let query = req.uri().query().map(str::to_string);
+        let fwd = ForwardRequest {
+            path: &upstream_path,
+            query: query.as_deref(),
+            client_authority: &authority,
+            forwarded: headers::ForwardedFor {
+                peer: conn.peer.ip(),
+                peer_trusted,
+                proto: if conn.tls { "https" } else { "http" },
+                host: &authority,
+            },
+        };
+        let upstream_started = Instant::now();
+        let result = route.upstream.forward(req, fwd).await;
+        self.metrics
+            .upstream_time(&route_name, upstream_started.elapsed().as_secs_f64());
+        let upstream_name = Some(route.upstream.config.name.clone());
+        match result {
+            Ok(response) => {
+                let (mut parts, body) = response.into_parts();
+                headers::add_rate_limit_headers(
+                    &mut parts.headers,
+                    server.rate_limit_headers,
+                    &outcomes,
+                );
+                Handled {
+                    response: Response::from_parts(parts, ProxyBody::Upstream(body)),
+                    route: Some(route_name),
+                    decision,
+                    violated: Vec::new(),
+                    upstream: upstream_name,
+                }
+            }
+            Err(err) => {
+                tracing::warn!(route = %route_name, error = %err, "upstream request failed");
+                let mut handled = local_error(Some(route_name), err);
+                handled.decision = decision;
+                handled.upstream = upstream_name;
+                handled
+            }
+        }
+    }
+}
+
+fn bad_request_reason(err: normalise::NormaliseError) -> &'static str {
+    use normalise::NormaliseError::*;
+    match err {
+        NotOriginForm => "request target must be a path",
+        BadEscape => "malformed percent-encoding",
+        EncodedSeparator => "encoded / or NUL in path",
+        EscapesRoot => "path escapes the root",
+        MissingHost => "missing Host",
+        DuplicateHost => "several Host headers",
+        HostMismatch => "Host disagrees with the request target",
+        BadHost => "malformed Host",
+    }
+}
+
+/// A response tollgate writes itself for a failure.
+fn local_error(route: Option<Arc<str>>, err: RequestError) -> Handled {
+    let status = err.status();
+    let mut response = Response::new(ProxyBody::text(format!(
+        "{}\n",
+        status.canonical_reason().unwrap_or("error")
+    )));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    if status == StatusCode::BAD_REQUEST {
+        // After a malformed request nothing else on this connection can be trusted.
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    Handled {
+        decision: err.log_word(),
+        response,
+        route,
+        violated: Vec::new(),
+        upstream: None,
+    }
+}
+
+/// A request whose body was not read must not leave that body on an HTTP/1.1 connection:
+/// the next "request" would be whatever the client uploaded.
+fn close_if_body_unread<B>(req: &Request<Incoming>, response: &mut Response<B>) {
+    if req.version() != Version::HTTP_2 && !req.body().is_end_stream() {
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+}
+
+/// The 429 (or the route's `reject`) for a denied request.
+fn rejection(
+    rt: &Runtime,
+    route: &CompiledRoute,
+    req: &Request<Incoming>,
+    outcomes: &[LimitOutcome],
+    retry_after: u64,
+    violated: &[Arc<str>],
+) -> Response<ProxyBody> {
+    let (status, content_type, body) = match &route.config.reject {
+        Some(reject) => (
+            reject.status,
+            reject.content_type.clone(),
+            reject.body.clone(),
+        ),
+        None => (
+            StatusCode::TOO_MANY_REQUESTS,
+            Some("application/problem+json".to_string()),
+            problem_body(violated),
+        ),
+    };
+    let mut response = Response::new(ProxyBody::text(body));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    if let Some(ct) = content_type.and_then(|ct| HeaderValue::from_str(&ct).ok()) {
+        headers.insert(header::CONTENT_TYPE, ct);
+    }
+    headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after));
+    if rt.config.server.rate_limit_headers != RateLimitHeaders::None {
+        headers::add_rate_limit_headers(headers, rt.config.server.rate_limit_headers, outcomes);
+    }
+    close_if_body_unread(req, &mut response);
+    response
+}
+
+/// RFC 9457 problem details with the quota-exceeded type of the rate-limit headers draft.
+fn problem_body(violated: &[Arc<str>]) -> Bytes {
+    let policies: Vec<String> = violated.iter().map(|p| json_string(p)).collect();
+    Bytes::from(format!(
+        "{{\"type\":\"https://iana.org/assignments/http-problem-types#quota-exceeded\",\
+         \"title\":\"Too Many Requests\",\"status\":429,\"violated-policies\":[{}]}}",
+        policies.join(",")
+    ))
+}
+
+/// Policy names are limited to `[A-Za-z0-9._:+-]` by validation; escape anyway.
+fn json_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}

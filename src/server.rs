@@ -1,0 +1,626 @@
+//! Listeners, connections and the life of the process: start, reload, graceful stop.
+//!
+//! - Every listener is bound before anything is served, and its real address is logged (port 0
+//!   works), so a bad address fails the start rather than half of it.
+//! - The accept loop survives errors (EMFILE and friends are logged, then it backs off) and
+//!   holds one permit of a `max_connections` semaphore per open connection: beyond the limit,
+//!   accept simply waits.
+//! - Each connection runs in its own task on hyper-util's auto builder (HTTP/1.1, or HTTP/2 with
+//!   prior knowledge), with a timer installed so `header_read_timeout` works, and an idle
+//!   watchdog that closes a connection when no byte has moved for `idle_timeout`.
+//! - The counter store is started without waiting for the database: a database that is down
+//!   at start must not take the edge down with it (SPEC 1). Until it answers, the failure
+//!   policy applies; a background task keeps trying, then migrates and checks the key
+//!   fingerprint.
+//! - Stop: listeners close, connections are asked to finish (HTTP/1.1 after the current
+//!   response, HTTP/2 with GOAWAY), and after `shutdown_timeout` whatever is left is dropped.
+
+use std::convert::Infallible;
+use std::io;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::task::JoinHandle;
+
+use crate::admin;
+use crate::config::{self, Config};
+use crate::error::StartupError;
+use crate::key::BucketHasher;
+use crate::limit::Limiter;
+use crate::metrics::Metrics;
+use crate::proxy::{ConnInfo, Proxy, Runtime};
+use crate::store::memory::MemoryStore;
+use crate::store::postgres::PostgresStore;
+use crate::store::Store;
+
+/// How long `start` waits for the database before serving without it.
+const STORE_START_WAIT: Duration = Duration::from_secs(5);
+/// Rows deleted per sweep statement.
+const SWEEP_BATCH: i64 = 1000;
+/// HTTP/2 keep-alive pings: a peer that stops answering is dropped.
+const H2_KEEPALIVE: Duration = Duration::from_secs(20);
+const H2_MAX_STREAMS: u32 = 256;
+/// Back-off after a failed accept (e.g. out of file descriptors).
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Running,
+    /// Stop accepting; connections finish what they are doing.
+    Draining,
+    /// Shutdown timeout passed: drop whatever is left.
+    Forced,
+}
+
+/// The store as the server manages it (the limiter sees only `dyn Store`).
+#[derive(Clone)]
+enum StoreHandle {
+    Memory(Arc<MemoryStore>),
+    Postgres(Arc<PostgresStore>),
+}
+
+impl StoreHandle {
+    fn as_dyn(&self) -> Arc<dyn Store> {
+        match self {
+            StoreHandle::Memory(m) => m.clone(),
+            StoreHandle::Postgres(p) => p.clone(),
+        }
+    }
+}
+
+pub struct Server;
+
+/// A started tollgate: its bound addresses and the handles to reload or stop it.
+pub struct RunningServer {
+    pub listen_addrs: Vec<SocketAddr>,
+    pub admin_addr: Option<SocketAddr>,
+    proxy: Arc<Proxy>,
+    metrics: Arc<Metrics>,
+    store: Arc<dyn Store>,
+    phase: watch::Sender<Phase>,
+    permits: Arc<Semaphore>,
+    max_connections: u32,
+    shutdown_timeout: Duration,
+    /// Settings a reload cannot change, to warn about.
+    started_with: Arc<Config>,
+    fatal: mpsc::Receiver<String>,
+    background: Vec<JoinHandle<()>>,
+}
+
+impl Server {
+    /// Binds every listener, starts the store and begins serving.
+    pub async fn start(config: Config) -> Result<RunningServer, StartupError> {
+        let config = Arc::new(config);
+        let metrics = Arc::new(Metrics::new());
+        let hasher = BucketHasher::new(config.keys.secret.as_deref());
+        if !hasher.is_keyed() {
+            tracing::warn!(
+                "keys.secret is not set: bucket digests are plain SHA-256 of the subject, which \
+                 anyone can recompute for a guessed address or token; set a secret"
+            );
+        }
+        if !config.server.tls_listen.is_empty() {
+            return Err(StartupError::Tls(
+                "tls_listen is not supported yet by this build; terminate TLS in front of \
+                 tollgate or remove tls_listen"
+                    .into(),
+            ));
+        }
+        let runtime = Runtime::build(config.clone())?;
+
+        // Bind everything first: a bad address fails the start before anything serves.
+        let mut listeners = Vec::new();
+        for addr in &config.server.listen {
+            let listener = TcpListener::bind(addr)
+                .await
+                .map_err(|source| StartupError::Bind {
+                    addr: *addr,
+                    source,
+                })?;
+            listeners.push(listener);
+        }
+        let admin_listener = match &config.admin {
+            Some(admin) => Some(TcpListener::bind(admin.listen).await.map_err(|source| {
+                StartupError::Bind {
+                    addr: admin.listen,
+                    source,
+                }
+            })?),
+            None => None,
+        };
+
+        let (fatal_tx, fatal) = mpsc::channel(1);
+        let mut background = Vec::new();
+        let store = start_store(&config, &hasher, &metrics, fatal_tx, &mut background).await?;
+        let limiter = Limiter::new(store.as_dyn(), config.store.timeout, metrics.clone());
+        let proxy = Arc::new(Proxy::new(runtime, limiter, hasher, metrics.clone()));
+
+        let (phase, phase_rx) = watch::channel(Phase::Running);
+        let max_connections = u32::try_from(config.server.max_connections).unwrap_or(u32::MAX);
+        let permits = Arc::new(Semaphore::new(max_connections as usize));
+        let settings = ConnSettings {
+            header_read_timeout: config.server.header_read_timeout,
+            idle_timeout: config.server.idle_timeout,
+        };
+        let mut listen_addrs = Vec::new();
+        for listener in listeners {
+            let addr = listener.local_addr().map_err(|source| StartupError::Bind {
+                addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+                source,
+            })?;
+            tracing::info!(address = %addr, tls = false, "listening");
+            listen_addrs.push(addr);
+            background.push(tokio::spawn(accept_loop(
+                listener,
+                false,
+                proxy.clone(),
+                settings,
+                permits.clone(),
+                phase_rx.clone(),
+                metrics.clone(),
+            )));
+        }
+        let admin_addr = match admin_listener {
+            Some(listener) => {
+                let addr = listener.local_addr().ok();
+                if let Some(addr) = addr {
+                    tracing::info!(address = %addr, "admin listening");
+                }
+                background.push(tokio::spawn(admin::serve(
+                    listener,
+                    metrics.clone(),
+                    store.as_dyn(),
+                    phase_rx.clone().into_stopped(),
+                )));
+                addr
+            }
+            None => None,
+        };
+        tracing::info!(store = store.as_dyn().kind(), "tollgate started");
+        Ok(RunningServer {
+            listen_addrs,
+            admin_addr,
+            proxy,
+            metrics,
+            store: store.as_dyn(),
+            phase,
+            permits,
+            max_connections,
+            shutdown_timeout: config.server.shutdown_timeout,
+            started_with: config,
+            fatal,
+            background,
+        })
+    }
+}
+
+/// Starts the configured store; for Postgres, tries to initialise it briefly and keeps trying
+/// in the background if the database does not answer yet.
+async fn start_store(
+    config: &Config,
+    hasher: &BucketHasher,
+    metrics: &Arc<Metrics>,
+    fatal: mpsc::Sender<String>,
+    background: &mut Vec<JoinHandle<()>>,
+) -> Result<StoreHandle, StartupError> {
+    let Some(_) = &config.store.url else {
+        tracing::warn!(
+            "store: in-process memory; counters are not shared, so each instance enforces \
+             its limits separately (run one instance, or set store.url)"
+        );
+        let memory = Arc::new(MemoryStore::new());
+        background.push(tokio::spawn(sweep_memory(
+            memory.clone(),
+            config.store.sweep_interval,
+            metrics.clone(),
+        )));
+        return Ok(StoreHandle::Memory(memory));
+    };
+    let pg = PostgresStore::new(&config.store).map_err(|e| StartupError::Store(e.to_string()))?;
+    let fingerprint = hasher.fingerprint();
+    let migrate = config.store.migrate;
+    match tokio::time::timeout(STORE_START_WAIT, pg.initialize(&fingerprint, migrate)).await {
+        Ok(Ok(())) => tracing::info!("store: postgres, ready"),
+        Ok(Err(err)) if !err.is_retryable() => return Err(StartupError::Store(err.to_string())),
+        Ok(Err(err)) => {
+            tracing::warn!(error = %err, "store: postgres not ready; serving under the store failure policy until it is");
+            background.push(tokio::spawn(initialize_in_background(
+                pg.clone(),
+                fingerprint,
+                migrate,
+                fatal,
+            )));
+        }
+        Err(_) => {
+            tracing::warn!("store: postgres did not answer in time; serving under the store failure policy until it does");
+            background.push(tokio::spawn(initialize_in_background(
+                pg.clone(),
+                fingerprint,
+                migrate,
+                fatal,
+            )));
+        }
+    }
+    background.push(tokio::spawn(sweep_postgres(
+        pg.clone(),
+        config.store.sweep_interval,
+        metrics.clone(),
+    )));
+    Ok(StoreHandle::Postgres(pg))
+}
+
+async fn initialize_in_background(
+    pg: Arc<PostgresStore>,
+    fingerprint: String,
+    migrate: bool,
+    fatal: mpsc::Sender<String>,
+) {
+    let mut delay = Duration::from_millis(250);
+    loop {
+        tokio::time::sleep(delay).await;
+        match pg.initialize(&fingerprint, migrate).await {
+            Ok(()) => {
+                tracing::info!("store: postgres answered; migrations applied and key fingerprint checked; counting");
+                return;
+            }
+            Err(err) if err.is_retryable() => {
+                tracing::debug!(error = %err, "store: postgres still not ready");
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+            Err(err) => {
+                // A different key secret, bad credentials, a failed migration: waiting will
+                // not fix it, and serving on would silently break the guarantees.
+                let message = err.to_string();
+                tracing::error!("{message}");
+                let _ = fatal.send(message).await;
+                return;
+            }
+        }
+    }
+}
+
+async fn sweep_postgres(pg: Arc<PostgresStore>, every: Duration, metrics: Arc<Metrics>) {
+    let mut ticker = tokio::time::interval(every);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        match pg.sweep_once(SWEEP_BATCH).await {
+            Ok(deleted) => {
+                metrics.sweep_deleted_rows.inc_by(deleted);
+                if deleted > 0 {
+                    tracing::debug!(deleted, "sweep deleted expired counters");
+                }
+            }
+            Err(err) => tracing::debug!(error = %err, "sweep skipped"),
+        }
+    }
+}
+
+async fn sweep_memory(memory: Arc<MemoryStore>, every: Duration, metrics: Arc<Metrics>) {
+    let mut ticker = tokio::time::interval(every);
+    loop {
+        ticker.tick().await;
+        metrics.sweep_deleted_rows.inc_by(memory.sweep());
+    }
+}
+
+impl RunningServer {
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    pub fn proxy(&self) -> &Arc<Proxy> {
+        &self.proxy
+    }
+
+    /// Re-reads the configuration file (SIGHUP). On any error the old configuration keeps
+    /// serving and the error is logged; returns whether the new one was applied.
+    pub fn reload_from(&self, path: &Path, env: &dyn Fn(&str) -> Option<String>) -> bool {
+        match config::load_file(path, env) {
+            Ok(config) => self.reload(config),
+            Err(errors) => {
+                for line in errors.to_string().lines() {
+                    tracing::error!("reload: {line}");
+                }
+                tracing::error!("reload: configuration rejected; the previous one keeps serving");
+                self.metrics.reload("failure");
+                false
+            }
+        }
+    }
+
+    /// Swaps routes, limits and upstreams for new requests. Listeners, store settings and
+    /// the key secret stay as started (changing them needs a restart), with a warning.
+    pub fn reload(&self, config: Config) -> bool {
+        let old = &self.started_with;
+        if config.server.listen != old.server.listen
+            || config.server.tls_listen != old.server.tls_listen
+            || config.admin.as_ref().map(|a| a.listen) != old.admin.as_ref().map(|a| a.listen)
+        {
+            tracing::warn!("reload: listener addresses changed; they apply only after a restart");
+        }
+        if format!("{:?}", config.store) != format!("{:?}", old.store)
+            || config.store.url != old.store.url
+        {
+            tracing::warn!("reload: store settings changed; they apply only after a restart");
+        }
+        if config.keys.secret != old.keys.secret {
+            tracing::warn!("reload: keys.secret changed; it applies only after a restart of every instance (see tollgate migrate --accept-new-key)");
+        }
+        match Runtime::build(Arc::new(config)) {
+            Ok(runtime) => {
+                self.proxy.replace_runtime(runtime);
+                self.metrics.reload("success");
+                tracing::info!("reload: configuration applied");
+                true
+            }
+            Err(err) => {
+                tracing::error!(error = %err, "reload: configuration rejected; the previous one keeps serving");
+                self.metrics.reload("failure");
+                false
+            }
+        }
+    }
+
+    /// Resolves when the server cannot go on (e.g. the database holds another key
+    /// fingerprint); the message says why.
+    pub async fn fatal(&mut self) -> String {
+        match self.fatal.recv().await {
+            Some(message) => message,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Graceful stop: no new connections, in-flight requests get up to `shutdown_timeout`.
+    pub async fn shutdown(self) {
+        let _ = self.phase.send(Phase::Draining);
+        let drained = tokio::time::timeout(
+            self.shutdown_timeout,
+            self.permits.acquire_many(self.max_connections),
+        )
+        .await;
+        if drained.is_err() {
+            tracing::warn!("shutdown timeout reached; closing the remaining connections");
+            let _ = self.phase.send(Phase::Forced);
+            // Give the connection tasks a moment to drop their sockets.
+            let _ = tokio::time::timeout(
+                Duration::from_millis(200),
+                self.permits.acquire_many(self.max_connections),
+            )
+            .await;
+        }
+        for task in &self.background {
+            task.abort();
+        }
+        tracing::info!("tollgate stopped");
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct ConnSettings {
+    header_read_timeout: Duration,
+    idle_timeout: Duration,
+}
+
+trait StopSignal {
+    /// A future that resolves once the phase leaves Running.
+    fn into_stopped(self) -> Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+}
+
+impl StopSignal for watch::Receiver<Phase> {
+    fn into_stopped(mut self) -> Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+        Box::pin(async move {
+            let _ = self.wait_for(|p| *p != Phase::Running).await;
+        })
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    tls: bool,
+    proxy: Arc<Proxy>,
+    settings: ConnSettings,
+    permits: Arc<Semaphore>,
+    phase: watch::Receiver<Phase>,
+    metrics: Arc<Metrics>,
+) {
+    let mut stopped = phase.clone().into_stopped();
+    loop {
+        let permit = tokio::select! {
+            permit = permits.clone().acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => return,
+            },
+            _ = &mut stopped => return,
+        };
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = &mut stopped => return,
+        };
+        let (stream, peer) = match accepted {
+            Ok(pair) => pair,
+            Err(err) => {
+                // EMFILE, ENFILE, ECONNABORTED...: the listener is fine, try again shortly.
+                tracing::warn!(error = %err, "accept failed; backing off");
+                drop(permit);
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let proxy = proxy.clone();
+        let phase = phase.clone();
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            metrics.open_connections.inc();
+            serve_connection(stream, ConnInfo { peer, tls }, proxy, settings, phase).await;
+            metrics.open_connections.dec();
+            drop(permit);
+        });
+    }
+}
+
+async fn serve_connection(
+    stream: TcpStream,
+    info: ConnInfo,
+    proxy: Arc<Proxy>,
+    settings: ConnSettings,
+    mut phase: watch::Receiver<Phase>,
+) {
+    let activity = Arc::new(Activity::new());
+    let io = TokioIo::new(Tracked {
+        inner: stream,
+        activity: activity.clone(),
+    });
+    let service = service_fn(move |req| {
+        let proxy = proxy.clone();
+        async move { Ok::<_, Infallible>(proxy.handle(req, info).await) }
+    });
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(settings.header_read_timeout)
+        .keep_alive(true);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(Some(H2_KEEPALIVE))
+        .keep_alive_timeout(H2_KEEPALIVE)
+        .max_concurrent_streams(H2_MAX_STREAMS);
+    let conn = builder.serve_connection_with_upgrades(io, service);
+    tokio::pin!(conn);
+
+    let idle = tokio::time::sleep(settings.idle_timeout);
+    tokio::pin!(idle);
+    let mut draining = false;
+    loop {
+        tokio::select! {
+            result = conn.as_mut() => {
+                if let Err(err) = result {
+                    tracing::debug!(peer = %info.peer.port(), error = %err, "connection ended with an error");
+                }
+                return;
+            }
+            changed = phase.changed() => {
+                let now = if changed.is_err() { Phase::Forced } else { *phase.borrow() };
+                match now {
+                    Phase::Running => {}
+                    Phase::Draining if !draining => {
+                        draining = true;
+                        conn.as_mut().graceful_shutdown();
+                    }
+                    Phase::Draining => {}
+                    Phase::Forced => return,
+                }
+            }
+            _ = idle.as_mut() => {
+                let quiet = activity.quiet_for();
+                if quiet >= settings.idle_timeout {
+                    tracing::debug!("closing idle connection");
+                    return;
+                }
+                idle.as_mut().reset(tokio::time::Instant::now() + (settings.idle_timeout - quiet));
+            }
+        }
+    }
+}
+
+/// When bytes last moved on a connection.
+struct Activity {
+    base: Instant,
+    last_ms: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Activity {
+            base: Instant::now(),
+            last_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn touch(&self) {
+        self.last_ms
+            .store(self.base.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+
+    fn quiet_for(&self) -> Duration {
+        let now = self.base.elapsed().as_millis() as u64;
+        Duration::from_millis(now.saturating_sub(self.last_ms.load(Ordering::Relaxed)))
+    }
+}
+
+/// A socket that records its activity for the idle watchdog.
+struct Tracked<S> {
+    inner: S,
+    activity: Arc<Activity>,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Tracked<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let result = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if matches!(result, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.activity.touch();
+        }
+        result
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let result = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if matches!(result, Poll::Ready(Ok(n)) if n > 0) {
+            self.activity.touch();
+        }
+        result
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let result = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if matches!(result, Poll::Ready(Ok(n)) if n > 0) {
+            self.activity.touch();
+        }
+        result
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
