@@ -1,0 +1,108 @@
+//! The command line (SPEC section 1): `check` on every broken fixture exits 2 and names each
+//! problem's place; the example configuration passes; `--version` works; `run` with a broken
+//! file exits 2 and with a taken port exits 1.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn tollgate(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(args)
+        .env_remove("TOLLGATE_CONFIG")
+        .env_remove("TOLLGATE_DATABASE_URL")
+        .env_remove("TOLLGATE_KEY_SECRET")
+        .output()
+        .expect("run tollgate")
+}
+
+fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+#[test]
+fn example_configuration_passes_check() {
+    let path = repo("proxy.toml.example");
+    let out = tollgate(&["check", "--config", path.to_str().expect("utf-8 path")]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "check failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("configuration OK"), "{stdout}");
+    assert!(stdout.contains("route       login"), "{stdout}");
+    assert!(stdout.contains("login:ip 5 per 60s"), "{stdout}");
+}
+
+#[test]
+fn every_broken_fixture_exits_2_naming_each_place() {
+    let dir = repo("tests/fixtures");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&dir).expect("fixtures dir") {
+        let path = entry.expect("entry").path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if !(name.starts_with("bad_") && name.ends_with(".toml")) {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("fixture");
+        let expected: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# expect: "))
+            .collect();
+        assert!(!expected.is_empty(), "{name} has no '# expect:' line");
+        let out = tollgate(&["check", "--config", path.to_str().expect("utf-8 path")]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{name}: {stderr}");
+        for want in expected {
+            let want = format!("{}:{}", path.display(), want.trim());
+            assert!(
+                stderr.lines().any(|l| l.starts_with(&want)),
+                "{name}: expected a line starting with\n  {want}\ngot:\n{stderr}"
+            );
+        }
+        checked += 1;
+    }
+    assert!(checked >= 8, "only {checked} broken fixtures found");
+}
+
+#[test]
+fn version_and_usage() {
+    let out = tollgate(&["--version"]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("tollgate "));
+    let out = tollgate(&["no-such-command"]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn missing_config_file_exits_2() {
+    let out = tollgate(&["check", "--config", "/nonexistent/proxy.toml"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/proxy.toml"));
+}
+
+#[test]
+fn port_in_use_exits_1_with_one_line() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().expect("addr");
+    let dir = std::env::temp_dir().join(format!("tollgate-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp dir");
+    let path = dir.join("port.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[server]\nlisten = [\"{addr}\"]\n[upstreams.a]\nurl = \"http://127.0.0.1:9\"\n\
+             [[routes]]\nname = \"r\"\nupstream = \"a\"\n"
+        ),
+    )
+    .expect("write config");
+    let out = tollgate(&["run", "--config", path.to_str().expect("utf-8 path")]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.starts_with("tollgate: cannot listen on")),
+        "{stderr}"
+    );
+}

@@ -1,0 +1,369 @@
+//! Test harness: a recording upstream, tollgate started in process, raw-TCP helpers.
+//!
+//! Everything listens on 127.0.0.1 port 0 and reports the address it got; nothing sleeps to
+//! wait for readiness (a bound listener already accepts).
+#![allow(dead_code)]
+
+pub mod db;
+pub mod faulty;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use http::{HeaderMap, Method, Request, Response, StatusCode, Version};
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use tollgate::config::{self, Config};
+use tollgate::{RunningServer, Server};
+
+/// What the upstream saw of one request.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub method: Method,
+    pub uri: String,
+    pub version: Version,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+/// A real HTTP server standing in for the backend. It records every request it receives and
+/// behaves according to the path:
+/// - `/slow/<ms>`: waits before sending headers
+/// - `/big/<bytes>`: a streamed body of that many bytes (a repeating pattern)
+/// - `/echo`: the request body back
+/// - `/hop`: a response carrying hop-by-hop headers
+/// - `/trailers`: a body followed by a `grpc-status: 0` trailer
+/// - `/ws`: a WebSocket echo
+/// - anything else: `200 upstream ok`
+pub struct Upstream {
+    pub addr: SocketAddr,
+    pub received: Arc<Mutex<Vec<Recorded>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+type UpBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+impl Upstream {
+    pub async fn start() -> Upstream {
+        Self::start_with(false).await
+    }
+
+    /// `http2`: serve HTTP/2 prior knowledge (h2c) only.
+    pub async fn start_with(http2: bool) -> Upstream {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind upstream");
+        let addr = listener.local_addr().expect("upstream addr");
+        let received: Arc<Mutex<Vec<Recorded>>> = Arc::default();
+        let rec = received.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let rec = rec.clone();
+                tokio::spawn(async move {
+                    let service = service_fn(move |req| upstream_answer(req, rec.clone()));
+                    let io = TokioIo::new(stream);
+                    if http2 {
+                        let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                            .timer(TokioTimer::new())
+                            .serve_connection(io, service)
+                            .await;
+                    } else {
+                        let _ = hyper::server::conn::http1::Builder::new()
+                            .serve_connection(io, service)
+                            .with_upgrades()
+                            .await;
+                    }
+                });
+            }
+        });
+        Upstream {
+            addr,
+            received,
+            task,
+        }
+    }
+
+    pub fn count(&self) -> usize {
+        self.received.lock().expect("lock").len()
+    }
+
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.received.lock().expect("lock").clone()
+    }
+
+    pub fn last(&self) -> Recorded {
+        self.requests()
+            .pop()
+            .expect("the upstream received no request")
+    }
+}
+
+fn full(bytes: impl Into<Bytes>) -> UpBody {
+    Full::new(bytes.into()).boxed()
+}
+
+async fn upstream_answer(
+    mut req: Request<Incoming>,
+    rec: Arc<Mutex<Vec<Recorded>>>,
+) -> Result<Response<UpBody>, Infallible> {
+    let path = req.uri().path().to_string();
+    if path == "/ws" {
+        return Ok(websocket_echo(&mut req, rec));
+    }
+    let (parts, body) = req.into_parts();
+    let body = body
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .unwrap_or_default();
+    rec.lock().expect("lock").push(Recorded {
+        method: parts.method.clone(),
+        uri: parts.uri.to_string(),
+        version: parts.version,
+        headers: parts.headers.clone(),
+        body: body.clone(),
+    });
+    if let Some(ms) = path.strip_prefix("/slow/") {
+        let ms: u64 = ms.parse().unwrap_or(1000);
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        return Ok(Response::new(full("slow ok")));
+    }
+    if let Some(n) = path.strip_prefix("/big/") {
+        let n: usize = n.parse().unwrap_or(0);
+        return Ok(Response::new(big_body(n)));
+    }
+    match path.as_str() {
+        "/echo" => Ok(Response::new(full(body))),
+        "/hop" => {
+            let mut r = Response::new(full("hop"));
+            let h = r.headers_mut();
+            h.insert("connection", "x-up-hop".parse().expect("static"));
+            h.insert("x-up-hop", "secret".parse().expect("static"));
+            h.insert("keep-alive", "timeout=5".parse().expect("static"));
+            h.insert("proxy-authenticate", "Basic".parse().expect("static"));
+            h.insert("x-up-end", "kept".parse().expect("static"));
+            Ok(r)
+        }
+        "/trailers" => {
+            let mut trailers = HeaderMap::new();
+            trailers.insert("grpc-status", "0".parse().expect("static"));
+            let frames: Vec<Result<Frame<Bytes>, Infallible>> = vec![
+                Ok(Frame::data(Bytes::from_static(b"payload"))),
+                Ok(Frame::trailers(trailers)),
+            ];
+            let body = BodyExt::boxed(StreamBody::new(futures_util::stream::iter(frames)));
+            let mut r = Response::new(body);
+            r.headers_mut()
+                .insert("content-type", "application/grpc".parse().expect("static"));
+            // HTTP/1.1 servers announce their trailer fields.
+            r.headers_mut()
+                .insert("trailer", "grpc-status".parse().expect("static"));
+            Ok(r)
+        }
+        _ => Ok(Response::new(full("upstream ok"))),
+    }
+}
+
+/// The byte at position `i` of a `/big/` body.
+pub fn pattern_byte(i: usize) -> u8 {
+    (i % 251) as u8
+}
+
+fn big_body(n: usize) -> UpBody {
+    const CHUNK: usize = 64 * 1024;
+    let chunks = (0..n.div_ceil(CHUNK)).map(move |c| {
+        let start = c * CHUNK;
+        let end = (start + CHUNK).min(n);
+        let data: Vec<u8> = (start..end).map(pattern_byte).collect();
+        Ok::<_, Infallible>(Frame::data(Bytes::from(data)))
+    });
+    BodyExt::boxed(StreamBody::new(futures_util::stream::iter(chunks)))
+}
+
+fn websocket_echo(req: &mut Request<Incoming>, rec: Arc<Mutex<Vec<Recorded>>>) -> Response<UpBody> {
+    use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+    use tokio_tungstenite::tungstenite::protocol::Role;
+    rec.lock().expect("lock").push(Recorded {
+        method: req.method().clone(),
+        uri: req.uri().to_string(),
+        version: req.version(),
+        headers: req.headers().clone(),
+        body: Bytes::new(),
+    });
+    let Some(key) = req.headers().get("sec-websocket-key") else {
+        let mut r = Response::new(full("no key"));
+        *r.status_mut() = StatusCode::BAD_REQUEST;
+        return r;
+    };
+    let accept = derive_accept_key(key.as_bytes());
+    let on_upgrade = hyper::upgrade::on(req);
+    tokio::spawn(async move {
+        let Ok(upgraded) = on_upgrade.await else {
+            return;
+        };
+        let mut ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
+            TokioIo::new(upgraded),
+            Role::Server,
+            None,
+        )
+        .await;
+        while let Some(Ok(msg)) = ws.next().await {
+            if msg.is_text() || msg.is_binary() {
+                if ws.send(msg).await.is_err() {
+                    return;
+                }
+            } else if msg.is_close() {
+                return;
+            }
+        }
+    });
+    let mut r = Response::new(full(Bytes::new()));
+    *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    let h = r.headers_mut();
+    h.insert("connection", "upgrade".parse().expect("static"));
+    h.insert("upgrade", "websocket".parse().expect("static"));
+    h.insert("sec-websocket-accept", accept.parse().expect("accept key"));
+    r
+}
+
+/// Loads a configuration from text. `@UPSTREAM@` becomes the upstream's `host:port`; the
+/// environment is the given map (tests never touch the process environment).
+pub fn config_from(text: &str, upstream: SocketAddr, env: &[(&str, &str)]) -> Config {
+    let text = text.replace("@UPSTREAM@", &upstream.to_string());
+    let map: HashMap<String, String> = env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let lookup = move |name: &str| map.get(name).cloned();
+    match config::load_str(Path::new("test.toml"), &text, &lookup) {
+        Ok(config) => config,
+        Err(errors) => panic!("test configuration rejected:\n{errors}"),
+    }
+}
+
+/// tollgate running in this process.
+pub struct Proxy {
+    pub server: Option<RunningServer>,
+    pub addr: SocketAddr,
+}
+
+impl Proxy {
+    pub async fn start(config: Config) -> Proxy {
+        let server = Server::start(config).await.expect("tollgate starts");
+        let addr = server.listen_addrs[0];
+        Proxy {
+            server: Some(server),
+            addr,
+        }
+    }
+
+    pub fn server(&self) -> &RunningServer {
+        self.server.as_ref().expect("server running")
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    pub async fn shutdown(&mut self) {
+        if let Some(server) = self.server.take() {
+            server.shutdown().await;
+        }
+    }
+}
+
+/// The listen/upstream preamble most tests share.
+pub const BASE: &str = r#"
+[server]
+listen = ["127.0.0.1:0"]
+shutdown_timeout = "5s"
+
+[upstreams.app]
+url = "http://@UPSTREAM@"
+connect_timeout = "1s"
+response_timeout = "2s"
+"#;
+
+/// A pooled HTTP/1.1 client whose request body type is a full byte buffer.
+pub type H1Client = hyper_util::client::legacy::Client<
+    hyper_util::client::legacy::connect::HttpConnector,
+    Full<Bytes>,
+>;
+
+pub fn h1_client() -> H1Client {
+    hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+        .build(hyper_util::client::legacy::connect::HttpConnector::new())
+}
+
+pub fn h2c_client() -> H1Client {
+    hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build(hyper_util::client::legacy::connect::HttpConnector::new())
+}
+
+/// A response with its body collected.
+pub struct Answer {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+    pub version: Version,
+}
+
+impl Answer {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).to_string()
+    }
+}
+
+pub async fn send(client: &H1Client, req: Request<Full<Bytes>>) -> Answer {
+    let response = client.request(req).await.expect("request through tollgate");
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.expect("response body").to_bytes();
+    Answer {
+        status: parts.status,
+        headers: parts.headers,
+        body,
+        version: parts.version,
+    }
+}
+
+pub async fn get(client: &H1Client, url: &str) -> Answer {
+    let req = Request::get(url)
+        .body(Full::new(Bytes::new()))
+        .expect("request");
+    send(client, req).await
+}
+
+/// Sends raw bytes on a fresh TCP connection and reads until the server closes it or
+/// `within` passes. Returns what was read.
+pub async fn raw_exchange(addr: SocketAddr, bytes: &[u8], within: Duration) -> String {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    stream.write_all(bytes).await.expect("write");
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(within, stream.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).to_string()
+}

@@ -1,0 +1,426 @@
+//! The proxy core: forwarding, headers, streaming, upgrades, errors, timeouts, graceful stop.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use http::{Request, StatusCode, Version};
+use http_body_util::{BodyExt, Full};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use common::*;
+
+const ROUTES: &str = r#"
+[[routes]]
+name = "api"
+path_prefix = "/api"
+upstream = "app"
+strip_prefix = true
+
+[[routes]]
+name = "posts-only"
+path_prefix = "/posts"
+methods = ["POST"]
+upstream = "app"
+
+[[routes]]
+name = "mirror"
+host = "mirror.test"
+upstream = "rehost"
+
+[[routes]]
+name = "everything"
+host = "*.example.test"
+upstream = "app"
+
+[upstreams.rehost]
+url = "http://@UPSTREAM@"
+preserve_host = false
+"#;
+
+async fn setup() -> (Upstream, Proxy, H1Client) {
+    let upstream = Upstream::start().await;
+    let config = config_from(&format!("{BASE}{ROUTES}"), upstream.addr, &[]);
+    let proxy = Proxy::start(config).await;
+    (upstream, proxy, h1_client())
+}
+
+fn req(method: &str, url: &str, host: &str, body: impl Into<Bytes>) -> Request<Full<Bytes>> {
+    Request::builder()
+        .method(method)
+        .uri(url)
+        .header("host", host)
+        .body(Full::new(body.into()))
+        .expect("request")
+}
+
+#[tokio::test]
+async fn method_path_query_and_body_round_trip() {
+    let (upstream, proxy, client) = setup().await;
+    let answer = send(
+        &client,
+        req(
+            "PUT",
+            &proxy.url("/echo?x=1&y=%20z"),
+            "a.example.test",
+            "hello body",
+        ),
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(answer.text(), "hello body");
+    let seen = upstream.last();
+    assert_eq!(seen.method, "PUT");
+    assert_eq!(seen.uri, "/echo?x=1&y=%20z");
+    assert_eq!(&seen.body[..], b"hello body");
+    assert_eq!(seen.headers.get("host").unwrap(), "a.example.test");
+}
+
+#[tokio::test]
+async fn twenty_megabytes_stream_both_ways_intact() {
+    let (upstream, proxy, client) = setup().await;
+    const SIZE: usize = 20 * 1024 * 1024;
+    let download = send(
+        &client,
+        req(
+            "GET",
+            &proxy.url(&format!("/big/{SIZE}")),
+            "a.example.test",
+            "",
+        ),
+    )
+    .await;
+    assert_eq!(download.status, StatusCode::OK);
+    assert_eq!(download.body.len(), SIZE);
+    assert!(download
+        .body
+        .iter()
+        .enumerate()
+        .all(|(i, b)| *b == pattern_byte(i)));
+
+    let upload: Vec<u8> = (0..SIZE).map(|i| pattern_byte(i * 7)).collect();
+    let answer = send(
+        &client,
+        req(
+            "POST",
+            &proxy.url("/echo"),
+            "a.example.test",
+            upload.clone(),
+        ),
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(answer.body.len(), SIZE);
+    assert!(answer.body[..] == upload[..], "echoed upload differs");
+    assert!(
+        upstream.last().body[..] == upload[..],
+        "upstream saw a different upload"
+    );
+}
+
+#[tokio::test]
+async fn hop_by_hop_headers_are_removed_both_ways_and_te_trailers_kept() {
+    let (upstream, proxy, client) = setup().await;
+    let request = Request::get(proxy.url("/hop"))
+        .header("host", "a.example.test")
+        .header("connection", "x-client-hop")
+        .header("x-client-hop", "private")
+        .header("keep-alive", "timeout=9")
+        .header("proxy-authorization", "Basic c2VjcmV0")
+        .header("proxy-connection", "keep-alive")
+        .header("te", "trailers")
+        .header("x-end-to-end", "kept")
+        .body(Full::new(Bytes::new()))
+        .expect("request");
+    let answer = send(&client, request).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    let seen = upstream.last();
+    for gone in [
+        "x-client-hop",
+        "keep-alive",
+        "proxy-authorization",
+        "proxy-connection",
+    ] {
+        assert!(
+            seen.headers.get(gone).is_none(),
+            "{gone} reached the upstream"
+        );
+    }
+    assert_eq!(seen.headers.get("te").unwrap(), "trailers");
+    assert_eq!(seen.headers.get("x-end-to-end").unwrap(), "kept");
+    for gone in ["x-up-hop", "keep-alive", "proxy-authenticate"] {
+        assert!(answer.header(gone).is_none(), "{gone} reached the client");
+    }
+    assert_eq!(answer.header("x-up-end"), Some("kept"));
+}
+
+#[tokio::test]
+async fn forwarded_headers_are_set_and_spoofed_proto_replaced() {
+    let (upstream, proxy, client) = setup().await;
+    let request = Request::get(proxy.url("/fwd"))
+        .header("host", "a.example.test")
+        .header("x-forwarded-for", "198.51.100.1")
+        .header("x-forwarded-proto", "https")
+        .header("x-forwarded-host", "evil.test")
+        .body(Full::new(Bytes::new()))
+        .expect("request");
+    send(&client, request).await;
+    let seen = upstream.last();
+    assert_eq!(
+        seen.headers.get("x-forwarded-for").unwrap(),
+        "198.51.100.1, 127.0.0.1"
+    );
+    assert_eq!(seen.headers.get("x-forwarded-proto").unwrap(), "http");
+    assert_eq!(
+        seen.headers.get("x-forwarded-host").unwrap(),
+        "a.example.test"
+    );
+}
+
+#[tokio::test]
+async fn strip_prefix_removes_the_route_prefix() {
+    let (upstream, proxy, client) = setup().await;
+    send(
+        &client,
+        req("GET", &proxy.url("/api/v1/items?q=1"), "any", ""),
+    )
+    .await;
+    assert_eq!(upstream.last().uri, "/v1/items?q=1");
+    send(&client, req("GET", &proxy.url("/api"), "any", "")).await;
+    assert_eq!(upstream.last().uri, "/");
+    // Segment boundary: /apix is not under /api and matches no route for this host.
+    let answer = send(&client, req("GET", &proxy.url("/apix"), "any", "")).await;
+    assert_eq!(answer.status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn preserve_host_both_ways() {
+    let (upstream, proxy, client) = setup().await;
+    send(
+        &client,
+        req("GET", &proxy.url("/x"), "Deep.A.Example.Test", ""),
+    )
+    .await;
+    assert_eq!(
+        upstream.last().headers.get("host").unwrap(),
+        "deep.a.example.test"
+    );
+    send(&client, req("GET", &proxy.url("/x"), "mirror.test", "")).await;
+    assert_eq!(
+        upstream.last().headers.get("host").unwrap(),
+        &upstream.addr.to_string()
+    );
+}
+
+#[tokio::test]
+async fn routes_match_host_method_and_order() {
+    let (upstream, proxy, client) = setup().await;
+    // The bare domain does not match "*.example.test".
+    let answer = send(&client, req("GET", &proxy.url("/x"), "example.test", "")).await;
+    assert_eq!(answer.status, StatusCode::NOT_FOUND);
+    // /posts only takes POST; GET falls through to the host route.
+    let answer = send(&client, req("GET", &proxy.url("/posts"), "nohost", "")).await;
+    assert_eq!(answer.status, StatusCode::NOT_FOUND);
+    let answer = send(&client, req("POST", &proxy.url("/posts"), "nohost", "x")).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(upstream.count(), 1, "only the POST was forwarded");
+}
+
+#[tokio::test]
+async fn no_route_is_404_and_never_forwarded() {
+    let (upstream, proxy, client) = setup().await;
+    let answer = send(
+        &client,
+        req("GET", &proxy.url("/nothing"), "unknown.host", ""),
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::NOT_FOUND);
+    assert_eq!(upstream.count(), 0);
+}
+
+#[tokio::test]
+async fn h2c_client_reaches_an_http1_upstream_with_trailers() {
+    let (upstream, proxy, _) = setup().await;
+    let client = h2c_client();
+    // Over HTTP/2 the authority is the URI's; a disagreeing `host` header would be a 400.
+    let request = Request::post(proxy.url("/api/echo"))
+        .body(Full::new(Bytes::from_static(b"over h2")))
+        .expect("request");
+    let answer = send(&client, request).await;
+    assert_eq!(answer.version, Version::HTTP_2);
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(answer.text(), "over h2");
+    assert_eq!(upstream.last().version, Version::HTTP_11);
+
+    // Trailers come back over HTTP/2 when the client asks for them.
+    let request = Request::get(proxy.url("/api/trailers"))
+        .header("te", "trailers")
+        .body(Full::new(Bytes::new()))
+        .expect("request");
+    let response = client.request(request).await.expect("trailers request");
+    let collected = response.into_body().collect().await.expect("body");
+    let trailers = collected
+        .trailers()
+        .cloned()
+        .expect("trailers passed through");
+    assert_eq!(trailers.get("grpc-status").unwrap(), "0");
+    assert_eq!(&collected.to_bytes()[..], b"payload");
+
+    // And over HTTP/1.1 (chunked), with the client's TE: trailers.
+    let request = Request::get(proxy.url("/api/trailers"))
+        .header("te", "trailers")
+        .body(Full::new(Bytes::new()))
+        .expect("request");
+    let response = h1_client()
+        .request(request)
+        .await
+        .expect("h1 trailers request");
+    let collected = response.into_body().collect().await.expect("body");
+    let trailers = collected
+        .trailers()
+        .cloned()
+        .expect("h1 trailers passed through");
+    assert_eq!(trailers.get("grpc-status").unwrap(), "0");
+}
+
+#[tokio::test]
+async fn websocket_echo_through_the_proxy() {
+    let (upstream, proxy, _) = setup().await;
+    let url = format!("ws://{}/ws", proxy.addr);
+    let mut request =
+        tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(url)
+            .expect("ws request");
+    request
+        .headers_mut()
+        .insert("host", "a.example.test".parse().expect("host"));
+    let (mut ws, response) = tokio_tungstenite::connect_async(request)
+        .await
+        .expect("websocket handshake through tollgate");
+    assert_eq!(response.status(), StatusCode::SWITCHING_PROTOCOLS);
+    use tokio_tungstenite::tungstenite::Message;
+    for text in ["first", "second"] {
+        ws.send(Message::text(text)).await.expect("send");
+        let echoed = tokio::time::timeout(Duration::from_secs(5), ws.next())
+            .await
+            .expect("echo in time")
+            .expect("a message")
+            .expect("not an error");
+        assert_eq!(echoed.into_text().expect("text"), text);
+    }
+    let seen = upstream.last();
+    assert_eq!(seen.headers.get("upgrade").unwrap(), "websocket");
+}
+
+#[tokio::test]
+async fn unreachable_upstream_is_502_and_slow_upstream_504() {
+    // A port that was just free: nothing listens there.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr")
+    };
+    let upstream = Upstream::start().await;
+    let text = format!(
+        "{BASE}
+[upstreams.dead]
+url = \"http://{closed}\"
+connect_timeout = \"500ms\"
+
+[upstreams.slow]
+url = \"http://@UPSTREAM@\"
+response_timeout = \"300ms\"
+
+[[routes]]
+name = \"dead\"
+path_prefix = \"/dead\"
+upstream = \"dead\"
+
+[[routes]]
+name = \"slow\"
+upstream = \"slow\"
+"
+    );
+    let proxy = Proxy::start(config_from(&text, upstream.addr, &[])).await;
+    let client = h1_client();
+    let answer = send(&client, req("GET", &proxy.url("/dead"), "x", "")).await;
+    assert_eq!(answer.status, StatusCode::BAD_GATEWAY);
+    let started = Instant::now();
+    let answer = send(&client, req("GET", &proxy.url("/slow/3000"), "x", "")).await;
+    assert_eq!(answer.status, StatusCode::GATEWAY_TIMEOUT);
+    assert!(
+        started.elapsed() < Duration::from_millis(2500),
+        "504 came after {:?}, not at the response timeout",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn slow_headers_are_cut_off_while_others_are_served() {
+    let upstream = Upstream::start().await;
+    let text = "[server]
+listen = [\"127.0.0.1:0\"]
+header_read_timeout = \"500ms\"
+
+[upstreams.app]
+url = \"http://@UPSTREAM@\"
+
+[[routes]]
+name = \"all\"
+upstream = \"app\"
+"
+    .to_string();
+    let proxy = Proxy::start(config_from(&text, upstream.addr, &[])).await;
+    let mut slow = TcpStream::connect(proxy.addr).await.expect("connect");
+    slow.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .expect("partial headers");
+    let started = Instant::now();
+
+    // Meanwhile another client is served normally.
+    let answer = get(&h1_client(), &proxy.url("/fast")).await;
+    assert_eq!(answer.status, StatusCode::OK);
+
+    let mut buf = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), slow.read_to_end(&mut buf)).await;
+    assert!(read.is_ok(), "the slow connection was not closed");
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(400) && waited < Duration::from_secs(3),
+        "closed after {waited:?}"
+    );
+    assert_eq!(
+        upstream.count(),
+        1,
+        "only the fast request reached the upstream"
+    );
+}
+
+#[tokio::test]
+async fn graceful_stop_lets_an_in_flight_request_finish() {
+    let (upstream, mut proxy, client) = setup().await;
+    let url = proxy.url("/slow/800");
+    let in_flight = tokio::spawn({
+        let client = client.clone();
+        async move { send(&client, req("GET", &url, "a.example.test", "")).await }
+    });
+    // Wait until the upstream has the request, then stop.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while upstream.count() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "request never reached the upstream"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let addr = proxy.addr;
+    proxy.shutdown().await;
+    let answer = in_flight.await.expect("task");
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(answer.text(), "slow ok");
+    assert!(
+        TcpStream::connect(addr).await.is_err(),
+        "still accepting after shutdown"
+    );
+}
