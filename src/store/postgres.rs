@@ -885,6 +885,10 @@ async fn settle_fingerprint(
         tracing::warn!("replaced the key fingerprint stored in the database (--accept-new-key)");
         FingerprintChange::Replaced
     } else {
+        // Roll back now rather than on drop, so the migration lock is released before the
+        // caller goes on (a dropped transaction only rolls back when its connection task
+        // next runs).
+        tx.rollback().await.map_err(db_err)?;
         return Err(fingerprint_mismatch(&stored, fingerprint));
     };
     tx.commit().await.map_err(db_err)?;
