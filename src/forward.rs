@@ -14,6 +14,7 @@ use http::header::{self, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, StatusCode, Uri, Version};
 use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -29,7 +30,7 @@ pub struct UpstreamPool {
     pub config: Arc<UpstreamConfig>,
     origins: Vec<(Scheme, Authority)>,
     next: AtomicUsize,
-    client: Client<HttpConnector, Incoming>,
+    client: Client<HttpsConnector<HttpConnector>, Incoming>,
 }
 
 /// Where and how one request goes upstream, decided by the proxy.
@@ -52,18 +53,27 @@ impl UpstreamPool {
                     config.name
                 )));
             };
-            if *scheme != Scheme::HTTP {
-                return Err(StartupError::Upstream(format!(
-                    "upstream {}: https upstreams are not supported yet (TLS to upstreams is \
-                     the next step); use http://",
-                    config.name
-                )));
-            }
             origins.push((scheme.clone(), authority.clone()));
         }
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(config.connect_timeout));
+        let mut http = HttpConnector::new();
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(config.connect_timeout));
+        // The TLS connector wraps the plain one and takes over for https:// origins.
+        http.enforce_http(false);
+        let tls = crate::tls::client_config(config.ca_file.as_deref(), config.http2)
+            .map_err(|e| StartupError::Upstream(format!("upstream {}: {e}", config.name)))?;
+        // hyper-rustls sets ALPN itself from the enabled HTTP versions below.
+        let mut tls = (*tls).clone();
+        tls.alpn_protocols.clear();
+        let builder = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http();
+        // ALPN offers exactly what this upstream is configured to speak.
+        let connector = if config.http2 {
+            builder.enable_http2().wrap_connector(http)
+        } else {
+            builder.enable_http1().wrap_connector(http)
+        };
         let client = Client::builder(TokioExecutor::new())
             .timer(TokioTimer::new())
             .pool_timer(TokioTimer::new())

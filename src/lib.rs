@@ -33,6 +33,7 @@ pub mod proxy;
 pub mod route;
 pub mod server;
 pub mod store;
+pub mod tls;
 
 pub use config::Config;
 pub use server::{RunningServer, Server};

@@ -79,6 +79,15 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // Certificates are part of the configuration: a key that does not match its
+    // certificate, or an expired certificate, is a configuration error like any other.
+    let cert_errors = certificate_errors(&config);
+    if !cert_errors.is_empty() {
+        for line in cert_errors {
+            eprintln!("{line}");
+        }
+        return ExitCode::from(2);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -103,6 +112,21 @@ fn main() -> ExitCode {
             url,
         } => runtime.block_on(explain(config, ip, headers, method, url)),
     }
+}
+
+/// `FILE: server.certs[i]: problem` for every certificate that does not load.
+fn certificate_errors(config: &Config) -> Vec<String> {
+    config
+        .server
+        .certs
+        .iter()
+        .enumerate()
+        .filter_map(|(i, cert)| {
+            tollgate::tls::load_certified_key(cert)
+                .err()
+                .map(|err| format!("{}: server.certs[{i}]: {err}", config.source.display()))
+        })
+        .collect()
 }
 
 fn init_logging() {

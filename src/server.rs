@@ -5,9 +5,11 @@
 //! - The accept loop survives errors (EMFILE and friends are logged, then it backs off) and
 //!   holds one permit of a `max_connections` semaphore per open connection: beyond the limit,
 //!   accept simply waits.
-//! - Each connection runs in its own task on hyper-util's auto builder (HTTP/1.1, or HTTP/2 with
-//!   prior knowledge), with a timer installed so `header_read_timeout` works, and an idle
-//!   watchdog that closes a connection when no byte has moved for `idle_timeout`.
+//! - Each connection runs in its own task: on TLS listeners the handshake first, under
+//!   `header_read_timeout`, so a stalled handshake blocks nobody; then hyper-util's auto builder
+//!   (HTTP/1.1, or HTTP/2 by ALPN or prior knowledge) with a timer installed so
+//!   `header_read_timeout` works, and an idle watchdog that closes a connection when no byte
+//!   has moved for `idle_timeout`.
 //! - The counter store is started without waiting for the database: a database that is down
 //!   at start must not take the edge down with it (SPEC 1). Until it answers, the failure
 //!   policy applies; a background task keeps trying, then migrates and checks the key
@@ -25,11 +27,12 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinHandle;
 
@@ -83,8 +86,13 @@ pub struct Server;
 
 /// A started tollgate: its bound addresses and the handles to reload or stop it.
 pub struct RunningServer {
+    /// Plain listeners' bound addresses, in configuration order.
     pub listen_addrs: Vec<SocketAddr>,
+    /// TLS listeners' bound addresses, in configuration order.
+    pub tls_addrs: Vec<SocketAddr>,
     pub admin_addr: Option<SocketAddr>,
+    /// The certificates TLS listeners hand out; replaced on reload.
+    tls: Option<Arc<ArcSwap<rustls::ServerConfig>>>,
     proxy: Arc<Proxy>,
     metrics: Arc<Metrics>,
     store: Arc<dyn Store>,
@@ -110,25 +118,27 @@ impl Server {
                  anyone can recompute for a guessed address or token; set a secret"
             );
         }
-        if !config.server.tls_listen.is_empty() {
-            return Err(StartupError::Tls(
-                "tls_listen is not supported yet by this build; terminate TLS in front of \
-                 tollgate or remove tls_listen"
-                    .into(),
-            ));
-        }
         let runtime = Runtime::build(config.clone())?;
+        let tls = if config.server.tls_listen.is_empty() {
+            None
+        } else {
+            let server_config = crate::tls::server_config(&config.server.certs)
+                .map_err(|e| StartupError::Tls(e.to_string()))?;
+            Some(Arc::new(ArcSwap::new(server_config)))
+        };
 
         // Bind everything first: a bad address fails the start before anything serves.
         let mut listeners = Vec::new();
-        for addr in &config.server.listen {
+        let plain = config.server.listen.iter().map(|a| (a, None));
+        let secure = config.server.tls_listen.iter().map(|a| (a, tls.clone()));
+        for (addr, tls) in plain.chain(secure) {
             let listener = TcpListener::bind(addr)
                 .await
                 .map_err(|source| StartupError::Bind {
                     addr: *addr,
                     source,
                 })?;
-            listeners.push(listener);
+            listeners.push((listener, tls));
         }
         let admin_listener = match &config.admin {
             Some(admin) => Some(TcpListener::bind(admin.listen).await.map_err(|source| {
@@ -154,16 +164,21 @@ impl Server {
             idle_timeout: config.server.idle_timeout,
         };
         let mut listen_addrs = Vec::new();
-        for listener in listeners {
+        let mut tls_addrs = Vec::new();
+        for (listener, tls) in listeners {
             let addr = listener.local_addr().map_err(|source| StartupError::Bind {
                 addr: SocketAddr::from(([0, 0, 0, 0], 0)),
                 source,
             })?;
-            tracing::info!(address = %addr, tls = false, "listening");
-            listen_addrs.push(addr);
+            tracing::info!(address = %addr, tls = tls.is_some(), "listening");
+            if tls.is_some() {
+                tls_addrs.push(addr);
+            } else {
+                listen_addrs.push(addr);
+            }
             background.push(tokio::spawn(accept_loop(
                 listener,
-                false,
+                tls,
                 proxy.clone(),
                 settings,
                 permits.clone(),
@@ -190,7 +205,9 @@ impl Server {
         tracing::info!(store = store.as_dyn().kind(), "tollgate started");
         Ok(RunningServer {
             listen_addrs,
+            tls_addrs,
             admin_addr,
+            tls,
             proxy,
             metrics,
             store: store.as_dyn(),
@@ -362,8 +379,23 @@ impl RunningServer {
         if config.keys.secret != old.keys.secret {
             tracing::warn!("reload: keys.secret changed; it applies only after a restart of every instance (see tollgate migrate --accept-new-key)");
         }
+        // Certificates load first: a bad one fails the whole reload and nothing changes.
+        let certs = match &self.tls {
+            Some(_) => match crate::tls::server_config(&config.server.certs) {
+                Ok(server_config) => Some(server_config),
+                Err(err) => {
+                    tracing::error!(error = %err, "reload: certificates rejected; the previous configuration keeps serving");
+                    self.metrics.reload("failure");
+                    return false;
+                }
+            },
+            None => None,
+        };
         match Runtime::build(Arc::new(config)) {
             Ok(runtime) => {
+                if let (Some(current), Some(certs)) = (&self.tls, certs) {
+                    current.store(certs);
+                }
                 self.proxy.replace_runtime(runtime);
                 self.metrics.reload("success");
                 tracing::info!("reload: configuration applied");
@@ -432,7 +464,7 @@ impl StopSignal for watch::Receiver<Phase> {
 
 async fn accept_loop(
     listener: TcpListener,
-    tls: bool,
+    tls: Option<Arc<ArcSwap<rustls::ServerConfig>>>,
     proxy: Arc<Proxy>,
     settings: ConnSettings,
     permits: Arc<Semaphore>,
@@ -466,22 +498,45 @@ async fn accept_loop(
         let proxy = proxy.clone();
         let phase = phase.clone();
         let metrics = metrics.clone();
+        let tls = tls.as_ref().map(|current| current.load_full());
         tokio::spawn(async move {
             metrics.open_connections.inc();
-            serve_connection(stream, ConnInfo { peer, tls }, proxy, settings, phase).await;
+            match tls {
+                None => {
+                    let info = ConnInfo { peer, tls: false };
+                    serve_connection(stream, info, proxy, settings, phase).await;
+                }
+                Some(server_config) => {
+                    // The handshake runs in the connection's own task under a deadline, so
+                    // a stalled or half-open handshake holds up nobody else.
+                    let acceptor = tokio_rustls::TlsAcceptor::from(server_config);
+                    let handshake =
+                        tokio::time::timeout(settings.header_read_timeout, acceptor.accept(stream));
+                    match handshake.await {
+                        Ok(Ok(tls_stream)) => {
+                            let info = ConnInfo { peer, tls: true };
+                            serve_connection(tls_stream, info, proxy, settings, phase).await;
+                        }
+                        Ok(Err(err)) => tracing::debug!(error = %err, "TLS handshake failed"),
+                        Err(_) => tracing::debug!("TLS handshake timed out"),
+                    }
+                }
+            }
             metrics.open_connections.dec();
             drop(permit);
         });
     }
 }
 
-async fn serve_connection(
-    stream: TcpStream,
+async fn serve_connection<S>(
+    stream: S,
     info: ConnInfo,
     proxy: Arc<Proxy>,
     settings: ConnSettings,
     mut phase: watch::Receiver<Phase>,
-) {
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let activity = Arc::new(Activity::new());
     let io = TokioIo::new(Tracked {
         inner: stream,

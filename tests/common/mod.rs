@@ -6,6 +6,7 @@
 
 pub mod db;
 pub mod faulty;
+pub mod tls;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -58,6 +59,13 @@ impl Drop for Upstream {
     }
 }
 
+#[derive(Clone)]
+enum Mode {
+    H1,
+    H2c,
+    Tls(Arc<rustls::ServerConfig>),
+}
+
 type UpBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
 
 impl Upstream {
@@ -67,6 +75,15 @@ impl Upstream {
 
     /// `http2`: serve HTTP/2 prior knowledge (h2c) only.
     pub async fn start_with(http2: bool) -> Upstream {
+        Self::start_mode(if http2 { Mode::H2c } else { Mode::H1 }).await
+    }
+
+    /// HTTPS with this certificate; HTTP/1.1 or HTTP/2 as ALPN decides.
+    pub async fn start_tls(tls: Arc<rustls::ServerConfig>) -> Upstream {
+        Self::start_mode(Mode::Tls(tls)).await
+    }
+
+    async fn start_mode(mode: Mode) -> Upstream {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind upstream");
@@ -79,19 +96,32 @@ impl Upstream {
                     continue;
                 };
                 let rec = rec.clone();
+                let mode = mode.clone();
                 tokio::spawn(async move {
                     let service = service_fn(move |req| upstream_answer(req, rec.clone()));
-                    let io = TokioIo::new(stream);
-                    if http2 {
-                        let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                            .timer(TokioTimer::new())
-                            .serve_connection(io, service)
-                            .await;
-                    } else {
-                        let _ = hyper::server::conn::http1::Builder::new()
-                            .serve_connection(io, service)
-                            .with_upgrades()
-                            .await;
+                    match mode {
+                        Mode::H2c => {
+                            let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                                .timer(TokioTimer::new())
+                                .serve_connection(TokioIo::new(stream), service)
+                                .await;
+                        }
+                        Mode::H1 => {
+                            let _ = hyper::server::conn::http1::Builder::new()
+                                .serve_connection(TokioIo::new(stream), service)
+                                .with_upgrades()
+                                .await;
+                        }
+                        Mode::Tls(config) => {
+                            let acceptor = tokio_rustls::TlsAcceptor::from(config);
+                            let Ok(tls) = acceptor.accept(stream).await else {
+                                return;
+                            };
+                            let _ =
+                                hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                                    .serve_connection_with_upgrades(TokioIo::new(tls), service)
+                                    .await;
+                        }
                     }
                 });
             }
