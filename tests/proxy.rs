@@ -255,6 +255,17 @@ async fn h2c_client_reaches_an_http1_upstream_with_trailers() {
     assert_eq!(answer.text(), "over h2");
     assert_eq!(upstream.last().version, Version::HTTP_11);
 
+    // HTTP/2 may carry cookies as several fields; HTTP/1.1 gets one, joined by "; ".
+    let request = Request::get(proxy.url("/api/cookies"))
+        .header("cookie", "a=1")
+        .header("cookie", "b=2")
+        .body(Full::new(Bytes::new()))
+        .expect("request");
+    assert_eq!(send(&client, request).await.status, StatusCode::OK);
+    let seen = upstream.last();
+    let cookies: Vec<_> = seen.headers.get_all("cookie").iter().collect();
+    assert_eq!(cookies, ["a=1; b=2"]);
+
     // Trailers come back over HTTP/2 when the client asks for them.
     let request = Request::get(proxy.url("/api/trailers"))
         .header("te", "trailers")
