@@ -8,8 +8,8 @@
 //! One pipeline, one direction; each stage is one module:
 //!
 //! ```text
-//! accept -> HTTP (h1/h2) -> normalise -> route -> key -> limit -> store
-//!  server        server      normalise   route   key    limit    store::{memory,postgres}
+//! accept -> TLS -> framing guard -> HTTP (h1/h2) -> normalise -> route -> key -> limit -> store
+//!  server    tls    framing          server        normalise   route   key    limit    store
 //!                                                          |
 //!                      forward (upstream pool, headers) <- allow
 //!                                                          '-> deny: 429 / 503
@@ -24,6 +24,7 @@ pub mod body;
 pub mod config;
 pub mod error;
 pub mod forward;
+pub mod framing;
 pub mod headers;
 pub mod key;
 pub mod limit;

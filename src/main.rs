@@ -75,7 +75,7 @@ fn main() -> ExitCode {
     let config = match config::load_file(&path, &env) {
         Ok(config) => config,
         Err(errors) => {
-            eprint!("{errors}");
+            eprintln!("{errors}");
             return ExitCode::from(2);
         }
     };
@@ -131,8 +131,10 @@ fn certificate_errors(config: &Config) -> Vec<String> {
 
 fn init_logging() {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    use std::io::IsTerminal;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     if env("TOLLGATE_LOG").as_deref() == Some("json") {
         builder.json().flatten_event(true).init();
@@ -335,13 +337,22 @@ async fn explain(
         headers: &headers,
     };
     let store: Arc<dyn Store> = match &config.store.url {
-        Some(_) => match PostgresStore::new(&config.store) {
-            Ok(pg) => pg,
-            Err(err) => {
+        Some(_) => {
+            let pg = match PostgresStore::new(&config.store) {
+                Ok(pg) => pg,
+                Err(err) => {
+                    eprintln!("tollgate: {err}");
+                    return ExitCode::from(1);
+                }
+            };
+            // Reads only: no migration, but the key fingerprint must match, or the buckets
+            // shown would not be the ones the running instances count in.
+            if let Err(err) = pg.initialize(&hasher.fingerprint(), false).await {
                 eprintln!("tollgate: {err}");
                 return ExitCode::from(1);
             }
-        },
+            pg
+        }
         None => {
             println!("store       memory: counts live inside the running process; shown as 0 here");
             Arc::new(tollgate::store::memory::MemoryStore::new())
@@ -356,7 +367,7 @@ async fn explain(
                 .parts
                 .iter()
                 .filter_map(|p| match p {
-                    KeyPart::Header(h) => Some(h.to_string()),
+                    KeyPart::Header(h) if !headers.contains_key(h) => Some(h.to_string()),
                     _ => None,
                 })
                 .collect();
@@ -389,7 +400,7 @@ async fn explain(
             would_allow = false;
         }
         println!(
-            "limit       {}{}: {} per {}s, bucket {}, count {} , window resets in {}s -> {}",
+            "limit       {}{}: {} per {}s, bucket {}, count {}, window resets in {}s -> {}",
             limit.policy_name(),
             if shadow { " (shadow)" } else { "" },
             limit.requests,

@@ -39,6 +39,7 @@ use tokio::task::JoinHandle;
 use crate::admin;
 use crate::config::{self, Config};
 use crate::error::StartupError;
+use crate::framing::FramingGuard;
 use crate::key::BucketHasher;
 use crate::limit::Limiter;
 use crate::metrics::Metrics;
@@ -319,7 +320,9 @@ async fn sweep_postgres(pg: Arc<PostgresStore>, every: Duration, metrics: Arc<Me
                     tracing::debug!(deleted, "sweep deleted expired counters");
                 }
             }
-            Err(err) => tracing::debug!(error = %err, "sweep skipped"),
+            Err(err) => {
+                tracing::warn!(error = %err, "sweep failed; expired rows stay until the next one")
+            }
         }
     }
 }
@@ -363,13 +366,21 @@ impl RunningServer {
 
     /// Swaps routes, limits and upstreams for new requests. Listeners, store settings and
     /// the key secret stay as started (changing them needs a restart), with a warning.
-    pub fn reload(&self, config: Config) -> bool {
+    pub fn reload(&self, mut config: Config) -> bool {
         let old = &self.started_with;
         if config.server.listen != old.server.listen
             || config.server.tls_listen != old.server.tls_listen
             || config.admin.as_ref().map(|a| a.listen) != old.admin.as_ref().map(|a| a.listen)
         {
             tracing::warn!("reload: listener addresses changed; they apply only after a restart");
+        }
+        let (new_server, old_server) = (&config.server, &old.server);
+        if new_server.header_read_timeout != old_server.header_read_timeout
+            || new_server.idle_timeout != old_server.idle_timeout
+            || new_server.max_connections != old_server.max_connections
+            || new_server.shutdown_timeout != old_server.shutdown_timeout
+        {
+            tracing::warn!("reload: connection settings (timeouts, max_connections) changed; they apply only after a restart");
         }
         if format!("{:?}", config.store) != format!("{:?}", old.store)
             || config.store.url != old.store.url
@@ -379,6 +390,10 @@ impl RunningServer {
         if config.keys.secret != old.keys.secret {
             tracing::warn!("reload: keys.secret changed; it applies only after a restart of every instance (see tollgate migrate --accept-new-key)");
         }
+        // What a reload cannot change stays as started, so the running rules never mix the
+        // new file's store policy with the old store (SPEC 8).
+        config.store = old.store.clone();
+        config.keys = old.keys.clone();
         // Certificates load first: a bad one fails the whole reload and nothing changes.
         let certs = match &self.tls {
             Some(_) => match crate::tls::server_config(&config.server.certs) {
@@ -504,7 +519,8 @@ async fn accept_loop(
             match tls {
                 None => {
                     let info = ConnInfo { peer, tls: false };
-                    serve_connection(stream, info, proxy, settings, phase).await;
+                    let guarded = FramingGuard::new(stream);
+                    serve_connection(guarded, info, proxy, settings, phase).await;
                 }
                 Some(server_config) => {
                     // The handshake runs in the connection's own task under a deadline, so
@@ -515,7 +531,8 @@ async fn accept_loop(
                     match handshake.await {
                         Ok(Ok(tls_stream)) => {
                             let info = ConnInfo { peer, tls: true };
-                            serve_connection(tls_stream, info, proxy, settings, phase).await;
+                            let guarded = FramingGuard::new(tls_stream);
+                            serve_connection(guarded, info, proxy, settings, phase).await;
                         }
                         Ok(Err(err)) => tracing::debug!(error = %err, "TLS handshake failed"),
                         Err(_) => tracing::debug!("TLS handshake timed out"),
@@ -557,7 +574,8 @@ async fn serve_connection<S>(
         .timer(TokioTimer::new())
         .keep_alive_interval(Some(H2_KEEPALIVE))
         .keep_alive_timeout(H2_KEEPALIVE)
-        .max_concurrent_streams(H2_MAX_STREAMS);
+        .max_concurrent_streams(H2_MAX_STREAMS)
+        .max_header_list_size(crate::framing::MAX_HEAD as u32);
     let conn = builder.serve_connection_with_upgrades(io, service);
     tokio::pin!(conn);
 

@@ -481,7 +481,13 @@ async fn database_down_follows_policy_and_recovers() {
         "url = \"{}\"\ntimeout = \"300ms\"",
         db.url_through(faulty.addr)
     );
-    let text = limited(&store, "\"ip\"", 3, "366d", "");
+    let text = limited(
+        &store,
+        "\"ip\"",
+        3,
+        "366d",
+        "[admin]\nlisten = \"127.0.0.1:0\"",
+    );
     let deny_text = text.replace(
         "name = \"limited\"",
         "name = \"closed\"\non_store_error = \"deny\"",
@@ -506,8 +512,20 @@ async fn database_down_follows_policy_and_recovers() {
     }
     let metrics = allow.server().metrics().render();
     assert!(metrics.contains("decision=\"failed_open\""), "{metrics}");
+    let admin = allow.server().admin_addr.expect("admin");
+    let readyz = format!("http://{admin}/readyz");
+    assert_eq!(
+        get(&client, &readyz).await.status,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
 
     faulty.up();
+    // Readiness comes back by itself, without any proxied request.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while get(&client, &readyz).await.status != StatusCode::OK {
+        assert!(Instant::now() < deadline, "readyz never recovered");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     // Recovery: within a few seconds the deny instance counts again and exactly.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {

@@ -158,3 +158,60 @@ fn migrate_without_a_database_exits_1() {
     assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
     assert!(stderr.starts_with("tollgate: migrate failed"), "{stderr}");
 }
+
+/// `explain` reads the counters in PostgreSQL and never increments them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_reads_postgres_counts_without_incrementing() {
+    let db = TestDb::new().await;
+    let upstream = Upstream::start().await;
+    let text = format!(
+        "[server]\nlisten = [\"127.0.0.1:0\"]\n[store]\nurl = \"{}\"\n[keys]\nsecret = \"s3cret\"\n\
+         [upstreams.a]\nurl = \"http://@UPSTREAM@\"\n\
+         [[routes]]\nname = \"r\"\nupstream = \"a\"\n\
+         [[routes.limits]]\nkey = \"ip\"\nrequests = 2\nwindow = \"366d\"\n",
+        db.url
+    );
+    let proxy = Proxy::start(config_from(&text, upstream.addr, &[])).await;
+    let client = h1_client();
+    for _ in 0..3 {
+        get(&client, &proxy.url("/x")).await;
+    }
+    let dir = std::env::temp_dir().join(format!("tollgate-explain-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp dir");
+    let path = dir.join("proxy.toml");
+    std::fs::write(
+        &path,
+        text.replace("@UPSTREAM@", &upstream.addr.to_string()),
+    )
+    .expect("write config");
+    let explain = move || {
+        Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(["explain", "--config"])
+            .arg(&path)
+            .args(["--ip", "127.0.0.1", "GET", "http://any.host/x"])
+            .env_remove("TOLLGATE_DATABASE_URL")
+            .output()
+            .expect("run explain")
+    };
+    for _ in 0..2 {
+        let out = tokio::task::spawn_blocking(explain.clone())
+            .await
+            .expect("task");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(stdout.contains("count 3,"), "{stdout}");
+        assert!(stdout.contains("decision    limited (429)"), "{stdout}");
+        assert!(!stdout.contains("127.0.0.1:"), "{stdout}");
+    }
+    let pg = db.client().await;
+    let count: i32 = pg
+        .query_one("SELECT count FROM rate_limits", &[])
+        .await
+        .expect("one row")
+        .get(0);
+    assert_eq!(count, 3, "explain changed the count");
+}

@@ -212,6 +212,10 @@ impl Store for MemoryStore {
         true
     }
 
+    fn probe(&self) -> StoreFuture<'_, ()> {
+        Box::pin(async { Ok(()) })
+    }
+
     fn kind(&self) -> &'static str {
         "memory"
     }

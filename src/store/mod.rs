@@ -63,8 +63,11 @@ pub trait Store: Send + Sync + 'static {
     /// Read buckets' current windows without changing them, in batch order (`by` is ignored).
     fn peek<'a>(&'a self, batch: &'a [Increment]) -> StoreFuture<'a, Vec<Peeked>>;
 
-    /// Whether the store answers now (for `/readyz`).
+    /// Whether the last call to the store succeeded (cheap; no round trip).
     fn ready(&self) -> bool;
+
+    /// Asks the store whether it answers now, with one cheap round trip (for `/readyz`).
+    fn probe(&self) -> StoreFuture<'_, ()>;
 
     /// A short name for logs: `memory` or `postgres`.
     fn kind(&self) -> &'static str;

@@ -615,6 +615,10 @@ impl Store for PostgresStore {
         Box::pin(self.run_peek(batch))
     }
 
+    fn probe(&self) -> StoreFuture<'_, ()> {
+        Box::pin(self.ping())
+    }
+
     fn ready(&self) -> bool {
         self.is_initialized() && self.healthy.load(Ordering::Acquire)
     }

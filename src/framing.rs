@@ -1,0 +1,558 @@
+//! The HTTP/1.1 framing guard: the first stage of the pipeline, below hyper (SPEC sections 4a
+//! and 9).
+//!
+//! hyper parses requests correctly but resolves ambiguity silently: with both
+//! `Content-Length` and `Transfer-Encoding` it drops the length, it reads `Content-Length:
+//! 010` as ten, and it accepts bare-LF line endings. Each is how a front end and a back end come
+//! to disagree about where a request ends (request smuggling), and tollgate stands in front of
+//! backends that trust it. So every byte a client sends on an HTTP/1 connection goes through
+//! this guard first. It follows the framing itself — request head, then a `Content-Length` or
+//! chunked body, then the next head — and refuses the connection at the first ambiguity:
+//!
+//! - a line ending that is not CRLF, or an obsolete folded header line;
+//! - `Content-Length` that is not plain digits (no sign, no leading zero, no list), given twice,
+//!   or given together with `Transfer-Encoding`;
+//! - `Transfer-Encoding` other than exactly `chunked` (RFC 9112 6.1), or on HTTP/1.0;
+//! - a chunk size that is not hex, overflows, or a chunk not followed by CRLF;
+//! - a head larger than [`MAX_HEAD`] (431).
+//!
+//! A refused first request gets a `400` (or `431`) and the connection closes; later in a
+//! connection the guard only closes, since a response to an earlier request may be on the
+//! wire. Nothing after a refused byte reaches hyper, so nothing after it reaches an upstream.
+//! HTTP/2 (prior knowledge or ALPN) and upgraded connections pass through untouched: HTTP/2
+//! frames carry their own lengths.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// Largest request head accepted (request line and headers), like nginx's default of four 8k
+/// buffers, doubled.
+pub const MAX_HEAD: usize = 64 * 1024;
+/// Largest chunk-size line (size plus extensions) and trailer section.
+const MAX_CHUNK_LINE: usize = 4096;
+const MAX_TRAILERS: usize = 16 * 1024;
+const MAX_HEADERS: usize = 128;
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+const BAD_REQUEST: &[u8] =
+    b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\n\
+content-length: 12\r\nconnection: close\r\n\r\nBad Request\n";
+const TOO_LARGE: &[u8] =
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain; \
+charset=utf-8\r\ncontent-length: 32\r\nconnection: close\r\n\r\nRequest Header Fields Too Large\n";
+
+/// Why a connection was refused (for the debug log).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    BareLineFeed,
+    ObsoleteFold,
+    MalformedHead,
+    HeadTooLarge,
+    BadContentLength,
+    DuplicateContentLength,
+    LengthAndChunked,
+    BadTransferEncoding,
+    BadChunk,
+}
+
+#[derive(Debug)]
+enum State {
+    /// Before the first byte: HTTP/2's preface or an HTTP/1 head.
+    Start,
+    /// Collecting a request head.
+    Head,
+    /// `n` body bytes still to come.
+    Body(u64),
+    Chunked(Chunk),
+    /// HTTP/2 or an upgrade: not HTTP/1 framing any more.
+    PassThrough,
+    /// Refused: write `response[written..]`, then end the stream.
+    Refused {
+        response: &'static [u8],
+        written: usize,
+    },
+    Closed,
+}
+
+#[derive(Debug)]
+enum Chunk {
+    /// Reading a chunk-size line.
+    Size,
+    /// `n` data bytes to come, then CRLF.
+    Data(u64),
+    /// After a chunk's data: expecting `\r` (false) then `\n` (true).
+    DataEnd(bool),
+    /// After the last chunk: trailer lines until an empty one.
+    Trailers,
+}
+
+pub struct FramingGuard<S> {
+    inner: S,
+    state: State,
+    /// The head, chunk-size line or trailer section being collected.
+    pending: Vec<u8>,
+    /// Request heads accepted so far on this connection.
+    heads_seen: u64,
+    trailer_bytes: usize,
+}
+
+impl<S> FramingGuard<S> {
+    pub fn new(inner: S) -> Self {
+        FramingGuard {
+            inner,
+            state: State::Start,
+            pending: Vec::new(),
+            heads_seen: 0,
+            trailer_bytes: 0,
+        }
+    }
+
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// Runs the framing state machine over `bytes`; an error means they must not be handed on.
+    fn inspect(&mut self, bytes: &[u8]) -> Result<(), Refusal> {
+        let mut i = 0;
+        while i < bytes.len() {
+            match &mut self.state {
+                State::Start => {
+                    // Decide by the first bytes whether this is HTTP/2's preface.
+                    self.pending.push(bytes[i]);
+                    i += 1;
+                    let seen = self.pending.len();
+                    if H2_PREFACE.starts_with(&self.pending) {
+                        if seen == H2_PREFACE.len() {
+                            self.pending.clear();
+                            self.state = State::PassThrough;
+                        }
+                    } else {
+                        self.state = State::Head;
+                        let collected = std::mem::take(&mut self.pending);
+                        // Re-run the collected bytes as a head.
+                        self.inspect_head_bytes(&collected)?;
+                    }
+                }
+                State::Head => {
+                    let consumed = self.head_bytes(&bytes[i..])?;
+                    i += consumed;
+                }
+                State::Body(remaining) => {
+                    let take = (*remaining).min((bytes.len() - i) as u64);
+                    *remaining -= take;
+                    i += take as usize;
+                    if *remaining == 0 {
+                        self.state = State::Head;
+                    }
+                }
+                State::Chunked(_) => {
+                    let consumed = self.chunk_bytes(&bytes[i..])?;
+                    i += consumed;
+                }
+                State::PassThrough | State::Refused { .. } | State::Closed => return Ok(()),
+            }
+        }
+        Ok(())
+    }
+
+    fn inspect_head_bytes(&mut self, bytes: &[u8]) -> Result<(), Refusal> {
+        let mut i = 0;
+        while i < bytes.len() {
+            match self.state {
+                State::Head => i += self.head_bytes(&bytes[i..])?,
+                // A head completed inside the preface probe (tiny requests): go on normally.
+                _ => return self.inspect(&bytes[i..]),
+            }
+        }
+        Ok(())
+    }
+
+    /// Feeds head bytes; returns how many were consumed (up to the end of the head).
+    fn head_bytes(&mut self, bytes: &[u8]) -> Result<usize, Refusal> {
+        for (n, &b) in bytes.iter().enumerate() {
+            // Leading empty lines before a request line are tolerated (RFC 9112 2.2).
+            if self.pending.is_empty() && (b == b'\r' || b == b'\n') {
+                if b == b'\n' {
+                    continue;
+                }
+                self.pending.push(b);
+                continue;
+            }
+            if self.pending == b"\r" {
+                if b != b'\n' {
+                    return Err(Refusal::BareLineFeed);
+                }
+                self.pending.clear();
+                continue;
+            }
+            self.pending.push(b);
+            if self.pending.len() > MAX_HEAD {
+                return Err(Refusal::HeadTooLarge);
+            }
+            if self.pending.ends_with(b"\r\n\r\n") {
+                let head = std::mem::take(&mut self.pending);
+                self.state = self.judge_head(&head)?;
+                self.heads_seen += 1;
+                return Ok(n + 1);
+            }
+        }
+        Ok(bytes.len())
+    }
+
+    /// Checks a complete head and says what follows it.
+    fn judge_head(&self, head: &[u8]) -> Result<State, Refusal> {
+        // Every LF must follow a CR and every CR precede an LF.
+        for (i, &b) in head.iter().enumerate() {
+            let lf_ok = b != b'\n' || (i > 0 && head[i - 1] == b'\r');
+            let cr_ok = b != b'\r' || head.get(i + 1) == Some(&b'\n');
+            if !lf_ok || !cr_ok {
+                return Err(Refusal::BareLineFeed);
+            }
+        }
+        // An obsolete folded line starts with whitespace.
+        if head
+            .windows(3)
+            .any(|w| w[0] == b'\r' && w[1] == b'\n' && (w[2] == b' ' || w[2] == b'\t'))
+        {
+            return Err(Refusal::ObsoleteFold);
+        }
+        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut request = httparse::Request::new(&mut headers);
+        match request.parse(head) {
+            Ok(httparse::Status::Complete(_)) => {}
+            Ok(httparse::Status::Partial) | Err(_) => return Err(Refusal::MalformedHead),
+        }
+        let http10 = request.version == Some(0);
+        let mut length: Option<u64> = None;
+        let mut chunked = false;
+        let mut transfer_encoding_seen = false;
+        let mut upgrade = request.method == Some("CONNECT");
+        for header in request.headers.iter() {
+            if header.name.eq_ignore_ascii_case("content-length") {
+                if length.is_some() {
+                    return Err(Refusal::DuplicateContentLength);
+                }
+                length = Some(parse_length(header.value)?);
+            } else if header.name.eq_ignore_ascii_case("transfer-encoding") {
+                if transfer_encoding_seen || http10 {
+                    return Err(Refusal::BadTransferEncoding);
+                }
+                transfer_encoding_seen = true;
+                let value =
+                    std::str::from_utf8(header.value).map_err(|_| Refusal::BadTransferEncoding)?;
+                if !value.trim().eq_ignore_ascii_case("chunked") {
+                    return Err(Refusal::BadTransferEncoding);
+                }
+                chunked = true;
+            } else if header.name.eq_ignore_ascii_case("upgrade") {
+                upgrade = true;
+            }
+        }
+        if chunked && length.is_some() {
+            return Err(Refusal::LengthAndChunked);
+        }
+        let body = if chunked {
+            State::Chunked(Chunk::Size)
+        } else {
+            match length {
+                Some(0) | None => State::Head,
+                Some(n) => State::Body(n),
+            }
+        };
+        // After an upgrade request the connection may stop being HTTP/1 at any moment (101);
+        // hyper checks what follows, the guard steps aside once the request's own body, if
+        // any, has gone by. Upgrade requests in practice have no body.
+        if upgrade && matches!(body, State::Head) {
+            return Ok(State::PassThrough);
+        }
+        Ok(body)
+    }
+
+    fn chunk_bytes(&mut self, bytes: &[u8]) -> Result<usize, Refusal> {
+        let mut i = 0;
+        while i < bytes.len() {
+            let State::Chunked(chunk) = &mut self.state else {
+                return Ok(i);
+            };
+            match chunk {
+                Chunk::Data(remaining) => {
+                    let take = (*remaining).min((bytes.len() - i) as u64);
+                    *remaining -= take;
+                    i += take as usize;
+                    if *remaining == 0 {
+                        *chunk = Chunk::DataEnd(false);
+                    }
+                }
+                Chunk::DataEnd(seen_cr) => {
+                    let b = bytes[i];
+                    i += 1;
+                    match (*seen_cr, b) {
+                        (false, b'\r') => *chunk = Chunk::DataEnd(true),
+                        (true, b'\n') => *chunk = Chunk::Size,
+                        _ => return Err(Refusal::BadChunk),
+                    }
+                }
+                Chunk::Size => {
+                    let b = bytes[i];
+                    i += 1;
+                    self.pending.push(b);
+                    if self.pending.len() > MAX_CHUNK_LINE {
+                        return Err(Refusal::BadChunk);
+                    }
+                    if b == b'\n' {
+                        let line = std::mem::take(&mut self.pending);
+                        let size = parse_chunk_size(&line)?;
+                        *chunk = if size == 0 {
+                            self.trailer_bytes = 0;
+                            Chunk::Trailers
+                        } else {
+                            Chunk::Data(size)
+                        };
+                    }
+                }
+                Chunk::Trailers => {
+                    let b = bytes[i];
+                    i += 1;
+                    self.pending.push(b);
+                    self.trailer_bytes += 1;
+                    if self.trailer_bytes > MAX_TRAILERS {
+                        return Err(Refusal::BadChunk);
+                    }
+                    if b == b'\n' {
+                        let line = std::mem::take(&mut self.pending);
+                        if !line.ends_with(b"\r\n") || line[..line.len() - 2].contains(&b'\r') {
+                            return Err(Refusal::BareLineFeed);
+                        }
+                        if line.len() == 2 {
+                            self.state = State::Head;
+                        } else if line[0] == b' ' || line[0] == b'\t' {
+                            return Err(Refusal::ObsoleteFold);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(i)
+    }
+
+    fn refuse(&mut self, why: Refusal) {
+        tracing::debug!(reason = ?why, "refused a request with ambiguous or malformed framing");
+        self.pending = Vec::new();
+        // Later in a connection a response may be on the wire already: just close.
+        self.state = if self.heads_seen == 0 {
+            let response = if why == Refusal::HeadTooLarge {
+                TOO_LARGE
+            } else {
+                BAD_REQUEST
+            };
+            State::Refused {
+                response,
+                written: 0,
+            }
+        } else {
+            State::Closed
+        };
+    }
+}
+
+/// `Content-Length`: 1 to 19 ASCII digits, no leading zero unless it is `0`.
+fn parse_length(value: &[u8]) -> Result<u64, Refusal> {
+    let value = trim(value);
+    let digits_only = !value.is_empty() && value.iter().all(u8::is_ascii_digit);
+    if !digits_only || value.len() > 19 || (value.len() > 1 && value[0] == b'0') {
+        return Err(Refusal::BadContentLength);
+    }
+    std::str::from_utf8(value)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .ok_or(Refusal::BadContentLength)
+}
+
+/// A chunk-size line: hex digits (at most 16), optional `;extensions`, CRLF.
+fn parse_chunk_size(line: &[u8]) -> Result<u64, Refusal> {
+    let Some(line) = line.strip_suffix(b"\r\n") else {
+        return Err(Refusal::BareLineFeed);
+    };
+    if line.contains(&b'\r') || line.contains(&b'\n') {
+        return Err(Refusal::BadChunk);
+    }
+    let size = match line.iter().position(|&b| b == b';') {
+        Some(at) => &line[..at],
+        None => line,
+    };
+    let size = trim(size);
+    if size.is_empty() || size.len() > 16 || !size.iter().all(u8::is_ascii_hexdigit) {
+        return Err(Refusal::BadChunk);
+    }
+    std::str::from_utf8(size)
+        .ok()
+        .and_then(|s| u64::from_str_radix(s, 16).ok())
+        .ok_or(Refusal::BadChunk)
+}
+
+fn trim(mut v: &[u8]) -> &[u8] {
+    while let [b' ' | b'\t', rest @ ..] = v {
+        v = rest;
+    }
+    while let [rest @ .., b' ' | b'\t'] = v {
+        v = rest;
+    }
+    v
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for FramingGuard<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        loop {
+            match &mut self.state {
+                State::Refused { response, written } => {
+                    let (response, from) = (*response, *written);
+                    match Pin::new(&mut self.inner).poll_write(cx, &response[from..]) {
+                        Poll::Ready(Ok(n)) if n > 0 && from + n < response.len() => {
+                            self.state = State::Refused {
+                                response,
+                                written: from + n,
+                            };
+                        }
+                        Poll::Ready(_) => {
+                            // Sent (or the client is gone): end of stream for hyper.
+                            let _ = Pin::new(&mut self.inner).poll_flush(cx);
+                            self.state = State::Closed;
+                        }
+                        Poll::Pending => return Poll::Pending,
+                    }
+                }
+                State::Closed => return Poll::Ready(Ok(())),
+                State::PassThrough => return Pin::new(&mut self.inner).poll_read(cx, buf),
+                _ => break,
+            }
+        }
+        let before = buf.filled().len();
+        let result = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = result {
+            let fresh = buf.filled()[before..].to_vec();
+            if let Err(why) = self.inspect(&fresh) {
+                // Nothing of a refused read reaches hyper.
+                buf.set_filled(before);
+                self.refuse(why);
+                return self.poll_read(cx, buf);
+            }
+        }
+        result
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for FramingGuard<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, data)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Feeds `input` in pieces of `step` bytes and returns the first refusal.
+    fn run(input: &[u8], step: usize) -> Result<(), Refusal> {
+        let mut guard = FramingGuard::new(());
+        for piece in input.chunks(step.max(1)) {
+            guard.inspect(piece)?;
+        }
+        Ok(())
+    }
+
+    fn refused(input: &[u8]) -> Option<Refusal> {
+        let whole = run(input, input.len()).err();
+        // The verdict must not depend on how the bytes were split.
+        for step in [1, 2, 3, 7] {
+            assert_eq!(run(input, step).err(), whole, "split by {step}");
+        }
+        whole
+    }
+
+    #[test]
+    fn ordinary_requests_pass() {
+        assert_eq!(refused(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n"), None);
+        assert_eq!(
+            refused(b"POST /x HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhelloGET / HTTP/1.1\r\nHost: a\r\n\r\n"),
+            None
+        );
+        assert_eq!(
+            refused(b"POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5;ext=1\r\nhello\r\n0\r\nx-t: 1\r\n\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n"),
+            None
+        );
+        assert_eq!(refused(b"\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n"), None);
+        assert_eq!(refused(H2_PREFACE), None);
+    }
+
+    #[test]
+    fn smuggling_shapes_are_refused() {
+        let cases: [(&[u8], Refusal); 12] = [
+            (b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 6\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nG", Refusal::LengthAndChunked),
+            (b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nContent-Length: 6\r\n\r\n", Refusal::LengthAndChunked),
+            (b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: xchunked\r\n\r\n", Refusal::BadTransferEncoding),
+            (b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked, identity\r\n\r\n", Refusal::BadTransferEncoding),
+            (b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: x\r\n\r\n", Refusal::BadTransferEncoding),
+            (b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n", Refusal::DuplicateContentLength),
+            (b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 010\r\n\r\n", Refusal::BadContentLength),
+            (b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: +5\r\n\r\n", Refusal::BadContentLength),
+            (b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5, 5\r\n\r\n", Refusal::BadContentLength),
+            (b"GET / HTTP/1.1\nHost: a\r\n\r\n", Refusal::BareLineFeed),
+            (b"GET / HTTP/1.1\r\nHost: a\r\nX-A: 1\r\n folded\r\n\r\n", Refusal::ObsoleteFold),
+            (b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n1ffffffffffffffff\r\n", Refusal::BadChunk),
+        ];
+        for (input, why) in cases {
+            assert_eq!(
+                refused(input),
+                Some(why),
+                "{}",
+                String::from_utf8_lossy(input)
+            );
+        }
+    }
+
+    #[test]
+    fn oversized_heads_are_refused() {
+        let mut head = b"GET / HTTP/1.1\r\nHost: a\r\nX-Big: ".to_vec();
+        head.extend(std::iter::repeat_n(b'a', MAX_HEAD));
+        assert_eq!(refused(&head), Some(Refusal::HeadTooLarge));
+    }
+
+    #[test]
+    fn chunk_data_must_end_with_crlf() {
+        assert_eq!(
+            refused(b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabX"),
+            Some(Refusal::BadChunk)
+        );
+    }
+}
