@@ -6,9 +6,16 @@
 //! applies the route's failure policy, and a [`Breaker`] stops paying a full timeout per
 //! request while the store stays down: after a run of failures it fails fast for a moment,
 //! then lets one probe through, and closes again as soon as a call succeeds.
+//!
+//! Once a bucket is known to be over its limit, [`Exhausted`] remembers it until its window
+//! ends and later requests are denied without asking the store. Counts only grow within a
+//! window, so this is exact; it is what keeps a flooded key from costing a statement per
+//! request.
 
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::metrics::Metrics;
@@ -70,6 +77,7 @@ pub struct Limiter {
     store: Arc<dyn Store>,
     timeout: Duration,
     breaker: Breaker,
+    exhausted: Exhausted,
     metrics: Arc<Metrics>,
 }
 
@@ -79,6 +87,7 @@ impl Limiter {
             store,
             timeout,
             breaker: Breaker::new(),
+            exhausted: Exhausted::new(),
             metrics,
         }
     }
@@ -94,6 +103,9 @@ impl Limiter {
                 shadow_limited: false,
             };
         }
+        if let Some(denied) = self.exhausted.deny(plans) {
+            return denied;
+        }
         if !self.breaker.should_try() {
             return Verdict::StoreFailed;
         }
@@ -106,7 +118,6 @@ impl Limiter {
             })
             .collect();
         let started = Instant::now();
-        self.metrics.store_round_trips.inc();
         let answer = match tokio::time::timeout(self.timeout, self.store.increment(&batch)).await {
             Ok(result) => result,
             Err(_) => Err(StoreError::Timeout),
@@ -130,7 +141,7 @@ impl Limiter {
         };
         let outcomes: Vec<LimitOutcome> = plans
             .iter()
-            .zip(counted)
+            .zip(&counted)
             .map(|(plan, c)| LimitOutcome {
                 policy: plan.policy.clone(),
                 requests: plan.requests,
@@ -140,6 +151,15 @@ impl Limiter {
                 shadow: plan.shadow,
             })
             .collect();
+        for (plan, c) in plans.iter().zip(&counted) {
+            if !plan.shadow && c.count > plan.requests {
+                // The store's "now" is no earlier than `started`, so this deadline is no later
+                // than the real end of the window: the cache never outlives it.
+                let left =
+                    Duration::from_millis(c.window_end_ms.saturating_sub(c.now_ms).max(0) as u64);
+                self.exhausted.insert(&plan.bucket, started + left, c.count);
+            }
+        }
         judge(outcomes)
     }
 
@@ -149,6 +169,88 @@ impl Limiter {
             tracing::warn!(error = %err, "rate-limit store failing: skipping it for a moment");
         } else {
             tracing::debug!(error = %err, "rate-limit store call failed");
+        }
+    }
+}
+
+/// Bucket -> (end of its window, last count seen).
+type ExhaustedShard = HashMap<Arc<str>, (Instant, u32)>;
+
+/// Buckets over their limit, with the instant their window ends. Sharded so that concurrent
+/// requests rarely meet on one lock; bounded so that a flood of distinct keys cannot grow it
+/// without limit (past the bound, entries are simply not cached and the store decides).
+pub struct Exhausted {
+    shards: Vec<Mutex<ExhaustedShard>>,
+    hasher: RandomState,
+}
+
+impl Default for Exhausted {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Exhausted {
+    const SHARDS: usize = 16;
+    const PER_SHARD: usize = 8192;
+
+    pub fn new() -> Self {
+        Exhausted {
+            shards: (0..Self::SHARDS).map(|_| Mutex::default()).collect(),
+            hasher: RandomState::new(),
+        }
+    }
+
+    fn shard(&self, bucket: &str) -> &Mutex<ExhaustedShard> {
+        let index = self.hasher.hash_one(bucket) as usize % Self::SHARDS;
+        &self.shards[index]
+    }
+
+    pub fn insert(&self, bucket: &Arc<str>, until: Instant, count: u32) {
+        let Ok(mut shard) = self.shard(bucket).lock() else {
+            return;
+        };
+        if shard.len() >= Self::PER_SHARD {
+            let now = Instant::now();
+            shard.retain(|_, (end, _)| *end > now);
+            if shard.len() >= Self::PER_SHARD {
+                return;
+            }
+        }
+        shard.insert(bucket.clone(), (until, count));
+    }
+
+    /// A denial for `plans` if an enforced limit among them is known to be exhausted.
+    pub fn deny(&self, plans: &[PlannedLimit]) -> Option<Verdict> {
+        let now = Instant::now();
+        let mut outcomes = Vec::new();
+        for plan in plans.iter().filter(|p| !p.shadow) {
+            let Ok(mut shard) = self.shard(&plan.bucket).lock() else {
+                continue;
+            };
+            let Some(&(until, count)) = shard.get(&*plan.bucket) else {
+                continue;
+            };
+            if until <= now {
+                shard.remove(&*plan.bucket);
+                continue;
+            }
+            // A reload may have raised the limit above the remembered count.
+            if count > plan.requests {
+                outcomes.push(LimitOutcome {
+                    policy: plan.policy.clone(),
+                    requests: plan.requests,
+                    window_secs: plan.window_secs,
+                    count,
+                    reset_secs: (until - now).as_millis().div_ceil(1000).max(1) as u64,
+                    shadow: false,
+                });
+            }
+        }
+        if outcomes.is_empty() {
+            None
+        } else {
+            Some(judge(outcomes))
         }
     }
 }

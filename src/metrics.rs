@@ -102,7 +102,7 @@ impl Metrics {
         );
         registry.register(
             "store_round_trips",
-            "Counter-store round trips (statements sent)",
+            "Statements sent to the database for decisions (several requests share one when they coalesce; 0 on the memory store)",
             store_round_trips.clone(),
         );
         registry.register(

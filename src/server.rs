@@ -44,6 +44,7 @@ use crate::key::BucketHasher;
 use crate::limit::Limiter;
 use crate::metrics::Metrics;
 use crate::proxy::{ConnInfo, Proxy, Runtime};
+use crate::store::coalesce::CoalescingStore;
 use crate::store::memory::MemoryStore;
 use crate::store::postgres::PostgresStore;
 use crate::store::Store;
@@ -65,22 +66,6 @@ enum Phase {
     Draining,
     /// Shutdown timeout passed: drop whatever is left.
     Forced,
-}
-
-/// The store as the server manages it (the limiter sees only `dyn Store`).
-#[derive(Clone)]
-enum StoreHandle {
-    Memory(Arc<MemoryStore>),
-    Postgres(Arc<PostgresStore>),
-}
-
-impl StoreHandle {
-    fn as_dyn(&self) -> Arc<dyn Store> {
-        match self {
-            StoreHandle::Memory(m) => m.clone(),
-            StoreHandle::Postgres(p) => p.clone(),
-        }
-    }
 }
 
 pub struct Server;
@@ -154,7 +139,7 @@ impl Server {
         let (fatal_tx, fatal) = mpsc::channel(1);
         let mut background = Vec::new();
         let store = start_store(&config, &hasher, &metrics, fatal_tx, &mut background).await?;
-        let limiter = Limiter::new(store.as_dyn(), config.store.timeout, metrics.clone());
+        let limiter = Limiter::new(store.clone(), config.store.timeout, metrics.clone());
         let proxy = Arc::new(Proxy::new(runtime, limiter, hasher, metrics.clone()));
 
         let (phase, phase_rx) = watch::channel(Phase::Running);
@@ -196,14 +181,14 @@ impl Server {
                 background.push(tokio::spawn(admin::serve(
                     listener,
                     metrics.clone(),
-                    store.as_dyn(),
+                    store.clone(),
                     phase_rx.clone().into_stopped(),
                 )));
                 addr
             }
             None => None,
         };
-        tracing::info!(store = store.as_dyn().kind(), "tollgate started");
+        tracing::info!(store = store.kind(), "tollgate started");
         Ok(RunningServer {
             listen_addrs,
             tls_addrs,
@@ -211,7 +196,7 @@ impl Server {
             tls,
             proxy,
             metrics,
-            store: store.as_dyn(),
+            store,
             phase,
             permits,
             max_connections,
@@ -231,7 +216,7 @@ async fn start_store(
     metrics: &Arc<Metrics>,
     fatal: mpsc::Sender<String>,
     background: &mut Vec<JoinHandle<()>>,
-) -> Result<StoreHandle, StartupError> {
+) -> Result<Arc<dyn Store>, StartupError> {
     let Some(_) = &config.store.url else {
         tracing::warn!(
             "store: in-process memory; counters are not shared, so each instance enforces \
@@ -243,7 +228,7 @@ async fn start_store(
             config.store.sweep_interval,
             metrics.clone(),
         )));
-        return Ok(StoreHandle::Memory(memory));
+        return Ok(memory);
     };
     let pg = PostgresStore::new(&config.store).map_err(|e| StartupError::Store(e.to_string()))?;
     let fingerprint = hasher.fingerprint();
@@ -275,7 +260,16 @@ async fn start_store(
         config.store.sweep_interval,
         metrics.clone(),
     )));
-    Ok(StoreHandle::Postgres(pg))
+    // Decisions go through the coalescing queue: concurrent increments share statements.
+    let counter = metrics.clone();
+    let coalesced = Arc::new(CoalescingStore::new(
+        pg.clone(),
+        config.store.pool_size as usize,
+        Arc::new(move || {
+            counter.store_round_trips.inc();
+        }),
+    ));
+    Ok(coalesced)
 }
 
 async fn initialize_in_background(

@@ -201,6 +201,17 @@ async fn three_instances_allow_exactly_the_limit() {
     let ok = flood(&addrs, 1500, None).await;
     assert_eq!(ok, 200, "ip key: {ok} allowed");
     assert_eq!(upstream.count() - before, 200);
+    // Coalescing and the exhausted-bucket cache: fewer statements than requests.
+    let statements: f64 = proxies
+        .iter()
+        .map(|p| {
+            metric_value(
+                &p.server().metrics().render(),
+                "tollgate_store_round_trips_total",
+            )
+        })
+        .sum();
+    assert!(statements < 1500.0, "{statements} statements");
 
     // Per-token buckets: each token gets exactly its own 200, round after round.
     let mut token_proxies = Vec::new();
@@ -652,4 +663,52 @@ async fn concurrent_starts_migrate_once() {
         let n: i64 = row.get(1);
         assert_eq!(n, 1);
     }
+}
+
+fn metric_value(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// A key flooded far past its limit is denied from the instance's own memory until its
+/// window ends: the database sees almost nothing of the flood, and the decisions stay exact.
+#[tokio::test]
+async fn a_flooded_key_costs_the_database_almost_nothing() {
+    let db = TestDb::new().await;
+    let upstream = Upstream::start().await;
+    let text = limited(&pg_store(&db), "\"ip\"", 5, "366d", "");
+    let proxy = Proxy::start(config_from(&text, upstream.addr, &[])).await;
+    let client = h1_client();
+    let mut allowed = 0;
+    for _ in 0..1000 {
+        let answer = get(&client, &proxy.url("/limited")).await;
+        match answer.status {
+            StatusCode::OK => allowed += 1,
+            StatusCode::TOO_MANY_REQUESTS => {
+                assert!(answer.header("retry-after").is_some());
+                assert!(answer
+                    .header("ratelimit")
+                    .is_some_and(|v| v.contains(";r=0;")));
+            }
+            other => panic!("unexpected {other}"),
+        }
+    }
+    assert_eq!(allowed, 5);
+    assert_eq!(upstream.count(), 5);
+    let metrics = proxy.server().metrics().render();
+    let statements = metric_value(&metrics, "tollgate_store_round_trips_total");
+    assert!(
+        (1.0..=7.0).contains(&statements),
+        "{statements} statements for 1000 requests"
+    );
+    let pg = db.client().await;
+    let count: i32 = pg
+        .query_one("SELECT count FROM rate_limits", &[])
+        .await
+        .expect("row")
+        .get(0);
+    assert_eq!(count, 6, "5 allowed + the one denial that taught the cache");
 }

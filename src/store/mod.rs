@@ -5,6 +5,7 @@
 //! and "now" come from the same clock (the database's, for Postgres) so that instances whose
 //! clocks disagree still share one window, and `Retry-After` agrees with it.
 
+pub mod coalesce;
 pub mod memory;
 pub mod postgres;
 
@@ -42,7 +43,7 @@ pub struct Peeked {
     pub now_ms: i64,
 }
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     #[error("store timed out")]
     Timeout,

@@ -1,0 +1,300 @@
+//! Coalescing and batching of increments in front of a store (the database half of the
+//! performance design in DESIGN.md).
+//!
+//! One hot bucket serialises on its row lock in PostgreSQL: a statement per request tops out
+//! near 2k/s on one row. Instead, every increment waits in a queue while the store's
+//! statement slots (one per pooled connection) are busy; when a slot frees, everything queued
+//! goes out as ONE statement: increments of the same bucket become a single row with
+//! `count = count + n`, different buckets become rows of one multi-row upsert, ordered by
+//! bucket so that concurrent statements lock rows in the same order and cannot deadlock.
+//! There is no timer: when the store is idle the first increment leaves at once.
+//!
+//! Exactness survives coalescing. A row incremented by `n` returns the count `c` after the
+//! increment; the `n` waiters that made it up get the positions `c-n+1 ..= c`, in arrival
+//! order. Statements on one row are serialised by the database, so their ranges never overlap,
+//! and every request gets a position of its own, exactly as if each had sent its own
+//! statement. An increment is sent in exactly one statement: a caller that stops waiting
+//! (timeout, client gone) does not cancel it, so nothing is lost or applied twice.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+
+use super::{Counted, Increment, Peeked, Store, StoreError, StoreFuture};
+
+/// Queued requests at most; beyond it callers wait for room (and their decision timeout).
+const QUEUE: usize = 16 * 1024;
+/// Requests folded into one statement at most.
+const MAX_JOBS_PER_STATEMENT: usize = 2048;
+
+struct Job {
+    increments: Vec<Increment>,
+    reply: oneshot::Sender<Result<Vec<Counted>, StoreError>>,
+}
+
+/// Wraps a store so that concurrent increments share statements.
+pub struct CoalescingStore {
+    inner: Arc<dyn Store>,
+    queue: mpsc::Sender<Job>,
+}
+
+/// Called once per statement sent (for `tollgate_store_round_trips_total`).
+pub type OnStatement = Arc<dyn Fn() + Send + Sync>;
+
+impl CoalescingStore {
+    /// `statements`: how many statements may be in flight at once (the pool size). Must be
+    /// called inside a tokio runtime: it starts the dispatcher.
+    pub fn new(inner: Arc<dyn Store>, statements: usize, on_statement: OnStatement) -> Self {
+        let (queue, jobs) = mpsc::channel(QUEUE);
+        let slots = Arc::new(Semaphore::new(statements.max(1)));
+        tokio::spawn(dispatch(inner.clone(), jobs, slots, on_statement));
+        CoalescingStore { inner, queue }
+    }
+}
+
+impl Store for CoalescingStore {
+    fn increment<'a>(&'a self, batch: &'a [Increment]) -> StoreFuture<'a, Vec<Counted>> {
+        Box::pin(async move {
+            let (reply, answer) = oneshot::channel();
+            let job = Job {
+                increments: batch.to_vec(),
+                reply,
+            };
+            self.queue
+                .send(job)
+                .await
+                .map_err(|_| StoreError::Unavailable("the increment queue is closed".into()))?;
+            answer
+                .await
+                .map_err(|_| StoreError::Unavailable("the increment was dropped".into()))?
+        })
+    }
+
+    fn peek<'a>(&'a self, batch: &'a [Increment]) -> StoreFuture<'a, Vec<Peeked>> {
+        self.inner.peek(batch)
+    }
+
+    fn ready(&self) -> bool {
+        self.inner.ready()
+    }
+
+    fn probe(&self) -> StoreFuture<'_, ()> {
+        self.inner.probe()
+    }
+
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+}
+
+/// Takes everything queued whenever a statement slot is free, and sends it as one statement.
+async fn dispatch(
+    inner: Arc<dyn Store>,
+    mut jobs: mpsc::Receiver<Job>,
+    slots: Arc<Semaphore>,
+    on_statement: OnStatement,
+) {
+    let mut carried: Vec<Job> = Vec::new();
+    loop {
+        if carried.is_empty() {
+            match jobs.recv().await {
+                Some(job) => carried.push(job),
+                None => return,
+            }
+        }
+        // Wait for a free slot first: while all are busy, jobs pile up and coalesce.
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let mut taken = std::mem::take(&mut carried);
+        while taken.len() < MAX_JOBS_PER_STATEMENT {
+            match jobs.try_recv() {
+                Ok(job) => taken.push(job),
+                Err(_) => break,
+            }
+        }
+        let statement = Statement::build(taken, &mut carried);
+        if !statement.jobs.is_empty() {
+            on_statement();
+        }
+        tokio::spawn(statement.run(inner.clone(), slot));
+    }
+}
+
+/// One bucket's row in a statement and the waiters who share it.
+struct Row {
+    window_secs: u32,
+    total: u32,
+    /// (job index, increment index within the job, offset of its first unit in the row).
+    waiters: Vec<(usize, usize, u32)>,
+}
+
+struct Statement {
+    jobs: Vec<Job>,
+    rows: BTreeMap<Arc<str>, Row>,
+}
+
+impl Statement {
+    /// Folds `jobs` into rows. A job that names a bucket already in the statement with
+    /// another window (possible right after a reload changed a window) waits for the next
+    /// statement, so every bucket appears once per statement.
+    fn build(jobs: Vec<Job>, carried: &mut Vec<Job>) -> Statement {
+        let mut rows: BTreeMap<Arc<str>, Row> = BTreeMap::new();
+        let mut kept = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            let conflicts = job.increments.iter().any(|inc| {
+                rows.get(&inc.bucket)
+                    .is_some_and(|row| row.window_secs != inc.window_secs)
+            });
+            let repeated = job
+                .increments
+                .iter()
+                .enumerate()
+                .any(|(i, inc)| job.increments[..i].iter().any(|o| o.bucket == inc.bucket));
+            if conflicts || repeated {
+                if repeated {
+                    // The store contract: buckets in one request are distinct.
+                    let _ = job.reply.send(Err(StoreError::Query(
+                        "one request named the same bucket twice".into(),
+                    )));
+                } else {
+                    carried.push(job);
+                }
+                continue;
+            }
+            let index = kept.len();
+            for (k, inc) in job.increments.iter().enumerate() {
+                let row = rows.entry(inc.bucket.clone()).or_insert(Row {
+                    window_secs: inc.window_secs,
+                    total: 0,
+                    waiters: Vec::new(),
+                });
+                row.waiters.push((index, k, row.total));
+                row.total = row.total.saturating_add(inc.by);
+            }
+            kept.push(job);
+        }
+        Statement { jobs: kept, rows }
+    }
+
+    async fn run(self, inner: Arc<dyn Store>, slot: OwnedSemaphorePermit) {
+        if self.jobs.is_empty() {
+            return;
+        }
+        let batch: Vec<Increment> = self
+            .rows
+            .iter()
+            .map(|(bucket, row)| Increment {
+                bucket: bucket.clone(),
+                window_secs: row.window_secs,
+                by: row.total,
+            })
+            .collect();
+        let result = inner.increment(&batch).await;
+        drop(slot);
+        let mut answers: Vec<Vec<Option<Counted>>> = self
+            .jobs
+            .iter()
+            .map(|job| vec![None; job.increments.len()])
+            .collect();
+        let counted = match result {
+            Ok(counted) if counted.len() == batch.len() => counted,
+            Ok(_) => {
+                return fail_all(self.jobs, StoreError::Query("short answer".into()));
+            }
+            Err(err) => return fail_all(self.jobs, err),
+        };
+        for ((_, row), after) in self.rows.iter().zip(counted) {
+            for &(job, k, offset) in &row.waiters {
+                let by = self.jobs[job].increments[k].by;
+                answers[job][k] = Some(Counted {
+                    count: position(after.count, row.total, offset, by),
+                    ..after
+                });
+            }
+        }
+        for (job, answer) in self.jobs.into_iter().zip(answers) {
+            let counted: Option<Vec<Counted>> = answer.into_iter().collect();
+            let reply = counted.ok_or_else(|| StoreError::Query("missing row".into()));
+            let _ = job.reply.send(reply);
+        }
+    }
+}
+
+fn fail_all(jobs: Vec<Job>, err: StoreError) {
+    for job in jobs {
+        let _ = job.reply.send(Err(err.clone()));
+    }
+}
+
+/// The count a waiter sees: the row reached `after` by adding `total`; this waiter's units
+/// were `offset+1 ..= offset+by` of them, so its count is where its last unit landed.
+fn position(after: u32, total: u32, offset: u32, by: u32) -> u32 {
+    if after >= i32::MAX as u32 {
+        // Saturated: every waiter is far past any limit.
+        return after;
+    }
+    let before = after.saturating_sub(total);
+    before.saturating_add(offset).saturating_add(by)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::memory::MemoryStore;
+
+    #[test]
+    fn positions_split_a_row_among_its_waiters() {
+        // Row went from 10 to 13 by three single increments.
+        assert_eq!(position(13, 3, 0, 1), 11);
+        assert_eq!(position(13, 3, 1, 1), 12);
+        assert_eq!(position(13, 3, 2, 1), 13);
+        assert_eq!(position(i32::MAX as u32, 3, 0, 1), i32::MAX as u32);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_increments_get_distinct_positions() {
+        let statements = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = statements.clone();
+        let on_statement: OnStatement = Arc::new(move || {
+            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        });
+        let store = Arc::new(CoalescingStore::new(
+            Arc::new(MemoryStore::new()),
+            2,
+            on_statement,
+        ));
+        let mut tasks = Vec::new();
+        for i in 0..500u32 {
+            let store = store.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut batch = vec![Increment {
+                    bucket: Arc::from("hot"),
+                    window_secs: 3600,
+                    by: 1,
+                }];
+                if i % 2 == 0 {
+                    batch.push(Increment {
+                        bucket: Arc::from(format!("cold-{i}")),
+                        window_secs: 3600,
+                        by: 1,
+                    });
+                }
+                store.increment(&batch).await.expect("counted")
+            }));
+        }
+        let mut hot = Vec::new();
+        for task in tasks {
+            let counted = task.await.expect("task");
+            hot.push(counted[0].count);
+            if counted.len() == 2 {
+                assert_eq!(counted[1].count, 1);
+            }
+        }
+        hot.sort_unstable();
+        assert_eq!(hot, (1..=500).collect::<Vec<u32>>());
+        let sent = statements.load(std::sync::atomic::Ordering::Relaxed);
+        assert!((1..=500).contains(&sent), "{sent} statements");
+    }
+}
