@@ -712,3 +712,71 @@ async fn a_flooded_key_costs_the_database_almost_nothing() {
         .get(0);
     assert_eq!(count, 6, "5 allowed + the one denial that taught the cache");
 }
+
+/// A database that stops answering (a hung server): each decision costs at most about
+/// `store.timeout`, then almost nothing while the breaker is open; counting is exact again
+/// once it answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_database_costs_at_most_the_timeout_and_then_nothing() {
+    let db = TestDb::new().await;
+    let faulty = FaultyTcp::start(db.server_addr(), true).await;
+    let upstream = Upstream::start().await;
+    let store = format!(
+        "url = \"{}\"\ntimeout = \"200ms\"\non_error = \"allow\"",
+        db.url_through(faulty.addr)
+    );
+    let text = limited(&store, "\"ip\"", 3, "366d", "");
+    let proxy = Proxy::start(config_from(&text, upstream.addr, &[])).await;
+    let client = h1_client();
+    assert_eq!(
+        get(&client, &proxy.url("/limited")).await.status,
+        StatusCode::OK
+    );
+
+    faulty.stall();
+    let mut times = Vec::new();
+    for _ in 0..40 {
+        let started = Instant::now();
+        let answer = get(&client, &proxy.url("/limited")).await;
+        times.push(started.elapsed());
+        assert_eq!(answer.status, StatusCode::OK, "fails open while stalled");
+    }
+    let worst = times.iter().max().copied().unwrap_or_default();
+    assert!(
+        worst < Duration::from_millis(700),
+        "a decision took {worst:?} with a 200ms store timeout"
+    );
+    // After a handful of timeouts the breaker opens: most decisions skip the store.
+    let fast = times
+        .iter()
+        .filter(|t| **t < Duration::from_millis(50))
+        .count();
+    assert!(
+        fast >= 20,
+        "only {fast} of 40 decisions were fast: {times:?}"
+    );
+
+    faulty.up();
+    // Back to exact counting: 1 of 3 was used before the stall; requests during the stall
+    // failed open and were not counted (or were, when a statement got through late), so
+    // wait for the first limited answer and check nothing beyond the limit was allowed.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let pg = db.client().await;
+    loop {
+        let answer = get(&client, &proxy.url("/limited")).await;
+        if answer.status == StatusCode::TOO_MANY_REQUESTS {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never limited after recovery");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let count: i32 = pg
+        .query_one("SELECT count FROM rate_limits", &[])
+        .await
+        .expect("row")
+        .get(0);
+    assert!(
+        count > 3,
+        "the row counts past the limit once denied: {count}"
+    );
+}

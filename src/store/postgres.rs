@@ -262,9 +262,89 @@ impl LastConnectError {
     }
 }
 
+/// A pooled client that knows when it must not be reused.
+///
+/// bb8 returns a connection to the pool whenever its guard is dropped, and by default only
+/// checks whether the socket closed. Two more cases must not go back: a statement that was
+/// cut off (timeout, or the request that waited for it went away) may sit behind a stalled
+/// server that will answer nobody; and a server that answered "read-only transaction"
+/// (SQLSTATE 25006) is a demoted primary after a failover — a fresh connection, through
+/// `target_session_attrs=read-write`, finds the new one.
+pub struct PooledClient {
+    client: Client,
+    in_flight: AtomicBool,
+    read_only: AtomicBool,
+}
+
+impl std::ops::Deref for PooledClient {
+    type Target = Client;
+    fn deref(&self) -> &Client {
+        &self.client
+    }
+}
+
+impl std::ops::DerefMut for PooledClient {
+    fn deref_mut(&mut self) -> &mut Client {
+        &mut self.client
+    }
+}
+
+impl PooledClient {
+    /// Awaits one statement on this client, remembering if it never finished.
+    async fn run<T>(
+        &self,
+        statement: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+    ) -> Result<T, tokio_postgres::Error> {
+        self.in_flight.store(true, Ordering::Release);
+        let result = statement.await;
+        self.in_flight.store(false, Ordering::Release);
+        if let Err(err) = &result {
+            if err.code() == Some(&tokio_postgres::error::SqlState::READ_ONLY_SQL_TRANSACTION) {
+                tracing::warn!(
+                    "the database answered read-only (a failover?): dropping this connection"
+                );
+                self.read_only.store(true, Ordering::Release);
+            }
+        }
+        result
+    }
+
+    fn unusable(&self) -> bool {
+        self.client.is_closed()
+            || self.in_flight.load(Ordering::Acquire)
+            || self.read_only.load(Ordering::Acquire)
+    }
+}
+
+/// bb8-postgres' manager, with [`PooledClient`]'s idea of a broken connection.
+pub struct Manager(PostgresConnectionManager<NoTls>);
+
+#[async_trait::async_trait]
+impl bb8::ManageConnection for Manager {
+    type Connection = PooledClient;
+    type Error = tokio_postgres::Error;
+
+    async fn connect(&self) -> Result<PooledClient, tokio_postgres::Error> {
+        let client = self.0.connect().await?;
+        Ok(PooledClient {
+            client,
+            in_flight: AtomicBool::new(false),
+            read_only: AtomicBool::new(false),
+        })
+    }
+
+    async fn is_valid(&self, conn: &mut PooledClient) -> Result<(), tokio_postgres::Error> {
+        self.0.is_valid(&mut conn.client).await
+    }
+
+    fn has_broken(&self, conn: &mut PooledClient) -> bool {
+        conn.unusable()
+    }
+}
+
 /// Counters in PostgreSQL, shared by every instance using the same database.
 pub struct PostgresStore {
-    pool: Pool<PostgresConnectionManager<NoTls>>,
+    pool: Pool<Manager>,
     /// Budget for one call, pool wait included (`store.timeout`).
     timeout: Duration,
     /// Set once migrations and the fingerprint check have passed.
@@ -311,7 +391,7 @@ impl PostgresStore {
             .connection_timeout(timeout)
             .test_on_check_out(false)
             .error_sink(Box::new(last_connect_error.clone()))
-            .build_unchecked(PostgresConnectionManager::new(pg, NoTls));
+            .build_unchecked(Manager(PostgresConnectionManager::new(pg, NoTls)));
 
         Ok(Arc::new(PostgresStore {
             pool,
@@ -403,7 +483,9 @@ impl PostgresStore {
         let result = self
             .bounded(async {
                 let conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
-                conn.simple_query("SELECT 1").await.map_err(query_error)?;
+                conn.run(conn.simple_query("SELECT 1"))
+                    .await
+                    .map_err(query_error)?;
                 Ok(())
             })
             .await;
@@ -475,6 +557,7 @@ impl PostgresStore {
         self.pool
             .dedicated_connection()
             .await
+            .map(|pooled| pooled.client)
             .map_err(|e| classify(&e, InitError::Database))
     }
 
@@ -538,7 +621,7 @@ impl PostgresStore {
                 // query_typed sends Parse/Bind/Execute/Sync at once: one round trip per batch
                 // without a per-connection prepared-statement cache (a plain `query` with SQL
                 // text would prepare first, a second round trip).
-                conn.query_typed(INCREMENT_SQL, &params)
+                conn.run(conn.query_typed(INCREMENT_SQL, &params))
                     .await
                     .map_err(query_error)
             })
@@ -578,7 +661,7 @@ impl PostgresStore {
         let result = self
             .bounded(async {
                 let conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
-                conn.query_typed(PEEK_SQL, &params)
+                conn.run(conn.query_typed(PEEK_SQL, &params))
                     .await
                     .map_err(query_error)
             })

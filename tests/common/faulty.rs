@@ -1,76 +1,146 @@
-//! A TCP forwarder that can be told to fail: stands between tollgate and PostgreSQL so tests
-//! can take "the database" down and bring it back without touching the real server.
+//! A TCP relay that can be told to fail: stands between tollgate and PostgreSQL so tests can
+//! take "the database" down, stall it, and bring it back without touching the real server.
+//!
+//! - up: bytes flow both ways;
+//! - down: new connections are reset at once and open ones are cut (a dead server's port);
+//! - stalled: connections stay open but no byte moves in either direction (a hung server or
+//!   a network black hole); new connections are accepted and hang too.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Up,
+    Down,
+    Stalled,
+}
+
 pub struct FaultyTcp {
     pub addr: SocketAddr,
-    up: Arc<AtomicBool>,
-    /// Bumped on every `cut`, so forwarding tasks drop their connections.
-    generation: watch::Sender<u64>,
+    mode: watch::Sender<(Mode, u64)>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl Drop for FaultyTcp {
     fn drop(&mut self) {
         self.task.abort();
-        self.generation.send_modify(|g| *g += 1);
+        self.mode.send_modify(|(m, g)| {
+            *m = Mode::Down;
+            *g += 1;
+        });
     }
 }
 
 impl FaultyTcp {
-    /// Forwards to `target`; starts up or down.
+    /// Relays to `target`; starts up or down.
     pub async fn start(target: SocketAddr, up: bool) -> FaultyTcp {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind faulty");
         let addr = listener.local_addr().expect("addr");
-        let up_flag = Arc::new(AtomicBool::new(up));
-        let (generation, gen_rx) = watch::channel(0u64);
-        let flag = up_flag.clone();
+        let initial = if up { Mode::Up } else { Mode::Down };
+        let (mode, watcher) = watch::channel((initial, 0u64));
         let task = tokio::spawn(async move {
             loop {
                 let Ok((client, _)) = listener.accept().await else {
                     continue;
                 };
-                if !flag.load(Ordering::SeqCst) {
-                    // Down: the connection is reset at once, like a dead server's port.
+                if watcher.borrow().0 == Mode::Down {
                     drop(client);
                     continue;
                 }
-                let mut gen_rx = gen_rx.clone();
-                // Only cuts after this connection was made concern it.
-                gen_rx.borrow_and_update();
-                tokio::spawn(async move {
-                    let Ok(server) = TcpStream::connect(target).await else {
-                        return;
-                    };
-                    let (mut client, mut server) = (client, server);
-                    tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
-                        _ = gen_rx.changed() => {}
-                    }
-                });
+                tokio::spawn(relay(client, target, watcher.clone()));
             }
         });
-        FaultyTcp {
-            addr,
-            up: up_flag,
-            generation,
-            task,
-        }
+        FaultyTcp { addr, mode, task }
     }
 
     /// Down: refuse new connections and cut the open ones.
     pub fn down(&self) {
-        self.up.store(false, Ordering::SeqCst);
-        self.generation.send_modify(|g| *g += 1);
+        self.mode.send_modify(|(m, g)| {
+            *m = Mode::Down;
+            *g += 1;
+        });
+    }
+
+    /// Stalled: keep every connection open, move no byte.
+    pub fn stall(&self) {
+        self.mode.send_modify(|(m, _)| *m = Mode::Stalled);
     }
 
     pub fn up(&self) {
-        self.up.store(true, Ordering::SeqCst);
+        self.mode.send_modify(|(m, _)| *m = Mode::Up);
+    }
+}
+
+async fn relay(client: TcpStream, target: SocketAddr, mut watcher: watch::Receiver<(Mode, u64)>) {
+    // Only cuts after this connection was made concern it.
+    let generation = watcher.borrow_and_update().1;
+    if !wait_until_flowing(&mut watcher, generation).await {
+        return;
+    }
+    let Ok(server) = TcpStream::connect(target).await else {
+        return;
+    };
+    let (client_read, client_write) = client.into_split();
+    let (server_read, server_write) = server.into_split();
+    tokio::select! {
+        _ = pump(client_read, server_write, watcher.clone(), generation) => {}
+        _ = pump(server_read, client_write, watcher.clone(), generation) => {}
+    }
+}
+
+/// Waits while stalled; false once the relay is down (or cut since `generation`).
+async fn wait_until_flowing(watcher: &mut watch::Receiver<(Mode, u64)>, generation: u64) -> bool {
+    loop {
+        let (mode, current) = *watcher.borrow();
+        if current != generation || mode == Mode::Down {
+            return false;
+        }
+        if mode == Mode::Up {
+            return true;
+        }
+        if watcher.changed().await.is_err() {
+            return false;
+        }
+    }
+}
+
+/// Copies one direction, holding each chunk while the relay is stalled.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut rx: watch::Receiver<(Mode, u64)>,
+    generation: u64,
+) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = tokio::select! {
+            read = from.read(&mut buf) => match read {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            },
+            _ = cut(&mut rx, generation) => return,
+        };
+        if !wait_until_flowing(&mut rx, generation).await {
+            return;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Resolves when the relay is taken down after `generation`.
+async fn cut(rx: &mut watch::Receiver<(Mode, u64)>, generation: u64) {
+    loop {
+        let (mode, current) = *rx.borrow_and_update();
+        if current != generation || mode == Mode::Down {
+            return;
+        }
+        if rx.changed().await.is_err() {
+            return;
+        }
     }
 }
