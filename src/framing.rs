@@ -96,6 +96,10 @@ pub struct FramingGuard<S> {
     pending: Vec<u8>,
     /// Request heads accepted so far on this connection.
     heads_seen: u64,
+    /// Of those, the heads whose bytes were handed to hyper (a refused read is not).
+    heads_delivered: u64,
+    /// An upgrade was requested: the guard steps aside once a `101` goes out.
+    upgrade_requested: bool,
     trailer_bytes: usize,
 }
 
@@ -106,6 +110,8 @@ impl<S> FramingGuard<S> {
             state: State::Start,
             pending: Vec::new(),
             heads_seen: 0,
+            heads_delivered: 0,
+            upgrade_requested: false,
             trailer_bytes: 0,
         }
     }
@@ -173,18 +179,18 @@ impl<S> FramingGuard<S> {
     /// Feeds head bytes; returns how many were consumed (up to the end of the head).
     fn head_bytes(&mut self, bytes: &[u8]) -> Result<usize, Refusal> {
         for (n, &b) in bytes.iter().enumerate() {
-            // Leading empty lines before a request line are tolerated (RFC 9112 2.2).
-            if self.pending.is_empty() && (b == b'\r' || b == b'\n') {
-                if b == b'\n' {
-                    continue;
-                }
-                self.pending.push(b);
-                continue;
+            // Line endings are checked byte by byte, not when the head is complete: hyper
+            // sees these bytes as soon as this read returns, and it would accept a head
+            // ended by bare LFs that never completes here.
+            let previous = self.pending.last().copied();
+            if b == b'\n' && previous != Some(b'\r') {
+                return Err(Refusal::BareLineFeed);
             }
-            if self.pending == b"\r" {
-                if b != b'\n' {
-                    return Err(Refusal::BareLineFeed);
-                }
+            if previous == Some(b'\r') && b != b'\n' {
+                return Err(Refusal::BareLineFeed);
+            }
+            // Leading empty lines before a request line are tolerated (RFC 9112 2.2).
+            if self.pending == b"\r" && b == b'\n' {
                 self.pending.clear();
                 continue;
             }
@@ -194,7 +200,9 @@ impl<S> FramingGuard<S> {
             }
             if self.pending.ends_with(b"\r\n\r\n") {
                 let head = std::mem::take(&mut self.pending);
-                self.state = self.judge_head(&head)?;
+                let (next, upgrade) = self.judge_head(&head)?;
+                self.state = next;
+                self.upgrade_requested |= upgrade;
                 self.heads_seen += 1;
                 return Ok(n + 1);
             }
@@ -202,8 +210,8 @@ impl<S> FramingGuard<S> {
         Ok(bytes.len())
     }
 
-    /// Checks a complete head and says what follows it.
-    fn judge_head(&self, head: &[u8]) -> Result<State, Refusal> {
+    /// Checks a complete head and says what follows it, and whether it asks for an upgrade.
+    fn judge_head(&self, head: &[u8]) -> Result<(State, bool), Refusal> {
         // Every LF must follow a CR and every CR precede an LF.
         for (i, &b) in head.iter().enumerate() {
             let lf_ok = b != b'\n' || (i > 0 && head[i - 1] == b'\r');
@@ -262,13 +270,10 @@ impl<S> FramingGuard<S> {
                 Some(n) => State::Body(n),
             }
         };
-        // After an upgrade request the connection may stop being HTTP/1 at any moment (101);
-        // hyper checks what follows, the guard steps aside once the request's own body, if
-        // any, has gone by. Upgrade requests in practice have no body.
-        if upgrade && matches!(body, State::Head) {
-            return Ok(State::PassThrough);
-        }
-        Ok(body)
+        // An upgrade request keeps the guard on: only a `101` written back turns the
+        // connection into something else (see `poll_write`). A declined upgrade goes on as
+        // HTTP/1.1, guarded; a client must not send its new protocol before the 101.
+        Ok((body, upgrade))
     }
 
     fn chunk_bytes(&mut self, bytes: &[u8]) -> Result<usize, Refusal> {
@@ -341,8 +346,8 @@ impl<S> FramingGuard<S> {
     fn refuse(&mut self, why: Refusal) {
         tracing::debug!(reason = ?why, "refused a request with ambiguous or malformed framing");
         self.pending = Vec::new();
-        // Later in a connection a response may be on the wire already: just close.
-        self.state = if self.heads_seen == 0 {
+        // Once hyper has a request, a response may be on the wire already: just close.
+        self.state = if self.heads_delivered == 0 {
             let response = if why == Refusal::HeadTooLarge {
                 TOO_LARGE
             } else {
@@ -443,8 +448,28 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for FramingGuard<S> {
                 self.refuse(why);
                 return self.poll_read(cx, buf);
             }
+            self.heads_delivered = self.heads_seen;
         }
         result
+    }
+}
+
+impl<S> FramingGuard<S> {
+    /// After an upgrade request, a `101` response starting a line of what hyper writes means
+    /// the connection now speaks another protocol: stop reading it as HTTP/1.
+    fn watch_for_switch(&mut self, data: &[u8]) {
+        const SWITCH: &[u8] = b"HTTP/1.1 101 ";
+        if !self.upgrade_requested || matches!(self.state, State::PassThrough) {
+            return;
+        }
+        let at_line_start = data.starts_with(SWITCH)
+            || data
+                .windows(SWITCH.len() + 2)
+                .any(|w| w.starts_with(b"\r\n") && &w[2..] == SWITCH);
+        if at_line_start {
+            self.pending.clear();
+            self.state = State::PassThrough;
+        }
     }
 }
 
@@ -454,6 +479,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for FramingGuard<S> {
         cx: &mut Context<'_>,
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
+        self.watch_for_switch(data);
         Pin::new(&mut self.inner).poll_write(cx, data)
     }
 
@@ -462,6 +488,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for FramingGuard<S> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        if let Some(first) = bufs.iter().find(|b| !b.is_empty()) {
+            self.watch_for_switch(first);
+        }
         Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
     }
 

@@ -86,7 +86,17 @@ impl fmt::Display for ConfigError {
         if !self.field.is_empty() {
             write!(f, ": {}", self.field)?;
         }
-        write!(f, ": {}", self.message)
+        // One problem, one line: a value quoted into the message may hold line breaks or
+        // other control characters, which are shown escaped.
+        f.write_str(": ")?;
+        for c in self.message.chars() {
+            if c.is_control() {
+                write!(f, "{}", c.escape_default())?;
+            } else {
+                write!(f, "{c}")?;
+            }
+        }
+        Ok(())
     }
 }
 
