@@ -1,0 +1,151 @@
+//! Bounds on what a client controls (SPEC section 9): header size (431), `max_connections`,
+//! idle connections, HTTP/2 stream limits. Nothing a client sends grows a buffer without bound.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::Full;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use common::*;
+
+fn server_with(extra: &str) -> String {
+    format!(
+        "[server]\nlisten = [\"127.0.0.1:0\"]\n{extra}\n\n[upstreams.app]\nurl = \"http://@UPSTREAM@\"\n\n\
+         [[routes]]\nname = \"all\"\nupstream = \"app\"\n"
+    )
+}
+
+#[tokio::test]
+async fn oversized_headers_get_431_and_never_reach_the_upstream() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(config_from(&server_with(""), upstream.addr, &[])).await;
+    let mut request = b"GET /big HTTP/1.1\r\nHost: t\r\nX-Big: ".to_vec();
+    request.extend(std::iter::repeat_n(b'a', 80 * 1024));
+    request.extend_from_slice(b"\r\n\r\n");
+    let reply = raw_exchange(proxy.addr, &request, Duration::from_secs(5)).await;
+    assert!(
+        reply.starts_with("HTTP/1.1 431"),
+        "{}",
+        &reply[..reply.len().min(200)]
+    );
+    assert_eq!(upstream.count(), 0);
+
+    // Many small headers adding up past the bound too.
+    let mut request = b"GET /many HTTP/1.1\r\nHost: t\r\n".to_vec();
+    for i in 0..4000 {
+        request.extend_from_slice(format!("X-H{i}: {}\r\n", "v".repeat(20)).as_bytes());
+    }
+    request.extend_from_slice(b"\r\n");
+    let reply = raw_exchange(proxy.addr, &request, Duration::from_secs(5)).await;
+    assert!(
+        reply.starts_with("HTTP/1.1 431") || reply.starts_with("HTTP/1.1 400"),
+        "{}",
+        &reply[..reply.len().min(200)]
+    );
+    assert_eq!(upstream.count(), 0);
+}
+
+#[tokio::test]
+async fn beyond_max_connections_accept_waits() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(config_from(
+        &server_with("max_connections = 2"),
+        upstream.addr,
+        &[],
+    ))
+    .await;
+    // Two connections hold both slots (each has sent a request and stays open).
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut stream = TcpStream::connect(proxy.addr).await.expect("connect");
+        stream
+            .write_all(b"GET /hold HTTP/1.1\r\nHost: t\r\n\r\n")
+            .await
+            .expect("write");
+        let mut buf = [0u8; 512];
+        let n = stream.read(&mut buf).await.expect("response");
+        assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
+        held.push(stream);
+    }
+    // A third is accepted by the kernel's backlog but not served while the slots are full.
+    let third = tokio::spawn({
+        let url = proxy.url("/third");
+        async move {
+            let started = Instant::now();
+            let answer = get(&h1_client(), &url).await;
+            (answer.status, started.elapsed())
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !third.is_finished(),
+        "a third connection was served past max_connections"
+    );
+    assert_eq!(upstream.count(), 2);
+    // Freeing one slot lets it in.
+    drop(held.pop());
+    let (status, waited) = tokio::time::timeout(Duration::from_secs(5), third)
+        .await
+        .expect("served once a slot freed")
+        .expect("task");
+    assert_eq!(status, StatusCode::OK);
+    assert!(waited >= Duration::from_millis(400), "{waited:?}");
+}
+
+#[tokio::test]
+async fn idle_http2_connections_are_closed() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(config_from(
+        &server_with("idle_timeout = \"600ms\""),
+        upstream.addr,
+        &[],
+    ))
+    .await;
+    // An HTTP/2 connection (prior knowledge) that sends its preface and then nothing.
+    let mut stream = TcpStream::connect(proxy.addr).await.expect("connect");
+    stream
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        .await
+        .expect("preface");
+    let started = Instant::now();
+    let mut buf = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut buf)).await;
+    assert!(closed.is_ok(), "idle connection never closed");
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(500) && waited < Duration::from_secs(3),
+        "closed after {waited:?}"
+    );
+}
+
+#[tokio::test]
+async fn many_h2_streams_on_one_connection_are_queued_not_failed() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(config_from(&server_with(""), upstream.addr, &[])).await;
+    let client = h2c_client();
+    // 600 concurrent slow requests on one connection: the server's stream limit (256) makes
+    // the client queue the rest; all complete, none fail.
+    let mut tasks = Vec::new();
+    for _ in 0..600 {
+        let client = client.clone();
+        let url = proxy.url("/slow/50");
+        tasks.push(tokio::spawn(async move {
+            let req = Request::get(url)
+                .body(Full::new(Bytes::new()))
+                .expect("request");
+            client.request(req).await.map(|r| r.status())
+        }));
+    }
+    let mut ok = 0;
+    for task in tasks {
+        if let Ok(Ok(StatusCode::OK)) = task.await {
+            ok += 1;
+        }
+    }
+    assert_eq!(ok, 600);
+}
