@@ -2,12 +2,13 @@
 //! performance design in DESIGN.md).
 //!
 //! One hot bucket serialises on its row lock in PostgreSQL: a statement per request tops out
-//! near 2k/s on one row. Instead, every increment waits in a queue while the store's
-//! statement slots (one per pooled connection) are busy; when a slot frees, everything queued
-//! goes out as ONE statement: increments of the same bucket become a single row with
-//! `count = count + n`, different buckets become rows of one multi-row upsert, ordered by
-//! bucket so that concurrent statements lock rows in the same order and cannot deadlock.
-//! There is no timer: when the store is idle the first increment leaves at once.
+//! near 2k/s on one row. Instead, at most one statement per bucket is in flight, and at most
+//! one per pooled connection overall. Increments that cannot leave yet wait; when their
+//! bucket's statement returns (or a connection frees), everything waiting goes out as ONE
+//! statement: increments of the same bucket become a single row with `count = count + n`,
+//! different buckets become rows of one multi-row upsert, ordered by bucket so that
+//! concurrent statements lock rows in the same order and cannot deadlock. There is no timer:
+//! when the store is idle the first increment leaves at once.
 //!
 //! Exactness survives coalescing. A row incremented by `n` returns the count `c` after the
 //! increment; the `n` waiters that made it up get the positions `c-n+1 ..= c`, in arrival
@@ -16,14 +17,15 @@
 //! statement. An increment is sent in exactly one statement: a caller that stops waiting
 //! (timeout, client gone) does not cancel it, so nothing is lost or applied twice.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
-use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, oneshot};
 
 use super::{Counted, Increment, Peeked, Store, StoreError, StoreFuture};
 
-/// Queued requests at most; beyond it callers wait for room (and their decision timeout).
+/// Queued requests at most (in the channel, and again waiting for their bucket); beyond it
+/// callers wait for room, within their decision timeout.
 const QUEUE: usize = 16 * 1024;
 /// Requests folded into one statement at most.
 const MAX_JOBS_PER_STATEMENT: usize = 2048;
@@ -47,8 +49,7 @@ impl CoalescingStore {
     /// called inside a tokio runtime: it starts the dispatcher.
     pub fn new(inner: Arc<dyn Store>, statements: usize, on_statement: OnStatement) -> Self {
         let (queue, jobs) = mpsc::channel(QUEUE);
-        let slots = Arc::new(Semaphore::new(statements.max(1)));
-        tokio::spawn(dispatch(inner.clone(), jobs, slots, on_statement));
+        tokio::spawn(dispatch(inner.clone(), jobs, statements, on_statement));
         CoalescingStore { inner, queue }
     }
 }
@@ -88,37 +89,72 @@ impl Store for CoalescingStore {
     }
 }
 
-/// Takes everything queued whenever a statement slot is free, and sends it as one statement.
+/// Sends queued increments as statements: at most `slots` statements in flight, and at most
+/// one per bucket. A job whose bucket is already in flight waits for that statement to
+/// finish, and then leaves together with everything else that queued up for the bucket
+/// meanwhile: a hot bucket costs one statement per round trip, whatever the request rate.
 async fn dispatch(
     inner: Arc<dyn Store>,
     mut jobs: mpsc::Receiver<Job>,
-    slots: Arc<Semaphore>,
+    slots: usize,
     on_statement: OnStatement,
 ) {
-    let mut carried: Vec<Job> = Vec::new();
+    let (done_tx, mut done) = mpsc::unbounded_channel::<Vec<Arc<str>>>();
+    let mut pending: Vec<Job> = Vec::new();
+    let mut in_flight: HashSet<Arc<str>> = HashSet::new();
+    let mut free = slots.max(1);
+    let mut open = true;
     loop {
-        if carried.is_empty() {
-            match jobs.recv().await {
-                Some(job) => carried.push(job),
-                None => return,
+        // Wait for something to do: a new job, or a statement coming back.
+        tokio::select! {
+            job = jobs.recv(), if open && pending.len() < QUEUE => match job {
+                Some(job) => pending.push(job),
+                None => open = false,
+            },
+            Some(finished) = done.recv() => {
+                free += 1;
+                for bucket in finished {
+                    in_flight.remove(&bucket);
+                }
             }
         }
-        // Wait for a free slot first: while all are busy, jobs pile up and coalesce.
-        let Ok(slot) = slots.clone().acquire_owned().await else {
+        if !open && pending.is_empty() && free == slots.max(1) {
             return;
-        };
-        let mut taken = std::mem::take(&mut carried);
-        while taken.len() < MAX_JOBS_PER_STATEMENT {
+        }
+        // Everything already queued joins in.
+        while pending.len() < QUEUE {
             match jobs.try_recv() {
-                Ok(job) => taken.push(job),
+                Ok(job) => pending.push(job),
                 Err(_) => break,
             }
         }
-        let statement = Statement::build(taken, &mut carried);
-        if !statement.jobs.is_empty() {
+        while free > 0 && !pending.is_empty() {
+            let (ready, waiting): (Vec<Job>, Vec<Job>) = std::mem::take(&mut pending)
+                .into_iter()
+                .partition(|job| !job.increments.iter().any(|i| in_flight.contains(&i.bucket)));
+            pending = waiting;
+            if ready.is_empty() {
+                break;
+            }
+            let mut ready = ready;
+            if ready.len() > MAX_JOBS_PER_STATEMENT {
+                pending.extend(ready.drain(MAX_JOBS_PER_STATEMENT..));
+            }
+            let statement = Statement::build(ready, &mut pending);
+            if statement.jobs.is_empty() {
+                continue;
+            }
+            let buckets: Vec<Arc<str>> = statement.rows.keys().cloned().collect();
+            in_flight.extend(buckets.iter().cloned());
+            free -= 1;
             on_statement();
+            let inner = inner.clone();
+            let done_tx = done_tx.clone();
+            tokio::spawn(async move {
+                statement.run(inner).await;
+                let _ = done_tx.send(buckets);
+            });
         }
-        tokio::spawn(statement.run(inner.clone(), slot));
     }
 }
 
@@ -178,7 +214,7 @@ impl Statement {
         Statement { jobs: kept, rows }
     }
 
-    async fn run(self, inner: Arc<dyn Store>, slot: OwnedSemaphorePermit) {
+    async fn run(self, inner: Arc<dyn Store>) {
         if self.jobs.is_empty() {
             return;
         }
@@ -192,7 +228,6 @@ impl Statement {
             })
             .collect();
         let result = inner.increment(&batch).await;
-        drop(slot);
         let mut answers: Vec<Vec<Option<Counted>>> = self
             .jobs
             .iter()
