@@ -166,13 +166,27 @@ pub fn bucket_for(
     who: &RequestIdentity<'_>,
     hasher: &BucketHasher,
 ) -> Option<Arc<str>> {
-    let label = spec.label();
+    bucket_in(&format!("{scope}:{}", spec.label()), spec, who, hasher)
+}
+
+/// [`bucket_for`] with the `<scope>:<label>` prefix already made (the proxy keeps it per
+/// limit, so the hot path builds one string per bucket).
+pub fn bucket_in(
+    policy: &str,
+    spec: &KeySpec,
+    who: &RequestIdentity<'_>,
+    hasher: &BucketHasher,
+) -> Option<Arc<str>> {
     if spec.is_global() {
-        return Some(Arc::from(format!("{scope}:global")));
+        return Some(Arc::from(policy));
     }
     let subject = subject(spec, who)?;
     let digest = hasher.digest(&subject);
-    Some(Arc::from(format!("{scope}:{label}:{digest}")))
+    let mut bucket = String::with_capacity(policy.len() + 1 + digest.len());
+    bucket.push_str(policy);
+    bucket.push(':');
+    bucket.push_str(&digest);
+    Some(Arc::from(bucket))
 }
 
 /// The subject bytes: one part as it is; several parts each prefixed with its length (4 bytes,

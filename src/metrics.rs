@@ -2,29 +2,42 @@
 //! reload results: values from the configuration or a fixed set, never anything a client sent,
 //! so no subject can reach a label and cardinality stays bounded.
 
+use std::fmt::Write as _;
+use std::sync::Arc;
+
 use prometheus_client::encoding::text::encode;
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+/// A route name as a label value: shared, so recording a metric allocates nothing.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub struct RouteName(pub Arc<str>);
+
+impl EncodeLabelValue for RouteName {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        encoder.write_str(&self.0)
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DecisionLabels {
-    pub route: String,
+    pub route: RouteName,
     pub decision: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResponseLabels {
-    pub route: String,
+    pub route: RouteName,
     pub code: u16,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RouteLabels {
-    pub route: String,
+    pub route: RouteName,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -134,28 +147,28 @@ impl Metrics {
         }
     }
 
-    pub fn decision(&self, route: &str, decision: &'static str) {
+    pub fn decision(&self, route: &Arc<str>, decision: &'static str) {
         self.decisions
             .get_or_create(&DecisionLabels {
-                route: route.to_string(),
+                route: RouteName(route.clone()),
                 decision,
             })
             .inc();
     }
 
-    pub fn response(&self, route: &str, code: u16) {
+    pub fn response(&self, route: &Arc<str>, code: u16) {
         self.responses
             .get_or_create(&ResponseLabels {
-                route: route.to_string(),
+                route: RouteName(route.clone()),
                 code,
             })
             .inc();
     }
 
-    pub fn upstream_time(&self, route: &str, seconds: f64) {
+    pub fn upstream_time(&self, route: &Arc<str>, seconds: f64) {
         self.upstream_seconds
             .get_or_create(&RouteLabels {
-                route: route.to_string(),
+                route: RouteName(route.clone()),
             })
             .observe(seconds);
     }

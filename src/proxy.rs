@@ -31,6 +31,8 @@ use crate::route;
 /// A route ready to serve: its configuration plus what is derived from it once.
 pub struct CompiledRoute {
     pub config: RouteConfig,
+    /// The route's name, shared with metric labels and logs.
+    pub name: Arc<str>,
     /// `<scope>:<label>` per limit, in limit order.
     pub policies: Vec<Arc<str>>,
     pub upstream: Arc<UpstreamPool>,
@@ -55,6 +57,7 @@ impl Runtime {
             .iter()
             .map(|r| CompiledRoute {
                 config: r.clone(),
+                name: Arc::from(r.name.as_str()),
                 policies: r
                     .limits
                     .iter()
@@ -128,18 +131,19 @@ impl Proxy {
         let started = Instant::now();
         let runtime = self.runtime.load_full();
         let method = req.method().clone();
-        // The path without its query: queries can carry credentials.
-        let path = req.uri().path().to_string();
+        // Logged without its query: queries can carry credentials. (A Uri clone shares its
+        // bytes; nothing is copied.)
+        let uri = req.uri().clone();
         let handled = self.pipeline(&runtime, req, conn).await;
         let status = handled.response.status().as_u16();
-        let route_name = handled.route.as_deref().unwrap_or(NO_ROUTE);
-        self.metrics.response(route_name, status);
+        let route_name = handled.route.clone().unwrap_or_else(|| Arc::from(NO_ROUTE));
+        self.metrics.response(&route_name, status);
         let violated = handled.violated.join(",");
         tracing::info!(
             target: "tollgate::access",
             method = %method,
-            path = %path,
-            route = route_name,
+            path = uri.path(),
+            route = &*route_name,
             decision = handled.decision,
             policy = %violated,
             status,
@@ -166,7 +170,7 @@ impl Proxy {
             return local_error(None, RequestError::NoRoute);
         };
         let route = &rt.routes[index];
-        let route_name: Arc<str> = Arc::from(route.config.name.as_str());
+        let route_name = route.name.clone();
 
         // Step 3: who the request counts as, per limit.
         let server = &rt.config.server;
@@ -182,14 +186,12 @@ impl Proxy {
             .iter()
             .zip(&route.policies)
             .filter_map(|(limit, policy)| {
-                key::bucket_for(&limit.scope, &limit.key, &who, &self.hasher).map(|bucket| {
-                    PlannedLimit {
-                        policy: policy.clone(),
-                        bucket,
-                        requests: limit.requests,
-                        window_secs: limit.window_secs,
-                        shadow: limit.shadow || route.config.shadow,
-                    }
+                key::bucket_in(policy, &limit.key, &who, &self.hasher).map(|bucket| PlannedLimit {
+                    policy: policy.clone(),
+                    bucket,
+                    requests: limit.requests,
+                    window_secs: limit.window_secs,
+                    shadow: limit.shadow || route.config.shadow,
                 })
             })
             .collect();
