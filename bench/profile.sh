@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# bench/profile.sh - where tollgate spends its CPU under load (perf, software clock).
+#
+# Starts an upstream (nginx `return 200`, 1 worker) and one tollgate (1 tokio worker, pinned
+# to CPU_PROXY) on 127.0.0.1, loads it with wrk for WARMUP + SECONDS_PROF seconds, and records
+# a perf profile of the tollgate process during the loaded part (cpu-clock sampling: this VM
+# exposes no hardware counters; DWARF call graphs, since the release build has no frame
+# pointers). Writes the flat (self) and inclusive (children) reports next to perf.data.
+#
+# Usage: [KNOB=value ...] bench/profile.sh [memory|nolimit|pg-hot|pg-10k]   (default memory)
+# Knobs: SECONDS_PROF [8] CONNS [32] WARMUP [2] FREQ [499] BASE_PORT [19300] PIN [1]
+#        TOLLGATE_BIN [target/release/tollgate] (built with BUILD=1 [1])
+#        PG_URL [postgres://postgres@127.0.0.1:5432] (pg modes: database tollgate_bench_profile,
+#        created and dropped here)  OUT [bench/results/profile-<mode>-<UTC timestamp>]
+set -euo pipefail
+{
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$HERE/.." && pwd)
+MODE=${1:-memory}
+SECONDS_PROF=${SECONDS_PROF:-8}
+CONNS=${CONNS:-32}
+WARMUP=${WARMUP:-2}
+FREQ=${FREQ:-499}
+BASE_PORT=${BASE_PORT:-19300}
+PIN=${PIN:-1}
+BUILD=${BUILD:-1}
+TOLLGATE_BIN=${TOLLGATE_BIN:-$ROOT/target/release/tollgate}
+PG_URL=${PG_URL:-postgres://postgres@127.0.0.1:5432}
+OUT=${OUT:-$HERE/results/profile-$MODE-$(date -u +%Y%m%dT%H%M%SZ)}
+UP=$BASE_PORT; TG=$((BASE_PORT + 1)); ADM=$((BASE_PORT + 2))
+DB=tollgate_bench_profile
+
+case $MODE in memory | nolimit | pg-hot | pg-10k) ;; *) echo "unknown mode $MODE" >&2; exit 1 ;; esac
+command -v perf >/dev/null || { echo "missing perf (apt-get install -y linux-perf)" >&2; exit 1; }
+[[ $PIN == 1 ]] && P_PROXY=(taskset -c 1) P_LOAD=(taskset -c 0) || { P_PROXY=(); P_LOAD=(); }
+
+RUN=$(mktemp -d /tmp/tollgate-profile.XXXXXX); chmod 755 "$RUN"; mkdir -p "$RUN/upstream_tmp" "$OUT"
+PIDS=(); USED_DB=0
+finish() {
+  local rc=$? i
+  for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
+    kill -TERM "${PIDS[$i]}" 2>/dev/null || true
+    wait "${PIDS[$i]}" 2>/dev/null || true
+  done
+  ((USED_DB)) && psql "$PG_URL/postgres" -X -q -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" >/dev/null 2>&1 || true
+  cp "$RUN"/*.out "$RUN"/*.toml "$OUT/" 2>/dev/null || true
+  rm -rf "$RUN"
+  exit "$rc"
+}
+trap finish EXIT; trap 'exit 130' INT; trap 'exit 143' TERM
+wait_200() { local d=$((SECONDS + $2)); until [[ $(curl -s -o /dev/null -w '%{http_code}' --max-time 1 "$1" || true) == 200 ]]; do ((SECONDS < d)) || { echo "no 200 from $1" >&2; exit 1; }; sleep 0.2; done; }
+
+if [[ $BUILD == 1 ]]; then (cd "$ROOT" && cargo build --release --quiet); fi
+sed -e "s#{{RUN}}#$RUN#g" -e "s#{{PORT}}#$UP#g" "$HERE/conf/upstream.nginx.conf" >"$RUN/upstream.conf"
+"${P_LOAD[@]}" nginx -p "$RUN/" -c "$RUN/upstream.conf" >"$RUN/upstream.out" 2>&1 &
+PIDS+=("$!")
+wait_200 "http://127.0.0.1:$UP/" 10
+
+{
+  printf '[server]\nlisten = ["127.0.0.1:%s"]\nshutdown_timeout = "2s"\n\n[admin]\nlisten = "127.0.0.1:%s"\n\n' "$TG" "$ADM"
+  printf '[keys]\nsecret = "bench-only-secret-not-used-anywhere-else"\n\n[upstreams.app]\nurl = "http://127.0.0.1:%s"\n\n' "$UP"
+  if [[ $MODE == pg-* ]]; then printf '[store]\nurl = "%s/%s"\n\n' "$PG_URL" "$DB"; fi
+  printf '[[routes]]\nname = "bench"\nupstream = "app"\n'
+  case $MODE in
+    memory | pg-hot) printf '  [[routes.limits]]\n  key = "ip"\n  requests = 2000000000\n  window = "1h"\n' ;;
+    pg-10k) printf '  [[routes.limits]]\n  key = "header:authorization"\n  requests = 2000000000\n  window = "1h"\n' ;;
+  esac
+} >"$RUN/tollgate.toml"
+if [[ $MODE == pg-* ]]; then
+  PGOPTIONS="-c client_min_messages=warning" psql "$PG_URL/postgres" -X -q -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" -c "CREATE DATABASE $DB" >/dev/null
+  USED_DB=1
+fi
+env -u TOLLGATE_DATABASE_URL RUST_LOG=warn TOKIO_WORKER_THREADS=1 "${P_PROXY[@]}" "$TOLLGATE_BIN" \
+  --config "$RUN/tollgate.toml" run >"$RUN/tollgate.out" 2>&1 &
+TGPID=$!; PIDS+=("$TGPID")
+wait_200 "http://127.0.0.1:$ADM/readyz" 30
+
+LUA=(); [[ $MODE == pg-10k ]] && LUA=(-s "$HERE/lua/tokens.lua")
+timeout $((WARMUP + SECONDS_PROF + 30)) "${P_LOAD[@]}" wrk -t1 -c"$CONNS" -d"$((WARMUP + SECONDS_PROF))s" --latency \
+  "${LUA[@]}" "http://127.0.0.1:$TG/" >"$OUT/wrk.txt" 2>&1 &
+WRK=$!; PIDS+=("$WRK")
+sleep "$WARMUP"
+cpu_by_comm() {   # CPU seconds (user+system) so far, summed per command name
+  python3 - <<'PY'
+import os
+hz = os.sysconf("SC_CLK_TCK"); tot = {}
+for d in os.listdir("/proc"):
+    if d.isdigit():
+        try:
+            raw = open(f"/proc/{d}/stat").read()
+        except OSError:
+            continue
+        comm = raw[raw.index("(") + 1:raw.rindex(")")]
+        f = raw.rsplit(")", 1)[1].split()
+        tot[comm] = tot.get(comm, 0) + (int(f[11]) + int(f[12])) / hz
+for k, v in tot.items():
+    print(f"{k}\t{v:.2f}")
+PY
+}
+cpu_by_comm >"$RUN/cpu0.tsv"
+t0=$(date +%s.%N)
+timeout $((SECONDS_PROF + 30)) perf record -q -e cpu-clock -F "$FREQ" --call-graph dwarf,16384 \
+  -o "$OUT/perf.data" -p "$TGPID" -- sleep "$SECONDS_PROF" 2>"$OUT/perf-record.err" || true
+cpu_by_comm >"$RUN/cpu1.tsv"
+t1=$(date +%s.%N)
+wait "$WRK" || true
+# CPU (cores) per command name during the profiled seconds: who is busy besides tollgate
+# (perf itself shows up too)
+awk -F'\t' -v dt="$(echo "$t1 - $t0" | bc -l)" 'NR==FNR{a[$1]=$2; next} {d=$2-a[$1]; if (d/dt >= 0.02) printf "%-20s %.2f cores\n", $1, d/dt}' \
+  "$RUN/cpu0.tsv" "$RUN/cpu1.tsv" | sort -k2 -nr >"$OUT/cpu-by-process.txt"
+perf report -i "$OUT/perf.data" --stdio --no-children --sort dso,symbol --percent-limit 0.7 -g none \
+  >"$OUT/perf-self.txt" 2>/dev/null || true
+perf report -i "$OUT/perf.data" --stdio --children --sort symbol --percent-limit 3 -g none \
+  >"$OUT/perf-children.txt" 2>/dev/null || true
+echo "mode $MODE: $(grep -E '^Requests/sec' "$OUT/wrk.txt")  (while perf samples: lower than without it)"
+echo "CPU by process while profiling:"; cat "$OUT/cpu-by-process.txt"
+perf report -i "$OUT/perf.data" --stdio --no-children --sort dso -g none 2>/dev/null | grep -E '^ +[0-9]' | head -6 \
+  | tee "$OUT/perf-dso.txt"
+echo "self time, top entries ($OUT/perf-self.txt):"
+grep -E '^ +[0-9]' "$OUT/perf-self.txt" | head -25
+echo "inclusive (children) top entries ($OUT/perf-children.txt):"
+grep -E '^ +[0-9]' "$OUT/perf-children.txt" | head -30
+exit 0
+}
