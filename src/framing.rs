@@ -178,7 +178,26 @@ impl<S> FramingGuard<S> {
 
     /// Feeds head bytes; returns how many were consumed (up to the end of the head).
     fn head_bytes(&mut self, bytes: &[u8]) -> Result<usize, Refusal> {
-        for (n, &b) in bytes.iter().enumerate() {
+        let mut n = 0;
+        while n < bytes.len() {
+            // Ordinary bytes are copied a run at a time; only CR and LF need a closer look.
+            let run = bytes[n..]
+                .iter()
+                .position(|&b| b == b'\r' || b == b'\n')
+                .unwrap_or(bytes.len() - n);
+            if run > 0 {
+                if self.pending.last() == Some(&b'\r') {
+                    return Err(Refusal::BareLineFeed);
+                }
+                self.pending.extend_from_slice(&bytes[n..n + run]);
+                if self.pending.len() > MAX_HEAD {
+                    return Err(Refusal::HeadTooLarge);
+                }
+                n += run;
+                continue;
+            }
+            let b = bytes[n];
+            n += 1;
             // Line endings are checked byte by byte, not when the head is complete: hyper
             // sees these bytes as soon as this read returns, and it would accept a head
             // ended by bare LFs that never completes here.
@@ -199,12 +218,13 @@ impl<S> FramingGuard<S> {
                 return Err(Refusal::HeadTooLarge);
             }
             if self.pending.ends_with(b"\r\n\r\n") {
-                let head = std::mem::take(&mut self.pending);
-                let (next, upgrade) = self.judge_head(&head)?;
+                // Judged in place and cleared, so the buffer's capacity serves the next head.
+                let (next, upgrade) = self.judge_head(&self.pending)?;
+                self.pending.clear();
                 self.state = next;
                 self.upgrade_requested |= upgrade;
                 self.heads_seen += 1;
-                return Ok(n + 1);
+                return Ok(n);
             }
         }
         Ok(bytes.len())
@@ -441,8 +461,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for FramingGuard<S> {
         let before = buf.filled().len();
         let result = Pin::new(&mut self.inner).poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = result {
-            let fresh = buf.filled()[before..].to_vec();
-            if let Err(why) = self.inspect(&fresh) {
+            let verdict = self.inspect(&buf.filled()[before..]);
+            if let Err(why) = verdict {
                 // Nothing of a refused read reaches hyper.
                 buf.set_filled(before);
                 self.refuse(why);

@@ -274,6 +274,9 @@ pub struct PooledClient {
     client: Client,
     in_flight: AtomicBool,
     read_only: AtomicBool,
+    /// The increment, prepared once per connection: afterwards each statement is only
+    /// Bind/Execute (no parse or plan on the server).
+    increment: tokio::sync::OnceCell<tokio_postgres::Statement>,
 }
 
 impl std::ops::Deref for PooledClient {
@@ -309,6 +312,20 @@ impl PooledClient {
         result
     }
 
+    /// The prepared increment statement of this connection.
+    async fn increment_statement(
+        &self,
+    ) -> Result<&tokio_postgres::Statement, tokio_postgres::Error> {
+        self.increment
+            .get_or_try_init(|| {
+                self.run(self.client.prepare_typed(
+                    INCREMENT_SQL,
+                    &[Type::TEXT_ARRAY, Type::INT8_ARRAY, Type::INT8_ARRAY],
+                ))
+            })
+            .await
+    }
+
     fn unusable(&self) -> bool {
         self.client.is_closed()
             || self.in_flight.load(Ordering::Acquire)
@@ -330,6 +347,7 @@ impl bb8::ManageConnection for Manager {
             client,
             in_flight: AtomicBool::new(false),
             read_only: AtomicBool::new(false),
+            increment: tokio::sync::OnceCell::new(),
         })
     }
 
@@ -610,18 +628,12 @@ impl PostgresStore {
         }
         let (buckets, windows) = columns(batch)?;
         let amounts: Vec<i64> = batch.iter().map(|inc| i64::from(inc.by)).collect();
-        let params: [(&(dyn ToSql + Sync), Type); 3] = [
-            (&buckets, Type::TEXT_ARRAY),
-            (&windows, Type::INT8_ARRAY),
-            (&amounts, Type::INT8_ARRAY),
-        ];
+        let params: [&(dyn ToSql + Sync); 3] = [&buckets, &windows, &amounts];
         let result = self
             .bounded(async {
                 let conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
-                // query_typed sends Parse/Bind/Execute/Sync at once: one round trip per batch
-                // without a per-connection prepared-statement cache (a plain `query` with SQL
-                // text would prepare first, a second round trip).
-                conn.run(conn.query_typed(INCREMENT_SQL, &params))
+                let statement = conn.increment_statement().await.map_err(query_error)?;
+                conn.run(conn.query(statement, &params))
                     .await
                     .map_err(query_error)
             })
