@@ -149,3 +149,61 @@ async fn many_h2_streams_on_one_connection_are_queued_not_failed() {
     }
     assert_eq!(ok, 600);
 }
+
+/// A client that stops sending its body, or stops reading its response, holds nothing for
+/// longer than `idle_timeout`.
+#[tokio::test]
+async fn stalled_uploads_and_stalled_readers_are_cut_after_the_idle_timeout() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(config_from(
+        &server_with("idle_timeout = \"700ms\"\nheader_read_timeout = \"10s\""),
+        upstream.addr,
+        &[],
+    ))
+    .await;
+
+    // Headers promise 1,000 bytes; 10 arrive, then nothing.
+    let mut upload = TcpStream::connect(proxy.addr).await.expect("connect");
+    upload
+        .write_all(b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 1000\r\n\r\n0123456789")
+        .await
+        .expect("partial body");
+    let started = Instant::now();
+    let mut buf = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(5), upload.read_to_end(&mut buf)).await;
+    assert!(closed.is_ok(), "a stalled upload kept its connection");
+    assert!(
+        started.elapsed() >= Duration::from_millis(600),
+        "{:?}",
+        started.elapsed()
+    );
+
+    // A 50 MB download that the client never reads: once the socket buffers are full nothing
+    // moves, and the connection is closed.
+    let mut reader = TcpStream::connect(proxy.addr).await.expect("connect");
+    reader
+        .write_all(b"GET /big/52428800 HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await
+        .expect("request");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Now read: the stream must end well before 50 MB (it was cut), and soon.
+    let mut total = 0usize;
+    let mut chunk = vec![0u8; 64 * 1024];
+    let drained = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match reader.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => total += n,
+            }
+        }
+    })
+    .await;
+    assert!(
+        drained.is_ok(),
+        "a stalled reader's connection was never closed"
+    );
+    assert!(
+        total < 52_428_800,
+        "the whole response was delivered ({total} bytes)"
+    );
+}

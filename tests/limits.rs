@@ -780,3 +780,61 @@ async fn a_stalled_database_costs_at_most_the_timeout_and_then_nothing() {
         "the row counts past the limit once denied: {count}"
     );
 }
+
+/// Clients that vanish mid-decision neither lose nor double an increment: every request that
+/// reached the upstream is in the count, no request is counted twice, and counting goes on
+/// exactly afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vanishing_clients_neither_lose_nor_double_increments() {
+    let db = TestDb::new().await;
+    let upstream = Upstream::start().await;
+    let text = limited(&pg_store(&db), "\"global\"", 400, "366d", "");
+    let proxy = Proxy::start(config_from(&text, upstream.addr, &[])).await;
+    let mut tasks = Vec::new();
+    for i in 0..300 {
+        let addr = proxy.addr;
+        tasks.push(tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+            stream
+                .write_all(b"GET /limited HTTP/1.1\r\nHost: t\r\n\r\n")
+                .await
+                .expect("write");
+            if i % 2 == 0 {
+                // Gone before the answer.
+                drop(stream);
+            } else {
+                let mut buf = [0u8; 64];
+                let _ = stream.read(&mut buf).await;
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("task");
+    }
+    // Let decisions already under way finish.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let pg = db.client().await;
+    let counted: i32 = pg
+        .query_one("SELECT count FROM rate_limits", &[])
+        .await
+        .expect("row")
+        .get(0);
+    let forwarded = upstream.count() as i32;
+    assert!(counted <= 300, "{counted} increments for 300 requests");
+    assert!(
+        forwarded <= counted,
+        "{forwarded} forwarded but only {counted} counted"
+    );
+    // Exactly the rest of the budget is allowed now.
+    let client = h1_client();
+    let mut allowed = 0;
+    loop {
+        match get(&client, &proxy.url("/limited")).await.status {
+            StatusCode::OK => allowed += 1,
+            StatusCode::TOO_MANY_REQUESTS => break,
+            other => panic!("unexpected {other}"),
+        }
+    }
+    assert_eq!(allowed, 400 - counted, "counted {counted} before");
+}
