@@ -35,6 +35,17 @@ fn https_client(pki: &TestPki) -> HttpsClient {
     hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(connector)
 }
 
+/// A GET through `client`.
+async fn https_get(
+    client: &HttpsClient,
+    url: &str,
+) -> Result<http::Response<hyper::body::Incoming>, hyper_util::client::legacy::Error> {
+    let request = Request::get(url)
+        .body(Full::new(Bytes::new()))
+        .expect("request");
+    client.request(request).await
+}
+
 fn cert_toml(certs: &[&CertConfig]) -> String {
     certs
         .iter()
@@ -113,12 +124,7 @@ async fn https_is_verified_and_limited_like_plain_http() {
     let url = format!("https://localhost:{}/api/x", s.tls_addr.port());
     let mut statuses = Vec::new();
     for _ in 0..3 {
-        let response = client
-            .request(
-                Request::get(&url)
-                    .body(Full::new(Bytes::new()))
-                    .expect("request"),
-            )
+        let response = https_get(&client, &url)
             .await
             .expect("https request verifies against the test CA");
         statuses.push(response.status());
@@ -144,14 +150,7 @@ async fn alpn_negotiates_h2() {
     let s = setup().await;
     let client = https_client(&s.pki);
     let url = format!("https://localhost:{}/anything", s.tls_addr.port());
-    let response = client
-        .request(
-            Request::get(&url)
-                .body(Full::new(Bytes::new()))
-                .expect("request"),
-        )
-        .await
-        .expect("h2 request");
+    let response = https_get(&client, &url).await.expect("h2 request");
     assert_eq!(response.version(), Version::HTTP_2);
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(s.upstream.last().version, Version::HTTP_11);
@@ -241,12 +240,7 @@ async fn a_stalled_handshake_times_out_while_others_are_served() {
     let started = Instant::now();
     let client = https_client(&s.pki);
     let url = format!("https://localhost:{}/meanwhile", s.tls_addr.port());
-    let response = client
-        .request(
-            Request::get(&url)
-                .body(Full::new(Bytes::new()))
-                .expect("request"),
-        )
+    let response = https_get(&client, &url)
         .await
         .expect("served while another handshake stalls");
     assert_eq!(response.status(), StatusCode::OK);
