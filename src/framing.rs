@@ -116,10 +116,6 @@ impl<S> FramingGuard<S> {
         }
     }
 
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
     /// Runs the framing state machine over `bytes`; an error means they must not be handed on.
     fn inspect(&mut self, bytes: &[u8]) -> Result<(), Refusal> {
         let mut i = 0;
@@ -232,14 +228,7 @@ impl<S> FramingGuard<S> {
 
     /// Checks a complete head and says what follows it, and whether it asks for an upgrade.
     fn judge_head(&self, head: &[u8]) -> Result<(State, bool), Refusal> {
-        // Every LF must follow a CR and every CR precede an LF.
-        for (i, &b) in head.iter().enumerate() {
-            let lf_ok = b != b'\n' || (i > 0 && head[i - 1] == b'\r');
-            let cr_ok = b != b'\r' || head.get(i + 1) == Some(&b'\n');
-            if !lf_ok || !cr_ok {
-                return Err(Refusal::BareLineFeed);
-            }
-        }
+        // Line endings were already checked byte by byte in `head_bytes`.
         // An obsolete folded line starts with whitespace.
         if head
             .windows(3)

@@ -51,7 +51,8 @@ pub fn client_addr(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAd
     chosen
 }
 
-fn is_trusted(addr: IpAddr, trusted: &[IpNet]) -> bool {
+/// Whether `addr` (already canonical) lies in one of the trusted networks.
+pub fn is_trusted(addr: IpAddr, trusted: &[IpNet]) -> bool {
     trusted.iter().any(|net| net.contains(&addr))
 }
 

@@ -92,10 +92,6 @@ impl Limiter {
         }
     }
 
-    pub fn store(&self) -> &Arc<dyn Store> {
-        &self.store
-    }
-
     pub async fn decide(&self, plans: &[PlannedLimit]) -> Verdict {
         if plans.is_empty() {
             return Verdict::Allow {

@@ -18,7 +18,7 @@ use http_body::Body as _;
 use hyper::body::Incoming;
 
 use crate::body::ProxyBody;
-use crate::config::{Config, RateLimitHeaders, RouteConfig, StoreErrorPolicy};
+use crate::config::{Config, RouteConfig, StoreErrorPolicy};
 use crate::error::{RequestError, StartupError};
 use crate::forward::{ForwardRequest, UpstreamPool};
 use crate::headers;
@@ -110,21 +110,9 @@ impl Proxy {
         }
     }
 
-    pub fn runtime(&self) -> Arc<Runtime> {
-        self.runtime.load_full()
-    }
-
     /// Swaps in new rules for requests that start from now on.
     pub fn replace_runtime(&self, runtime: Runtime) {
         self.runtime.store(Arc::new(runtime));
-    }
-
-    pub fn limiter(&self) -> &Limiter {
-        &self.limiter
-    }
-
-    pub fn hasher(&self) -> &BucketHasher {
-        &self.hasher
     }
 
     pub async fn handle(&self, req: Request<Incoming>, conn: ConnInfo) -> Response<ProxyBody> {
@@ -242,10 +230,7 @@ impl Proxy {
         self.metrics.decision(&route_name, decision);
 
         // Step 5: forward.
-        let peer_trusted = server
-            .trusted_proxies
-            .iter()
-            .any(|net| net.contains(&key::canonical(conn.peer.ip())));
+        let peer_trusted = key::is_trusted(key::canonical(conn.peer.ip()), &server.trusted_proxies);
         let upstream_path = if route.config.strip_prefix {
             route::strip(&route.config.path_prefix, &path)
         } else {
@@ -374,9 +359,7 @@ fn rejection(
         headers.insert(header::CONTENT_TYPE, ct);
     }
     headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after));
-    if rt.config.server.rate_limit_headers != RateLimitHeaders::None {
-        headers::add_rate_limit_headers(headers, rt.config.server.rate_limit_headers, outcomes);
-    }
+    headers::add_rate_limit_headers(headers, rt.config.server.rate_limit_headers, outcomes);
     close_if_body_unread(req, &mut response);
     response
 }

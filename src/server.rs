@@ -190,7 +190,7 @@ impl Server {
                     listener,
                     metrics.clone(),
                     store.clone(),
-                    phase_rx.clone().into_stopped(),
+                    stopped(phase_rx.clone()),
                 )));
                 addr
             }
@@ -341,10 +341,6 @@ impl RunningServer {
         &self.store
     }
 
-    pub fn proxy(&self) -> &Arc<Proxy> {
-        &self.proxy
-    }
-
     /// Re-reads the configuration file (SIGHUP). On any error the old configuration keeps
     /// serving and the error is logged; returns whether the new one was applied.
     pub fn reload_from(&self, path: &Path, env: &dyn Fn(&str) -> Option<String>) -> bool {
@@ -379,9 +375,7 @@ impl RunningServer {
         {
             tracing::warn!("reload: connection settings (timeouts, max_connections) changed; they apply only after a restart");
         }
-        if format!("{:?}", config.store) != format!("{:?}", old.store)
-            || config.store.url != old.store.url
-        {
+        if config.store != old.store {
             tracing::warn!("reload: store settings changed; they apply only after a restart");
         }
         if config.keys.secret != old.keys.secret {
@@ -461,17 +455,13 @@ struct ConnSettings {
     idle_timeout: Duration,
 }
 
-trait StopSignal {
-    /// A future that resolves once the phase leaves Running.
-    fn into_stopped(self) -> Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
-}
-
-impl StopSignal for watch::Receiver<Phase> {
-    fn into_stopped(mut self) -> Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
-        Box::pin(async move {
-            let _ = self.wait_for(|p| *p != Phase::Running).await;
-        })
-    }
+/// A future that resolves once the phase leaves Running.
+fn stopped(
+    mut phase: watch::Receiver<Phase>,
+) -> Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+    Box::pin(async move {
+        let _ = phase.wait_for(|p| *p != Phase::Running).await;
+    })
 }
 
 async fn accept_loop(
@@ -483,18 +473,18 @@ async fn accept_loop(
     phase: watch::Receiver<Phase>,
     metrics: Arc<Metrics>,
 ) {
-    let mut stopped = phase.clone().into_stopped();
+    let mut stop = stopped(phase.clone());
     loop {
         let permit = tokio::select! {
             permit = permits.clone().acquire_owned() => match permit {
                 Ok(permit) => permit,
                 Err(_) => return,
             },
-            _ = &mut stopped => return,
+            _ = &mut stop => return,
         };
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
-            _ = &mut stopped => return,
+            _ = &mut stop => return,
         };
         let (stream, peer) = match accepted {
             Ok(pair) => pair,

@@ -72,7 +72,7 @@ pub struct AdminConfig {
     pub listen: SocketAddr,
 }
 
-#[derive(Clone)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct StoreConfig {
     /// `None` = the in-process memory store.
     pub url: Option<String>,
