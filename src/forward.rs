@@ -28,6 +28,8 @@ const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 pub struct UpstreamPool {
     pub config: Arc<UpstreamConfig>,
+    /// The upstream's name, shared with the access log.
+    pub name: Arc<str>,
     origins: Vec<(Scheme, Authority)>,
     next: AtomicUsize,
     client: Client<HttpsConnector<HttpConnector>, Incoming>,
@@ -35,9 +37,9 @@ pub struct UpstreamPool {
 
 /// Where and how one request goes upstream, decided by the proxy.
 pub struct ForwardRequest<'a> {
-    /// The normalised path to send (prefix already stripped when the route says so).
-    pub path: &'a str,
-    pub query: Option<&'a str>,
+    /// The normalised path (prefix already stripped when the route says so) and the query,
+    /// as sent upstream.
+    pub target: String,
     /// The authority the client asked for.
     pub client_authority: &'a str,
     pub forwarded: headers::ForwardedFor<'a>,
@@ -83,6 +85,7 @@ impl UpstreamPool {
             .set_host(false)
             .build(connector);
         Ok(UpstreamPool {
+            name: Arc::from(config.name.as_str()),
             config,
             origins,
             next: AtomicUsize::new(0),
@@ -103,11 +106,7 @@ impl UpstreamPool {
         fwd: ForwardRequest<'_>,
     ) -> Result<Response<Incoming>, RequestError> {
         let (scheme, authority) = self.pick();
-        let path_and_query = match fwd.query {
-            Some(q) => format!("{}?{}", fwd.path, q),
-            None => fwd.path.to_string(),
-        };
-        let path_and_query = PathAndQuery::try_from(path_and_query)
+        let path_and_query = PathAndQuery::try_from(fwd.target)
             .map_err(|_| RequestError::BadRequest("unusable request target"))?;
         let uri = Uri::builder()
             .scheme(scheme.clone())

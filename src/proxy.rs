@@ -92,7 +92,7 @@ struct Handled {
     decision: &'static str,
     /// The policies that denied it, if any.
     violated: Vec<Arc<str>>,
-    upstream: Option<String>,
+    upstream: Option<Arc<str>>,
 }
 
 impl Proxy {
@@ -231,15 +231,17 @@ impl Proxy {
 
         // Step 5: forward.
         let peer_trusted = key::is_trusted(key::canonical(conn.peer.ip()), &server.trusted_proxies);
-        let upstream_path = if route.config.strip_prefix {
+        let mut target = if route.config.strip_prefix {
             route::strip(&route.config.path_prefix, &path)
         } else {
-            path.clone()
+            path
         };
-        let query = req.uri().query().map(str::to_string);
+        if let Some(query) = req.uri().query() {
+            target.push('?');
+            target.push_str(query);
+        }
         let fwd = ForwardRequest {
-            path: &upstream_path,
-            query: query.as_deref(),
+            target,
             client_authority: &authority,
             forwarded: headers::ForwardedFor {
                 peer: conn.peer.ip(),
@@ -252,7 +254,7 @@ impl Proxy {
         let result = route.upstream.forward(req, fwd).await;
         self.metrics
             .upstream_time(&route_name, upstream_started.elapsed().as_secs_f64());
-        let upstream_name = Some(route.upstream.config.name.clone());
+        let upstream_name = Some(route.upstream.name.clone());
         match result {
             Ok(response) => {
                 let (mut parts, body) = response.into_parts();
