@@ -194,16 +194,10 @@ impl Clusters {
     /// initdb a primary that accepts replication from 127.0.0.1 without a password.
     async fn init_primary(&self, name: &str) {
         let mut initdb = self.command(&self.bin.initdb);
-        initdb.arg("-D").arg(self.data(name)).args([
-            "-U",
-            "postgres",
-            "-A",
-            "trust",
-            "--no-sync",
-            "--no-locale",
-            "-E",
-            "UTF8",
-        ]);
+        initdb
+            .arg("-D")
+            .arg(self.data(name))
+            .args(common::db::INITDB_ARGS);
         self.run("initdb", initdb).await;
         let hba = self.data(name).join("pg_hba.conf");
         let mut text = std::fs::read_to_string(&hba).expect("read pg_hba.conf");

@@ -27,38 +27,10 @@ const YEAR: u64 = 31_622_400;
 /// One day in seconds.
 const DAY: u64 = 86_400;
 
-/// A whole configuration: `server_extra` goes into `[server]`, `routes` before a final
-/// catch-all route `open` without limits.
-fn config_text(store: &str, server_extra: &str, routes: &str) -> String {
-    format!(
-        r#"
-[server]
-listen = ["127.0.0.1:0"]
-shutdown_timeout = "5s"
-{server_extra}
-
-[store]
-{store}
-
-[keys]
-secret = "test-secret"
-
-[upstreams.app]
-url = "http://@UPSTREAM@"
-
-{routes}
-
-[[routes]]
-name = "open"
-upstream = "app"
-"#
-    )
-}
-
 /// The `[store]` body: memory without a database, else this test's database.
 fn store_body(db: Option<&TestDb>) -> String {
     match db {
-        Some(db) => format!("url = \"{}\"\ntimeout = \"2s\"", db.url),
+        Some(db) => pg_store(db),
         None => String::new(),
     }
 }
@@ -310,7 +282,7 @@ upstream = "app"
 /// Runs the same sequence under `mode` and checks the draft and legacy fields as the mode says.
 async fn header_mode(mode: &str, draft: bool, legacy: bool) {
     let upstream = Upstream::start().await;
-    let text = config_text("", &format!("rate_limit_headers = \"{mode}\""), TWO_LIMITS);
+    let text = limits_config("", &format!("rate_limit_headers = \"{mode}\""), TWO_LIMITS);
     let proxy = start(&upstream, &text).await;
     let client = h1_client();
     let url = proxy.url("/r");
@@ -437,7 +409,7 @@ async fn headers_none_send_neither() {
 #[tokio::test]
 async fn headers_default_to_draft() {
     let upstream = Upstream::start().await;
-    let proxy = start(&upstream, &config_text("", "", TWO_LIMITS)).await;
+    let proxy = start(&upstream, &limits_config("", "", TWO_LIMITS)).await;
     let answer = get_with(&h1_client(), &proxy.url("/r"), &[("authorization", "x")]).await;
     assert_eq!(answer.status, StatusCode::OK);
     assert!(answer.header("ratelimit").is_some());
@@ -495,7 +467,7 @@ upstream = "app"
 
 async fn shadow_limits(db: Option<&TestDb>) {
     let upstream = Upstream::start().await;
-    let text = config_text(
+    let text = limits_config(
         &store_body(db),
         "rate_limit_headers = \"both\"",
         SHADOW_ROUTES,
@@ -601,7 +573,7 @@ upstream = "app"
   content_type = "application/json"
   body = '{"error":"slow down"}'
 "#;
-    let proxy = start(&upstream, &config_text("", "", routes)).await;
+    let proxy = start(&upstream, &limits_config("", "", routes)).await;
     let client = h1_client();
     assert_eq!(
         get(&client, &proxy.url("/guarded")).await.status,
@@ -643,7 +615,7 @@ upstream = "app"
   requests = 2
   window = "366d"
 "#;
-    let proxy = start(&upstream, &config_text("", "", routes)).await;
+    let proxy = start(&upstream, &limits_config("", "", routes)).await;
     let client = h1_client();
     let url = proxy.url("/api");
     for i in 0..10 {
@@ -701,7 +673,7 @@ upstream = "app"
   requests = 2
   window = "366d"
 "#;
-    let proxy = start(&upstream, &config_text(&store_body(db), "", routes)).await;
+    let proxy = start(&upstream, &limits_config(&store_body(db), "", routes)).await;
     let client = h1_client();
     let url = proxy.url("/t");
     for i in 0..6 {
@@ -796,7 +768,7 @@ upstream = "app"
   requests = 1
   window = "366d"
 "#;
-    let text = config_text(
+    let text = limits_config(
         &store_body(db),
         "trusted_proxies = [\"127.0.0.0/8\"]",
         routes,
@@ -894,7 +866,7 @@ upstream = "app"
   requests = 3
   window = "366d"
 "#;
-    let proxy = start(&upstream, &config_text(&store_body(db), "", routes)).await;
+    let proxy = start(&upstream, &limits_config(&store_body(db), "", routes)).await;
     let client = h1_client();
     for (path, left) in [("/a", 2u64), ("/b", 1), ("/a/x", 0)] {
         let answer = get(&client, &proxy.url(path)).await;
@@ -973,7 +945,7 @@ upstream = "app"
   requests = 100
   window = "366d"
 "#;
-    let proxy = start(&upstream, &config_text("", "", routes)).await;
+    let proxy = start(&upstream, &limits_config("", "", routes)).await;
     let client = h1_client();
     let url = proxy.url("/multi");
     let call = |user: &'static str, org: &'static str| {
@@ -1077,7 +1049,7 @@ upstream = "app"
   window = "366d"
   shadow = true
 "#;
-    let proxy = start(&upstream, &config_text("", "", routes)).await;
+    let proxy = start(&upstream, &limits_config("", "", routes)).await;
     let client = h1_client();
     let expected = [
         StatusCode::OK,                // allowed
@@ -1146,7 +1118,7 @@ upstream = "app"
   requests = 1
   window = "366d"
 "#;
-    let proxy = start(&upstream, &config_text("", "", routes)).await;
+    let proxy = start(&upstream, &limits_config("", "", routes)).await;
     let client = h1_client();
     let url = proxy.url("/api");
     for i in 0..5 {

@@ -216,6 +216,18 @@ async fn answers(url: &str) -> Result<(), String> {
 }
 
 /// Makes and starts a cluster of its own; returns its URL.
+/// initdb options for a throwaway cluster: trust auth for `postgres`, no fsync, no locale.
+pub const INITDB_ARGS: [&str; 8] = [
+    "-U",
+    "postgres",
+    "-A",
+    "trust",
+    "--no-sync",
+    "--no-locale",
+    "-E",
+    "UTF8",
+];
+
 fn start_throwaway(rt: &tokio::runtime::Runtime) -> Result<String, String> {
     let initdb = find_tool("initdb")?;
     let pg_ctl = find_tool("pg_ctl")?;
@@ -236,16 +248,7 @@ fn start_throwaway(rt: &tokio::runtime::Runtime) -> Result<String, String> {
     let dir = run_output(command("mktemp").args(["-d", "/tmp/tollgate-test-pg.XXXXXX"]))?;
     let dir = PathBuf::from(dir.trim());
     let data = dir.join("data");
-    run_output(command(&initdb).arg("-D").arg(&data).args([
-        "-U",
-        "postgres",
-        "-A",
-        "trust",
-        "--no-sync",
-        "--no-locale",
-        "-E",
-        "UTF8",
-    ]))?;
+    run_output(command(&initdb).arg("-D").arg(&data).args(INITDB_ARGS))?;
 
     let port = TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())

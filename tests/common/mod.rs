@@ -322,6 +322,42 @@ impl Proxy {
     }
 }
 
+/// A whole configuration for limit tests: `server_extra` goes into `[server]` (a following
+/// `[admin]` table works too), `store` is the body of `[store]`, `routes` come before a final
+/// catch-all route `open` without limits; the key secret is `test-secret` and the upstream
+/// `app` is `@UPSTREAM@`.
+pub fn limits_config(store: &str, server_extra: &str, routes: &str) -> String {
+    format!(
+        r#"
+[server]
+listen = ["127.0.0.1:0"]
+shutdown_timeout = "5s"
+{server_extra}
+
+[store]
+{store}
+
+[keys]
+secret = "test-secret"
+
+[upstreams.app]
+url = "http://@UPSTREAM@"
+
+{routes}
+
+[[routes]]
+name = "open"
+upstream = "app"
+"#
+    )
+}
+
+/// The `[store]` body for this test's database, with a timeout generous enough for a busy
+/// machine.
+pub fn pg_store(db: &db::TestDb) -> String {
+    format!("url = \"{}\"\ntimeout = \"2s\"", db.url)
+}
+
 /// The listen/upstream preamble most tests share.
 pub const BASE: &str = r#"
 [server]
