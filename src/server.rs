@@ -22,7 +22,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -37,6 +37,7 @@ use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinHandle;
 
 use crate::admin;
+use crate::body::ProxyBody;
 use crate::config::{self, Config};
 use crate::error::StartupError;
 use crate::framing::FramingGuard;
@@ -546,10 +547,24 @@ async fn serve_connection<S>(
         inner: stream,
         activity: activity.clone(),
     });
+    let requests = activity.clone();
     let service = service_fn(move |req| {
         let proxy = proxy.clone();
-        async move { Ok::<_, Infallible>(proxy.handle(req, info).await) }
+        let in_flight = InFlight::start(requests.clone());
+        async move {
+            let response = proxy.handle(req, info).await;
+            // The request stays in progress until its body has been sent (or dropped).
+            Ok::<_, Infallible>(response.map(|body| CountedBody {
+                body,
+                _in_flight: in_flight,
+            }))
+        }
     });
+    // HTTP/2 peers are pinged often enough that a dead one is dropped within about the idle
+    // timeout even while a request is in flight (when no idle rule applies).
+    let h2_ping = H2_KEEPALIVE
+        .min(settings.idle_timeout / 2)
+        .max(Duration::from_millis(100));
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -559,8 +574,8 @@ async fn serve_connection<S>(
     builder
         .http2()
         .timer(TokioTimer::new())
-        .keep_alive_interval(Some(H2_KEEPALIVE))
-        .keep_alive_timeout(H2_KEEPALIVE)
+        .keep_alive_interval(Some(h2_ping))
+        .keep_alive_timeout(h2_ping)
         .max_concurrent_streams(H2_MAX_STREAMS)
         .max_header_list_size(crate::framing::MAX_HEAD as u32);
     let conn = builder.serve_connection_with_upgrades(io, service);
@@ -621,24 +636,90 @@ async fn run_coarse_clock() {
 }
 
 /// When bytes last moved on a connection (on the coarse clock).
+///
+/// A connection is idle when no byte has moved for the idle timeout (a stalled upload, a
+/// client that stopped reading, a dead peer), or when no request has been in progress for it.
+/// The second rule is what closes an idle HTTP/2 connection whose peer keeps answering pings:
+/// the pings themselves move bytes.
 struct Activity {
-    last_ms: AtomicU64,
+    last_byte_ms: AtomicU64,
+    last_request_ms: AtomicU64,
+    in_flight: AtomicU32,
 }
 
 impl Activity {
     fn new() -> Self {
+        let now = coarse_now_ms();
         Activity {
-            last_ms: AtomicU64::new(coarse_now_ms()),
+            last_byte_ms: AtomicU64::new(now),
+            last_request_ms: AtomicU64::new(now),
+            in_flight: AtomicU32::new(0),
         }
     }
 
     fn touch(&self) {
-        self.last_ms.store(coarse_now_ms(), Ordering::Relaxed);
+        self.last_byte_ms.store(coarse_now_ms(), Ordering::Relaxed);
     }
 
+    /// How long the connection has been idle by either rule.
     fn quiet_for(&self) -> Duration {
-        let last = self.last_ms.load(Ordering::Relaxed);
-        Duration::from_millis(coarse_now_ms().saturating_sub(last))
+        let now = coarse_now_ms();
+        let bytes = now.saturating_sub(self.last_byte_ms.load(Ordering::Relaxed));
+        let requests = if self.in_flight.load(Ordering::Acquire) > 0 {
+            0
+        } else {
+            now.saturating_sub(self.last_request_ms.load(Ordering::Relaxed))
+        };
+        Duration::from_millis(bytes.max(requests))
+    }
+}
+
+/// One request in progress on a connection, from its headers until its response body is done.
+struct InFlight(Arc<Activity>);
+
+/// A response body that keeps its request counted as in progress until hyper drops it.
+struct CountedBody {
+    body: ProxyBody,
+    _in_flight: InFlight,
+}
+
+impl http_body::Body for CountedBody {
+    type Data = bytes::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, hyper::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl InFlight {
+    fn start(activity: Arc<Activity>) -> Self {
+        activity.in_flight.fetch_add(1, Ordering::AcqRel);
+        activity
+            .last_request_ms
+            .store(coarse_now_ms(), Ordering::Relaxed);
+        InFlight(activity)
+    }
+}
+
+impl Drop for InFlight {
+    // Also on cancellation: a request whose client went away no longer counts.
+    fn drop(&mut self) {
+        self.0
+            .last_request_ms
+            .store(coarse_now_ms(), Ordering::Relaxed);
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

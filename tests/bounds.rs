@@ -207,3 +207,92 @@ async fn stalled_uploads_and_stalled_readers_are_cut_after_the_idle_timeout() {
         "the whole response was delivered ({total} bytes)"
     );
 }
+
+/// An HTTP/2 client that keeps answering pings but sends no request is still closed after
+/// the idle timeout: the pings move bytes, so idleness is judged by requests too.
+#[tokio::test]
+async fn an_idle_http2_client_that_answers_pings_is_closed() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(config_from(
+        &server_with("idle_timeout = \"800ms\""),
+        upstream.addr,
+        &[],
+    ))
+    .await;
+    let stream = TcpStream::connect(proxy.addr).await.expect("connect");
+    let (mut sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .expect("h2 handshake");
+    let connection = tokio::spawn(connection);
+    let request = Request::get(proxy.url("/once"))
+        .body(Full::new(Bytes::new()))
+        .expect("request");
+    let response = sender.send_request(request).await.expect("response");
+    assert_eq!(response.status(), StatusCode::OK);
+    drop(response);
+    let started = Instant::now();
+    // The server pings every 400 ms here and the client answers; the connection must end anyway.
+    let ended = tokio::time::timeout(Duration::from_secs(5), connection).await;
+    assert!(
+        ended.is_ok(),
+        "an idle HTTP/2 connection answering pings stayed open"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(500),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+/// A peer that stops answering (here: a relay that stalls) is dropped within about the idle
+/// timeout even while its request is still in flight: by the unanswered keep-alive pings or
+/// by the silence, whichever comes first (this test does not tell them apart).
+#[tokio::test]
+async fn a_dead_http2_peer_is_dropped_with_its_request_in_flight() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(config_from(
+        &server_with("idle_timeout = \"2s\""),
+        upstream.addr,
+        &[],
+    ))
+    .await;
+    let relay = common::faulty::FaultyTcp::start(proxy.addr, true).await;
+    let stream = TcpStream::connect(relay.addr).await.expect("connect");
+    let (mut sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .expect("h2 handshake");
+    tokio::spawn(connection);
+    let request = Request::get(proxy.url("/slow/10000"))
+        .body(Full::new(Bytes::new()))
+        .expect("request");
+    tokio::spawn(async move {
+        let _ = sender.send_request(request).await;
+    });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while upstream.count() == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "request never reached the upstream"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let open = || proxy.server().metrics().open_connections.get();
+    assert_eq!(open(), 1);
+    relay.stall();
+    let stalled_at = Instant::now();
+    while open() > 0 {
+        assert!(
+            stalled_at.elapsed() < Duration::from_secs(8),
+            "a peer that answers no ping kept its connection"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Well before the slow response (10 s) could have ended the request.
+    assert!(stalled_at.elapsed() < Duration::from_secs(8));
+}
