@@ -29,8 +29,9 @@
 #   SOAK [1]  SOAK_SECONDS [300]  SOAK_CONNS [1000]  SOAK_INTERVAL [5] s between two requests
 #             on one connection (1000 connections / 5 s = ~200 req/s of light load)
 #   PIN [1]: proxy under test on CPU_PROXY [1]; wrk/h2load and the upstream on CPU_LOAD [0]
-#   TOLLGATE_THREADS [1]: tokio worker threads (TOKIO_WORKER_THREADS; tollgate has no option
-#             for it, its runtime defaults to one worker per core); 0 = tokio's default
+#   WORKERS [1]: tollgate's connection workers (`server.workers`, like nginx's one worker)
+#   TOLLGATE_THREADS [1]: threads of tollgate's main runtime (store, admin, sweep), through
+#             TOKIO_WORKER_THREADS; 0 = tokio's default (one per core)
 #   PG_URL [postgres://postgres@127.0.0.1:5432]  (loopback only; trust auth; the script creates
 #             and drops databases tollgate_bench_<mode>)   PG_STATS_WAIT [11] s (see below)
 #   BUILD [1]: cargo build --release first; TOLLGATE_BIN [target/release/tollgate]
@@ -93,6 +94,7 @@ PIN=${PIN:-1}
 CPU_PROXY=${CPU_PROXY:-1}
 CPU_LOAD=${CPU_LOAD:-0}
 TOLLGATE_THREADS=${TOLLGATE_THREADS:-1}
+WORKERS=${WORKERS:-1}
 PG_URL=${PG_URL:-postgres://postgres@127.0.0.1:5432}
 PG_STATS_WAIT=${PG_STATS_WAIT:-11}
 BUILD=${BUILD:-1}
@@ -250,6 +252,7 @@ header_read_timeout = "10s"
 idle_timeout = "60s"
 max_connections = 10000
 shutdown_timeout = "2s"
+workers = $WORKERS
 
 [admin]
 listen = "127.0.0.1:$aport"
@@ -314,7 +317,7 @@ done
   echo "wrk: $(wrk -v 2>&1 | head -1 | cut -d' ' -f1-2)"
   command -v h2load >/dev/null && echo "h2load: $(h2load --version)"
   echo "tollgate: $("$TOLLGATE_BIN" --version 2>&1 | head -1); commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')$( [[ -n $(git -C "$ROOT" status --porcelain -- src Cargo.toml Cargo.lock migrations 2>/dev/null) ]] && echo ' + uncommitted changes in src/')"
-  echo "tollgate runtime: TOKIO_WORKER_THREADS=${TOLLGATE_THREADS/#0/default} (no config option for worker threads)"
+  echo "tollgate runtime: server.workers=$WORKERS connection workers; main runtime TOKIO_WORKER_THREADS=${TOLLGATE_THREADS/#0/default}"
   ((NEEDS_PG)) && echo "postgres: $(psql_admin -tAc 'SHOW server_version') at $PG_URL; DB statements from $STATS_METHOD"
   echo "loadavg_before: $(cat /proc/loadavg)"
   echo "params: RUNS=$RUNS DURATION=${DURATION}s WARMUP=${WARMUP}s CONNS='$CONNS' PROTOS='$PROTOS' H2_STREAMS=$H2_STREAMS wrk -t1 h2load -t1"
@@ -365,7 +368,8 @@ for t in "${ORDER[@]}"; do
     wait_200 "${URL[$t]}" 10
   fi
   threads=$(cat /proc/"${PIDOF[$t]}"/task/*/comm 2>/dev/null | grep -c '^tokio-rt-worker' || true)
-  echo "ready: $t ${URL[$t]} (pid ${PIDOF[$t]}, $(ls /proc/"${PIDOF[$t]}"/task | wc -l) threads, $threads tokio workers, affinity $(taskset -cp "${PIDOF[$t]}" | sed 's/.*: //'))" | tee -a "$OUT/env.txt"
+  workers=$(cat /proc/"${PIDOF[$t]}"/task/*/comm 2>/dev/null | grep -c '^tollgate-worker' || true)
+  echo "ready: $t ${URL[$t]} (pid ${PIDOF[$t]}, $(ls /proc/"${PIDOF[$t]}"/task | wc -l) threads: $workers connection workers, $threads main-runtime workers; affinity $(taskset -cp "${PIDOF[$t]}" | sed 's/.*: //'))" | tee -a "$OUT/env.txt"
 done
 metric_names=(tollgate_store_round_trips_total tollgate_store_errors_total)
 for t in "${ORDER[@]}"; do

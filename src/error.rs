@@ -57,4 +57,6 @@ pub enum StartupError {
     Store(String),
     #[error("{0}")]
     Upstream(String),
+    #[error("cannot start a connection worker: {0}")]
+    Runtime(io::Error),
 }

@@ -6,6 +6,7 @@
 //! the upstream's `Incoming` comes back the same way, trailers included. HTTP/1.1 upgrades
 //! (WebSocket) are forwarded as upgrades and both sides are spliced after `101`.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,13 +27,28 @@ use crate::headers;
 /// How long an idle pooled upstream connection is kept.
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
+thread_local! {
+    /// Which connection worker runs on this thread (0 on any other thread).
+    static WORKER: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Marks the current thread as connection worker `index`, so that it uses its own upstream
+/// client (see [`UpstreamPool`]).
+pub fn set_worker_index(index: usize) {
+    WORKER.with(|w| w.set(index));
+}
+
 pub struct UpstreamPool {
     pub config: Arc<UpstreamConfig>,
     /// The upstream's name, shared with the access log.
     pub name: Arc<str>,
     origins: Vec<(Scheme, Authority)>,
     next: AtomicUsize,
-    client: Client<HttpsConnector<HttpConnector>, Incoming>,
+    /// One pooled client per connection worker. A client's connections are driven by tasks
+    /// on the runtime that opened them; with one client per worker, a request and the
+    /// upstream connection that carries it stay on one thread, with no cross-thread wake-up
+    /// per request.
+    clients: Vec<Client<HttpsConnector<HttpConnector>, Incoming>>,
 }
 
 /// Where and how one request goes upstream, decided by the proxy.
@@ -46,7 +62,8 @@ pub struct ForwardRequest<'a> {
 }
 
 impl UpstreamPool {
-    pub fn new(config: Arc<UpstreamConfig>) -> Result<Self, StartupError> {
+    /// `workers`: the number of connection workers (one client each).
+    pub fn new(config: Arc<UpstreamConfig>, workers: usize) -> Result<Self, StartupError> {
         let mut origins = Vec::with_capacity(config.urls.len());
         for url in &config.urls {
             let (Some(scheme), Some(authority)) = (url.scheme(), url.authority()) else {
@@ -76,21 +93,31 @@ impl UpstreamPool {
         } else {
             builder.enable_http1().wrap_connector(http)
         };
-        let client = Client::builder(TokioExecutor::new())
+        let mut builder = Client::builder(TokioExecutor::new());
+        builder
             .timer(TokioTimer::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             .http2_only(config.http2)
             // We set Host ourselves (preserve_host); the client must not add another.
-            .set_host(false)
-            .build(connector);
+            .set_host(false);
+        let clients = (0..workers.max(1))
+            .map(|_| builder.build(connector.clone()))
+            .collect();
         Ok(UpstreamPool {
             name: Arc::from(config.name.as_str()),
             config,
             origins,
             next: AtomicUsize::new(0),
-            client,
+            clients,
         })
+    }
+
+    /// This thread's client: its worker's own (the modulo covers a thread that is not a
+    /// worker, and a pool built for fewer workers).
+    fn client(&self) -> &Client<HttpsConnector<HttpConnector>, Incoming> {
+        let worker = WORKER.with(Cell::get);
+        &self.clients[worker % self.clients.len()]
     }
 
     /// Round robin over the upstream's origins.
@@ -157,7 +184,7 @@ impl UpstreamPool {
             Version::HTTP_11
         };
 
-        let sent = tokio::time::timeout(self.config.response_timeout, self.client.request(req));
+        let sent = tokio::time::timeout(self.config.response_timeout, self.client().request(req));
         let mut response = match sent.await {
             Ok(Ok(response)) => response,
             Ok(Err(err)) => return Err(RequestError::UpstreamUnreachable(describe(&err))),

@@ -50,7 +50,7 @@ impl Runtime {
         let pools: Vec<Arc<UpstreamPool>> = config
             .upstreams
             .iter()
-            .map(|u| UpstreamPool::new(u.clone()).map(Arc::new))
+            .map(|u| UpstreamPool::new(u.clone(), config.server.worker_count()).map(Arc::new))
             .collect::<Result<_, _>>()?;
         let routes = config
             .routes

@@ -395,3 +395,57 @@ fn explain_names_route_limits_and_decision() {
         .expect("run explain");
     assert!(String::from_utf8_lossy(&out.stdout).contains("route       none"));
 }
+
+/// `server.workers`: that many connection workers (named threads) serve, one memory store
+/// counts for all of them, and SIGTERM still ends the process cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_serve_together_and_share_one_limit() {
+    let upstream = Upstream::start().await;
+    let text = config_text(&upstream, 25).replace(
+        "shutdown_timeout = \"5s\"",
+        "shutdown_timeout = \"5s\"\nworkers = 3",
+    );
+    let process = Process::start(&temp_config("workers", &text));
+    let addr: std::net::SocketAddr = process.address("listening").await.parse().expect("address");
+    let workers = process
+        .wait_for("the start line", |v| {
+            (v["message"] == "tollgate started").then(|| v["workers"].as_u64())?
+        })
+        .await;
+    assert_eq!(workers, 3);
+    // Thread names are cut to 15 bytes by the kernel: "tollgate-worker".
+    let tasks = std::fs::read_dir(format!("/proc/{}/task", process.child.id())).expect("tasks");
+    let worker_threads = tasks
+        .filter_map(Result::ok)
+        .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
+        .filter(|name| name.trim_end() == "tollgate-worker")
+        .count();
+    assert_eq!(worker_threads, 3);
+
+    // 60 requests, each on its own connection, all at once: whichever worker accepts a
+    // connection, exactly the limit's 25 are allowed.
+    let requests = (0..60).map(|_| {
+        tokio::spawn(raw_exchange(
+            addr,
+            b"GET /x HTTP/1.1\r\nHost: a.example.test\r\nConnection: close\r\n\r\n",
+            Duration::from_secs(5),
+        ))
+    });
+    let mut allowed = 0;
+    let mut limited = 0;
+    for answer in futures_util::future::join_all(requests).await {
+        let answer = answer.expect("task");
+        if answer.starts_with("HTTP/1.1 200") {
+            allowed += 1;
+        } else if answer.starts_with("HTTP/1.1 429") {
+            limited += 1;
+        } else {
+            panic!("unexpected answer: {answer}");
+        }
+    }
+    assert_eq!((allowed, limited), (25, 35));
+    assert_eq!(upstream.count(), 25);
+
+    let (code, lines) = process.stop().await;
+    assert_eq!(code, Some(0), "{}", lines.join("\n"));
+}

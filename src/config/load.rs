@@ -58,6 +58,9 @@ const MAX_DURATION_SECS: u64 = 366 * 86_400;
 /// below what would make a semaphore constructor panic.
 const MAX_CONNECTIONS: i64 = 10_000_000;
 
+/// Upper bound for `server.workers`: each worker is an OS thread with its own runtime.
+const MAX_WORKERS: i64 = 1024;
+
 /// One problem in the configuration file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
@@ -735,6 +738,7 @@ const SERVER_KEYS: &[&str] = &[
     "max_connections",
     "shutdown_timeout",
     "rate_limit_headers",
+    "workers",
     "certs",
 ];
 const CERT_KEYS: &[&str] = &["cert", "key"];
@@ -835,6 +839,14 @@ fn read_server(cx: &mut Cx<'_>, node: Option<Node<'_>>) -> Option<ServerConfig> 
         None => Some(10_000),
     };
     let shutdown_timeout = cx.duration_or(t.get("shutdown_timeout"), Duration::from_secs(30));
+    // Absent = one worker per CPU the process may run on, decided at start.
+    let workers = match t.get("workers") {
+        Some(n) => cx
+            .integer(&n, 1, MAX_WORKERS)
+            .and_then(|i| usize::try_from(i).ok())
+            .map(Some),
+        None => Some(None),
+    };
     let rate_limit_headers = match t.get("rate_limit_headers") {
         Some(n) => cx.choice(
             &n,
@@ -883,6 +895,7 @@ fn read_server(cx: &mut Cx<'_>, node: Option<Node<'_>>) -> Option<ServerConfig> 
         max_connections: max_connections?,
         shutdown_timeout: shutdown_timeout?,
         rate_limit_headers: rate_limit_headers?,
+        workers: workers?,
         certs: certs?,
     })
 }
@@ -2150,6 +2163,10 @@ body = '{"error":"slow down"}'
         assert_eq!(s.max_connections, 1);
         assert_eq!(s.shutdown_timeout, Duration::from_secs(3600));
         assert_eq!(s.rate_limit_headers, RateLimitHeaders::Both);
+        assert_eq!(s.workers, None, "absent: decided at start");
+        assert!(s.worker_count() >= 1);
+        let c = load_ok("[server]\nworkers = 3\n");
+        assert_eq!((c.server.workers, c.server.worker_count()), (Some(3), 3));
         for (v, want) in [
             ("legacy", RateLimitHeaders::Legacy),
             ("none", RateLimitHeaders::None),
@@ -3012,6 +3029,15 @@ body = '{"error":"slow down"}'
             "server.max_connections",
             "between 1",
         );
+        for bad in ["0", "1025"] {
+            assert_error(
+                &format!("[server]\nworkers = {bad}\n"),
+                2,
+                11,
+                "server.workers",
+                "between 1 and 1024",
+            );
+        }
         assert_error(
             "[server]\nrate_limit_headers = \"ietf\"\n",
             2,

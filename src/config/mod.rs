@@ -48,8 +48,23 @@ pub struct ServerConfig {
     pub max_connections: usize,
     pub shutdown_timeout: Duration,
     pub rate_limit_headers: RateLimitHeaders,
+    /// Threads serving connections, each with its own single-threaded runtime; `None` = one
+    /// per CPU the process may run on.
+    pub workers: Option<usize>,
     /// The first is the default certificate.
     pub certs: Vec<CertConfig>,
+}
+
+impl ServerConfig {
+    /// How many connection-serving workers to start: `workers`, or one per CPU this process
+    /// may run on (its affinity mask and cgroup quota, as `nproc` counts them).
+    pub fn worker_count(&self) -> usize {
+        self.workers.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        })
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
