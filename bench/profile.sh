@@ -70,7 +70,7 @@ if [[ $MODE == pg-* ]]; then
   PGOPTIONS="-c client_min_messages=warning" psql "$PG_URL/postgres" -X -q -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" -c "CREATE DATABASE $DB" >/dev/null
   USED_DB=1
 fi
-env -u TOLLGATE_DATABASE_URL RUST_LOG=warn TOKIO_WORKER_THREADS=1 "${P_PROXY[@]}" "$TOLLGATE_BIN" \
+env -u TOLLGATE_DATABASE_URL RUST_LOG=warn "${P_PROXY[@]}" "$TOLLGATE_BIN" \
   --config "$RUN/tollgate.toml" run >"$RUN/tollgate.out" 2>&1 &
 TGPID=$!; PIDS+=("$TGPID")
 wait_200 "http://127.0.0.1:$ADM/readyz" 30

@@ -30,8 +30,6 @@
 #             on one connection (1000 connections / 5 s = ~200 req/s of light load)
 #   PIN [1]: proxy under test on CPU_PROXY [1]; wrk/h2load and the upstream on CPU_LOAD [0]
 #   WORKERS [1]: tollgate's connection workers (`server.workers`, like nginx's one worker)
-#   TOLLGATE_THREADS [1]: threads of tollgate's main runtime (store, admin, sweep), through
-#             TOKIO_WORKER_THREADS; 0 = tokio's default (one per core)
 #   PG_URL [postgres://postgres@127.0.0.1:5432]  (loopback only; trust auth; the script creates
 #             and drops databases tollgate_bench_<mode>)   PG_STATS_WAIT [11] s (see below)
 #   BUILD [1]: cargo build --release first; TOLLGATE_BIN [target/release/tollgate]
@@ -93,7 +91,6 @@ SOAK_INTERVAL=${SOAK_INTERVAL:-5}
 PIN=${PIN:-1}
 CPU_PROXY=${CPU_PROXY:-1}
 CPU_LOAD=${CPU_LOAD:-0}
-TOLLGATE_THREADS=${TOLLGATE_THREADS:-1}
 WORKERS=${WORKERS:-1}
 PG_URL=${PG_URL:-postgres://postgres@127.0.0.1:5432}
 PG_STATS_WAIT=${PG_STATS_WAIT:-11}
@@ -317,7 +314,7 @@ done
   echo "wrk: $(wrk -v 2>&1 | head -1 | cut -d' ' -f1-2)"
   command -v h2load >/dev/null && echo "h2load: $(h2load --version)"
   echo "tollgate: $("$TOLLGATE_BIN" --version 2>&1 | head -1); commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')$( [[ -n $(git -C "$ROOT" status --porcelain -- src Cargo.toml Cargo.lock migrations 2>/dev/null) ]] && echo ' + uncommitted changes in src/')"
-  echo "tollgate runtime: server.workers=$WORKERS connection workers; main runtime TOKIO_WORKER_THREADS=${TOLLGATE_THREADS/#0/default}"
+  echo "tollgate runtime: server.workers=$WORKERS (worker 0 is the main thread)"
   ((NEEDS_PG)) && echo "postgres: $(psql_admin -tAc 'SHOW server_version') at $PG_URL; DB statements from $STATS_METHOD"
   echo "loadavg_before: $(cat /proc/loadavg)"
   echo "params: RUNS=$RUNS DURATION=${DURATION}s WARMUP=${WARMUP}s CONNS='$CONNS' PROTOS='$PROTOS' H2_STREAMS=$H2_STREAMS wrk -t1 h2load -t1"
@@ -353,9 +350,7 @@ for t in "${ORDER[@]}"; do
     psql_admin -c "CREATE DATABASE ${DB[$t]}" >/dev/null
     PG_DBS+=("${DB[$t]}")
   fi
-  threads_env=()
-  [[ $TOLLGATE_THREADS != 0 ]] && threads_env=(TOKIO_WORKER_THREADS="$TOLLGATE_THREADS")
-  start_bg "$t" env -u TOLLGATE_DATABASE_URL -u TOLLGATE_CONFIG RUST_LOG=warn "${threads_env[@]}" \
+  start_bg "$t" env -u TOLLGATE_DATABASE_URL -u TOLLGATE_CONFIG RUST_LOG=warn \
     $(pin proxy) "$TOLLGATE_BIN" --config "${CONF[$t]}" run
   PIDOF[$t]=${PIDS[-1]}
 done
@@ -367,9 +362,7 @@ for t in "${ORDER[@]}"; do
   else
     wait_200 "${URL[$t]}" 10
   fi
-  threads=$(cat /proc/"${PIDOF[$t]}"/task/*/comm 2>/dev/null | grep -c '^tokio-rt-worker' || true)
-  workers=$(cat /proc/"${PIDOF[$t]}"/task/*/comm 2>/dev/null | grep -c '^tollgate-worker' || true)
-  echo "ready: $t ${URL[$t]} (pid ${PIDOF[$t]}, $(ls /proc/"${PIDOF[$t]}"/task | wc -l) threads: $workers connection workers, $threads main-runtime workers; affinity $(taskset -cp "${PIDOF[$t]}" | sed 's/.*: //'))" | tee -a "$OUT/env.txt"
+  echo "ready: $t ${URL[$t]} (pid ${PIDOF[$t]}, $(ls /proc/"${PIDOF[$t]}"/task | wc -l) threads; affinity $(taskset -cp "${PIDOF[$t]}" | sed 's/.*: //'))" | tee -a "$OUT/env.txt"
 done
 metric_names=(tollgate_store_round_trips_total tollgate_store_errors_total)
 for t in "${ORDER[@]}"; do
@@ -465,9 +458,7 @@ if [[ $SOAK == 1 ]]; then
   start_bg upstream $(pin load) nginx -p "$RUN/" -c "$conf"
   wait_200 "http://127.0.0.1:$UPSTREAM_PORT/" 10
   tollgate_conf "$RUN/tollgate-soak.toml" "$SOAK_PORT" "$SOAK_ADMIN_PORT" memory
-  threads_env=()
-  [[ $TOLLGATE_THREADS != 0 ]] && threads_env=(TOKIO_WORKER_THREADS="$TOLLGATE_THREADS")
-  start_bg tollgate-soak env -u TOLLGATE_DATABASE_URL -u TOLLGATE_CONFIG RUST_LOG=warn "${threads_env[@]}" \
+  start_bg tollgate-soak env -u TOLLGATE_DATABASE_URL -u TOLLGATE_CONFIG RUST_LOG=warn \
     $(pin proxy) "$TOLLGATE_BIN" --config "$RUN/tollgate-soak.toml" run
   soak_pid=${PIDS[-1]}
   wait_200 "http://127.0.0.1:$SOAK_ADMIN_PORT/readyz" 30

@@ -1,30 +1,41 @@
 //! Forwarding to upstreams (SPEC section 5).
 //!
 //! One [`UpstreamPool`] per configured upstream, built at start (and at reload) and shared by
-//! `Arc`: it owns a pooled keep-alive client, so connections to the backend are reused across
-//! requests. Bodies are never buffered: the client's `Incoming` goes upstream as it arrives and
-//! the upstream's `Incoming` comes back the same way, trailers included. HTTP/1.1 upgrades
+//! `Arc`. It keeps its own keep-alive connections to the backend, per connection worker, on
+//! hyper's connection-level client (`hyper::client::conn`): a request takes the most recently
+//! used idle HTTP/1.1 connection of its worker (or the worker's HTTP/2 connection), and the
+//! connection goes back once the response body has been read to its end. hyper-util's
+//! general-purpose pooled client did the same with a shared, hashed, lock-per-request pool and
+//! several layers of futures: a quarter of tollgate's instructions per request in the
+//! benchmark (docs/performance.md).
+//!
+//! Bodies are never buffered: the client's `Incoming` goes upstream as it arrives and the
+//! upstream's `Incoming` comes back the same way, trailers included. HTTP/1.1 upgrades
 //! (WebSocket) are forwarded as upgrades and both sides are spliced after `101`.
 
 use std::cell::Cell;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use http::header::{self, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Request, Response, StatusCode, Uri, Version};
 use hyper::body::Incoming;
-use hyper_rustls::HttpsConnector;
+use hyper::client::conn::{http1, http2};
+use hyper_rustls::{HttpsConnector, MaybeHttpsStream};
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+use tower_service::Service;
 
 use crate::config::UpstreamConfig;
 use crate::error::{RequestError, StartupError};
 use crate::headers;
 
-/// How long an idle pooled upstream connection is kept.
+/// How long an idle upstream connection is kept for reuse.
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 thread_local! {
@@ -33,22 +44,46 @@ thread_local! {
 }
 
 /// Marks the current thread as connection worker `index`, so that it uses its own upstream
-/// client (see [`UpstreamPool`]).
+/// connections (see [`UpstreamPool`]).
 pub fn set_worker_index(index: usize) {
     WORKER.with(|w| w.set(index));
 }
+
+type Connector = HttpsConnector<HttpConnector>;
+type UpstreamIo = MaybeHttpsStream<TokioIo<TcpStream>>;
 
 pub struct UpstreamPool {
     pub config: Arc<UpstreamConfig>,
     /// The upstream's name, shared with the access log.
     pub name: Arc<str>,
-    origins: Vec<(Scheme, Authority)>,
+    origins: Vec<Origin>,
     next: AtomicUsize,
-    /// One pooled client per connection worker. A client's connections are driven by tasks
-    /// on the runtime that opened them; with one client per worker, a request and the
-    /// upstream connection that carries it stay on one thread, with no cross-thread wake-up
-    /// per request.
-    clients: Vec<Client<HttpsConnector<HttpConnector>, Incoming>>,
+    connector: Connector,
+    /// One lane per connection worker. A connection is driven by a task on the runtime that
+    /// opened it; a worker only uses its own lane, so a request and the upstream connection
+    /// that carries it stay on one thread, and the lane's lock is never contended.
+    lanes: Arc<[Mutex<Lane>]>,
+}
+
+struct Origin {
+    scheme: Scheme,
+    authority: Authority,
+    /// `scheme://authority/`, what the connector dials.
+    uri: Uri,
+}
+
+/// One worker's connections to one upstream, by origin index.
+#[derive(Default)]
+struct Lane {
+    /// Idle HTTP/1.1 connections, the most recently used last.
+    idle: Vec<VecDeque<Idle>>,
+    /// The HTTP/2 connection, shared by all of this worker's requests to the origin.
+    h2: Vec<Option<http2::SendRequest<Incoming>>>,
+}
+
+struct Idle {
+    sender: http1::SendRequest<Incoming>,
+    since: Instant,
 }
 
 /// Where and how one request goes upstream, decided by the proxy.
@@ -62,7 +97,7 @@ pub struct ForwardRequest<'a> {
 }
 
 impl UpstreamPool {
-    /// `workers`: the number of connection workers (one client each).
+    /// `workers`: the number of connection workers (one lane each).
     pub fn new(config: Arc<UpstreamConfig>, workers: usize) -> Result<Self, StartupError> {
         let mut origins = Vec::with_capacity(config.urls.len());
         for url in &config.urls {
@@ -72,7 +107,17 @@ impl UpstreamPool {
                     config.name
                 )));
             };
-            origins.push((scheme.clone(), authority.clone()));
+            let uri = Uri::builder()
+                .scheme(scheme.clone())
+                .authority(authority.clone())
+                .path_and_query("/")
+                .build()
+                .map_err(|e| StartupError::Upstream(format!("upstream {}: {e}", config.name)))?;
+            origins.push(Origin {
+                scheme: scheme.clone(),
+                authority: authority.clone(),
+                uri,
+            });
         }
         let mut http = HttpConnector::new();
         http.set_nodelay(true);
@@ -93,37 +138,27 @@ impl UpstreamPool {
         } else {
             builder.enable_http1().wrap_connector(http)
         };
-        let mut builder = Client::builder(TokioExecutor::new());
-        builder
-            .timer(TokioTimer::new())
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-            .http2_only(config.http2)
-            // We set Host ourselves (preserve_host); the client must not add another.
-            .set_host(false);
-        let clients = (0..workers.max(1))
-            .map(|_| builder.build(connector.clone()))
+        let lanes = (0..workers.max(1))
+            .map(|_| {
+                Mutex::new(Lane {
+                    idle: origins.iter().map(|_| VecDeque::new()).collect(),
+                    h2: origins.iter().map(|_| None).collect(),
+                })
+            })
             .collect();
         Ok(UpstreamPool {
             name: Arc::from(config.name.as_str()),
             config,
             origins,
             next: AtomicUsize::new(0),
-            clients,
+            connector,
+            lanes,
         })
     }
 
-    /// This thread's client: its worker's own (the modulo covers a thread that is not a
-    /// worker, and a pool built for fewer workers).
-    fn client(&self) -> &Client<HttpsConnector<HttpConnector>, Incoming> {
-        let worker = WORKER.with(Cell::get);
-        &self.clients[worker % self.clients.len()]
-    }
-
     /// Round robin over the upstream's origins.
-    fn pick(&self) -> &(Scheme, Authority) {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.origins.len();
-        &self.origins[i]
+    fn pick(&self) -> usize {
+        self.next.fetch_add(1, Ordering::Relaxed) % self.origins.len()
     }
 
     /// Sends the request upstream and returns its response with hop-by-hop headers removed.
@@ -132,15 +167,24 @@ impl UpstreamPool {
         mut req: Request<Incoming>,
         fwd: ForwardRequest<'_>,
     ) -> Result<Response<Incoming>, RequestError> {
-        let (scheme, authority) = self.pick();
+        let origin = self.pick();
+        let Origin {
+            scheme, authority, ..
+        } = &self.origins[origin];
         let path_and_query = PathAndQuery::try_from(fwd.target)
             .map_err(|_| RequestError::BadRequest("unusable request target"))?;
-        let uri = Uri::builder()
-            .scheme(scheme.clone())
-            .authority(authority.clone())
-            .path_and_query(path_and_query)
-            .build()
-            .map_err(|_| RequestError::BadRequest("unusable request target"))?;
+        // HTTP/1.1 sends the origin form (`/path?query`); HTTP/2 takes `:scheme` and
+        // `:authority` from an absolute URI.
+        let uri = if self.config.http2 {
+            Uri::builder()
+                .scheme(scheme.clone())
+                .authority(authority.clone())
+                .path_and_query(path_and_query)
+                .build()
+                .map_err(|_| RequestError::BadRequest("unusable request target"))?
+        } else {
+            Uri::from(path_and_query)
+        };
 
         // An HTTP/1.1 upgrade is carried through as an upgrade; anything else loses its
         // hop-by-hop headers.
@@ -184,10 +228,16 @@ impl UpstreamPool {
             Version::HTTP_11
         };
 
-        let sent = tokio::time::timeout(self.config.response_timeout, self.client().request(req));
+        let worker = WORKER.with(Cell::get) % self.lanes.len();
+        let sent = tokio::time::timeout(self.config.response_timeout, async {
+            if self.config.http2 {
+                self.send_h2(worker, origin, req).await
+            } else {
+                self.send_h1(worker, origin, req).await
+            }
+        });
         let mut response = match sent.await {
-            Ok(Ok(response)) => response,
-            Ok(Err(err)) => return Err(RequestError::UpstreamUnreachable(describe(&err))),
+            Ok(result) => result?,
             Err(_) => return Err(RequestError::UpstreamTimeout),
         };
 
@@ -215,6 +265,154 @@ impl UpstreamPool {
         }
         Ok(response)
     }
+
+    fn lane(&self, worker: usize) -> std::sync::MutexGuard<'_, Lane> {
+        // A panic while holding the lock leaves nothing half-done that matters: the lane
+        // only holds connections.
+        self.lanes[worker]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// HTTP/1.1: an idle connection of this worker if one is still open, else a new one. A
+    /// request that an idle connection could not even start to send (the upstream closed it
+    /// a moment ago) goes once more, on a new connection.
+    async fn send_h1(
+        &self,
+        worker: usize,
+        origin: usize,
+        mut req: Request<Incoming>,
+    ) -> Result<Response<Incoming>, RequestError> {
+        if let Some(mut sender) = self.idle_h1(worker, origin) {
+            match sender.try_send_request(req).await {
+                Ok(response) => {
+                    self.recycle_h1(worker, origin, sender);
+                    return Ok(response);
+                }
+                Err(mut err) => match err.take_message() {
+                    Some(unsent) => req = unsent,
+                    None => return Err(unreachable(&err.into_error())),
+                },
+            }
+        }
+        // Boxed: connecting is the rare path, and its futures (TCP, TLS, handshake) would
+        // otherwise make every request's future several times larger, and every move of it
+        // a large copy.
+        let mut sender = Box::pin(self.open_h1(origin)).await?;
+        let response = sender
+            .send_request(req)
+            .await
+            .map_err(|e| unreachable(&e))?;
+        self.recycle_h1(worker, origin, sender);
+        Ok(response)
+    }
+
+    /// A new HTTP/1.1 connection, driven by a task on this worker.
+    async fn open_h1(&self, origin: usize) -> Result<http1::SendRequest<Incoming>, RequestError> {
+        let io = self.connect(origin).await?;
+        let (sender, connection) = http1::Builder::new()
+            .handshake(io)
+            .await
+            .map_err(|e| unreachable(&e))?;
+        tokio::spawn(async move {
+            if let Err(err) = connection.with_upgrades().await {
+                tracing::debug!(error = %err, "upstream connection ended with an error");
+            }
+        });
+        Ok(sender)
+    }
+
+    /// The most recently used idle connection that is still open; idle ones past
+    /// [`POOL_IDLE_TIMEOUT`] are closed on the way.
+    fn idle_h1(&self, worker: usize, origin: usize) -> Option<http1::SendRequest<Incoming>> {
+        let mut lane = self.lane(worker);
+        let idle = &mut lane.idle[origin];
+        while let Some(candidate) = idle.pop_back() {
+            if candidate.since.elapsed() > POOL_IDLE_TIMEOUT {
+                // Everything older is older still.
+                idle.clear();
+                return None;
+            }
+            if candidate.sender.is_ready() {
+                return Some(candidate.sender);
+            }
+        }
+        None
+    }
+
+    /// Returns the connection to the worker's idle list once its response has been read to
+    /// the end (an HTTP/1.1 connection carries one exchange at a time). A connection that
+    /// closes instead, or was taken over by an upgrade, is dropped.
+    fn recycle_h1(&self, worker: usize, origin: usize, mut sender: http1::SendRequest<Incoming>) {
+        let lanes = self.lanes.clone();
+        tokio::spawn(async move {
+            if sender.ready().await.is_err() {
+                return;
+            }
+            let mut lane = lanes[worker].lock().unwrap_or_else(PoisonError::into_inner);
+            let idle = &mut lane.idle[origin];
+            let now = Instant::now();
+            while idle
+                .front()
+                .is_some_and(|oldest| now.duration_since(oldest.since) > POOL_IDLE_TIMEOUT)
+            {
+                idle.pop_front();
+            }
+            idle.push_back(Idle { sender, since: now });
+        });
+    }
+
+    /// HTTP/2: the worker's connection to the origin, opened on first use and replaced
+    /// when it closes.
+    async fn send_h2(
+        &self,
+        worker: usize,
+        origin: usize,
+        req: Request<Incoming>,
+    ) -> Result<Response<Incoming>, RequestError> {
+        let open = self.lane(worker).h2[origin]
+            .clone()
+            .filter(|sender| !sender.is_closed());
+        let mut sender = match open {
+            Some(sender) => sender,
+            None => {
+                let sender = Box::pin(self.open_h2(origin)).await?;
+                self.lane(worker).h2[origin] = Some(sender.clone());
+                sender
+            }
+        };
+        sender.ready().await.map_err(|e| unreachable(&e))?;
+        sender.send_request(req).await.map_err(|e| unreachable(&e))
+    }
+
+    /// A new HTTP/2 connection, driven by a task on this worker.
+    async fn open_h2(&self, origin: usize) -> Result<http2::SendRequest<Incoming>, RequestError> {
+        let io = self.connect(origin).await?;
+        let (sender, connection) = http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .handshake(io)
+            .await
+            .map_err(|e| unreachable(&e))?;
+        tokio::spawn(async move {
+            if let Err(err) = connection.await {
+                tracing::debug!(error = %err, "upstream connection ended with an error");
+            }
+        });
+        Ok(sender)
+    }
+
+    /// A new TCP (and, for https origins, TLS) connection; `connect_timeout` bounds the TCP
+    /// part.
+    async fn connect(&self, origin: usize) -> Result<UpstreamIo, RequestError> {
+        let mut connector = self.connector.clone();
+        std::future::poll_fn(|cx| connector.poll_ready(cx))
+            .await
+            .map_err(|e| unreachable(&*e))?;
+        connector
+            .call(self.origins[origin].uri.clone())
+            .await
+            .map_err(|e| unreachable(&*e))
+    }
 }
 
 /// Copies bytes both ways between the upgraded client and upstream connections until either
@@ -234,9 +432,8 @@ async fn splice(client: hyper::upgrade::OnUpgrade, upstream: hyper::upgrade::OnU
     }
 }
 
-/// A one-line reason for the log; the full error chain of hyper's client is long.
-fn describe(err: &hyper_util::client::legacy::Error) -> String {
-    use std::error::Error as _;
+/// A 502 with a one-line reason for the log: the error and its sources.
+fn unreachable(err: &(dyn std::error::Error + 'static)) -> RequestError {
     let mut text = err.to_string();
     let mut source = err.source();
     while let Some(s) = source {
@@ -244,5 +441,5 @@ fn describe(err: &hyper_util::client::legacy::Error) -> String {
         text.push_str(&s.to_string());
         source = s.source();
     }
-    text
+    RequestError::UpstreamUnreachable(text)
 }

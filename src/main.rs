@@ -88,7 +88,10 @@ fn main() -> ExitCode {
         }
         return ExitCode::from(2);
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    // Single-threaded: this thread is connection worker 0 and also runs the store, the admin
+    // listener and the sweep; `server.workers` - 1 more workers get threads of their own
+    // (see server::start_workers).
+    let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {

@@ -3,8 +3,8 @@
 //! - Every listener is bound before anything is served, and its real address is logged (port 0
 //!   works), so a bad address fails the start rather than half of it.
 //! - Connections are served by `server.workers` worker threads, each with its own
-//!   single-threaded runtime (see [`start_workers`]); the store, the admin listener, the sweep
-//!   and reloads run on the main runtime.
+//!   single-threaded runtime (see [`start_workers`]); worker 0 is the caller's runtime, which
+//!   also runs the store, the admin listener, the sweep and reloads.
 //! - The accept loop survives errors (EMFILE and friends are logged, then it backs off) and
 //!   holds one permit of a `max_connections` semaphore per open connection: beyond the limit,
 //!   accept simply waits.
@@ -104,7 +104,7 @@ pub struct RunningServer {
     started_with: Arc<Config>,
     fatal: mpsc::Receiver<String>,
     background: Vec<JoinHandle<()>>,
-    /// The connection workers' threads; they end once the phase is `Stopped`.
+    /// The threads of connection workers 1..; they end once the phase is `Stopped`.
     workers: Vec<std::thread::JoinHandle<()>>,
 }
 
@@ -216,7 +216,7 @@ impl Server {
         };
         tracing::info!(
             store = store.kind(),
-            workers = workers.len(),
+            workers = config.server.worker_count(),
             "tollgate started"
         );
         Ok(RunningServer {
@@ -500,24 +500,38 @@ type SharedListener = (
     Option<Arc<ArcSwap<rustls::ServerConfig>>>,
 );
 
-/// Starts `count` connection workers, nginx-style: each is one OS thread with its own
-/// single-threaded tokio runtime that accepts on every listener (a duplicate of the
-/// listening socket, so the kernel hands each new connection to whichever worker accepts
-/// it first) and serves its connections to the end on that thread.
+/// Starts `count` connection workers, nginx-style: each accepts on every listener (a
+/// duplicate of the listening socket, so the kernel hands each new connection to whichever
+/// worker accepts it first) and serves its connections to the end on its own thread, with a
+/// single-threaded tokio runtime. Worker 0 is the caller's runtime (under `tollgate run`, the
+/// main thread, which also runs the store, the admin listener and the sweep); workers 1.. get
+/// threads of their own.
 ///
 /// Why not one multi-threaded runtime: measured on this project's benchmark
 /// (docs/performance.md), a connection's tasks, its upstream connection and their timers on
 /// one thread cost about a quarter less CPU per request than tokio's work-stealing
 /// scheduler, and HTTP/2 streams no longer see the long tail latency that the shared
-/// scheduler gave them. The store, the admin listener, the sweep and reloads stay on the
-/// main runtime.
+/// scheduler gave them. With one worker, a decision that goes to PostgreSQL never leaves
+/// the thread either.
 fn start_workers(
     count: usize,
     listeners: &[SharedListener],
     shared: &SharedWithWorkers,
 ) -> Result<Vec<std::thread::JoinHandle<()>>, StartupError> {
-    let mut threads = Vec::with_capacity(count);
-    for index in 0..count {
+    for (listener, addr, tls) in listeners {
+        let listener = duplicate(listener, *addr)?;
+        tokio::spawn(accept_loop(
+            listener,
+            tls.clone(),
+            shared.proxy.clone(),
+            shared.settings,
+            shared.permits.clone(),
+            shared.phase.clone(),
+            shared.metrics.clone(),
+        ));
+    }
+    let mut threads = Vec::with_capacity(count.saturating_sub(1));
+    for index in 1..count {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -528,17 +542,7 @@ fn start_workers(
         {
             let _in_runtime = runtime.enter();
             for (listener, addr, tls) in listeners {
-                let registered = listener
-                    .try_clone()
-                    .and_then(|dup| {
-                        dup.set_nonblocking(true)?;
-                        TcpListener::from_std(dup)
-                    })
-                    .map_err(|source| StartupError::Bind {
-                        addr: *addr,
-                        source,
-                    })?;
-                accepting.push((registered, tls.clone()));
+                accepting.push((duplicate(listener, *addr)?, tls.clone()));
             }
         }
         let shared = shared.clone();
@@ -552,6 +556,20 @@ fn start_workers(
         threads.push(thread);
     }
     Ok(threads)
+}
+
+/// A duplicate of a listening socket, registered with the current runtime.
+fn duplicate(
+    listener: &std::net::TcpListener,
+    addr: SocketAddr,
+) -> Result<TcpListener, StartupError> {
+    listener
+        .try_clone()
+        .and_then(|dup| {
+            dup.set_nonblocking(true)?;
+            TcpListener::from_std(dup)
+        })
+        .map_err(|source| StartupError::Bind { addr, source })
 }
 
 /// One worker's life: accept until the stop begins, keep serving the connections it has

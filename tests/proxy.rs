@@ -435,3 +435,102 @@ async fn graceful_stop_lets_an_in_flight_request_finish() {
         "still accepting after shutdown"
     );
 }
+
+/// Upstream connections are kept alive and reused: a keep-alive client's sequential requests
+/// travel on one upstream connection, and a burst opens at most one per concurrent request.
+#[tokio::test]
+async fn upstream_connections_are_reused() {
+    let (upstream, proxy, client) = setup().await;
+    for _ in 0..20 {
+        let answer = send(&client, req("GET", &proxy.url("/x"), "a.example.test", "")).await;
+        assert_eq!(answer.status, StatusCode::OK);
+    }
+    assert_eq!(upstream.count(), 20);
+    assert_eq!(upstream.connections(), 1);
+
+    let burst = (0..8).map(|_| {
+        let client = h1_client();
+        let url = proxy.url("/slow/100");
+        tokio::spawn(async move { send(&client, req("GET", &url, "a.example.test", "")).await })
+    });
+    for answer in futures_util::future::join_all(burst).await {
+        assert_eq!(answer.expect("task").status, StatusCode::OK);
+    }
+    let after_burst = upstream.connections();
+    assert!(
+        (2..=9).contains(&after_burst),
+        "8 concurrent slow requests opened {} connections in all",
+        after_burst
+    );
+    // The burst's connections went back to the pool: more requests open none.
+    for _ in 0..8 {
+        let client = h1_client();
+        let answer = send(&client, req("GET", &proxy.url("/x"), "a.example.test", "")).await;
+        assert_eq!(answer.status, StatusCode::OK);
+    }
+    assert_eq!(upstream.connections(), after_burst);
+}
+
+/// An upstream that ends its connection after a response (`Connection: close`) gets a new
+/// connection for the next request; none of them fails.
+#[tokio::test]
+async fn an_upstream_closing_its_connections_is_dialled_again() {
+    let (upstream, proxy, client) = setup().await;
+    for _ in 0..5 {
+        let answer = send(
+            &client,
+            req("GET", &proxy.url("/close"), "a.example.test", ""),
+        )
+        .await;
+        assert_eq!(answer.status, StatusCode::OK);
+        assert_eq!(answer.text(), "closing");
+        assert!(
+            answer.header("connection").is_none(),
+            "hop-by-hop field leaked"
+        );
+    }
+    assert_eq!(upstream.connections(), 5);
+}
+
+/// An idle pooled connection that the upstream closed quietly (a keep-alive timeout, no
+/// `Connection: close`) is not used again: the next request goes out on a new connection.
+#[tokio::test]
+async fn an_idle_connection_closed_by_the_upstream_is_not_reused() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = accepted.clone();
+    // One answer per connection, with keep-alive, then the socket closes 50 ms later.
+    let server = tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    match stream.read(&mut byte).await {
+                        Ok(1) => head.push(byte[0]),
+                        _ => return,
+                    }
+                }
+                let _ = stream
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                    .await;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            });
+        }
+    });
+    let config = config_from(&format!("{BASE}{ROUTES}"), addr, &[]);
+    let proxy = Proxy::start(config).await;
+    let client = h1_client();
+    for round in 0..3 {
+        let answer = send(&client, req("GET", &proxy.url("/x"), "a.example.test", "")).await;
+        assert_eq!(answer.status, StatusCode::OK, "round {round}");
+        assert_eq!(answer.text(), "ok");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 3);
+    server.abort();
+}

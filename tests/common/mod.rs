@@ -46,10 +46,13 @@ pub struct Recorded {
 /// - `/hop`: a response carrying hop-by-hop headers
 /// - `/trailers`: a body followed by a `grpc-status: 0` trailer
 /// - `/ws`: a WebSocket echo
+/// - `/close`: `200 closing` with `Connection: close`, then the connection closes
 /// - anything else: `200 upstream ok`
 pub struct Upstream {
     pub addr: SocketAddr,
     pub received: Arc<Mutex<Vec<Recorded>>>,
+    /// TCP connections accepted so far.
+    accepted: Arc<std::sync::atomic::AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -90,11 +93,14 @@ impl Upstream {
         let addr = listener.local_addr().expect("upstream addr");
         let received: Arc<Mutex<Vec<Recorded>>> = Arc::default();
         let rec = received.clone();
+        let accepted: Arc<std::sync::atomic::AtomicUsize> = Arc::default();
+        let counter = accepted.clone();
         let task = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
                 };
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let rec = rec.clone();
                 let mode = mode.clone();
                 tokio::spawn(async move {
@@ -129,8 +135,14 @@ impl Upstream {
         Upstream {
             addr,
             received,
+            accepted,
             task,
         }
+    }
+
+    /// TCP connections the upstream has accepted.
+    pub fn connections(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     pub fn count(&self) -> usize {
@@ -184,6 +196,12 @@ async fn upstream_answer(
     }
     match path.as_str() {
         "/echo" => Ok(Response::new(full(body))),
+        "/close" => {
+            let mut r = Response::new(full("closing"));
+            r.headers_mut()
+                .insert("connection", "close".parse().expect("static"));
+            Ok(r)
+        }
         "/hop" => {
             let mut r = Response::new(full("hop"));
             let h = r.headers_mut();
