@@ -107,7 +107,7 @@ pub struct ForwardedFor<'a> {
 /// Appends the peer to `X-Forwarded-For`; sets `X-Forwarded-Proto` and `X-Forwarded-Host`,
 /// keeping the client's own values only when the peer is trusted.
 pub fn add_forwarded(headers: &mut HeaderMap, fwd: &ForwardedFor<'_>) {
-    let peer = address_text(crate::key::canonical(fwd.peer));
+    let peer = crate::key::address_text(crate::key::canonical(fwd.peer));
     let mut previous = headers
         .get_all(&X_FORWARDED_FOR)
         .iter()
@@ -139,30 +139,6 @@ pub fn add_forwarded(headers: &mut HeaderMap, fwd: &ForwardedFor<'_>) {
     }
 }
 
-/// An address as text. IPv4, the common case, is written by hand: the formatting machinery
-/// behind `to_string` costs more than the rest of `add_forwarded` together.
-fn address_text(ip: IpAddr) -> String {
-    match ip {
-        IpAddr::V4(v4) => {
-            let mut text = String::with_capacity(15);
-            for (i, octet) in v4.octets().into_iter().enumerate() {
-                if i > 0 {
-                    text.push('.');
-                }
-                if octet >= 100 {
-                    text.push(char::from(b'0' + octet / 100));
-                }
-                if octet >= 10 {
-                    text.push(char::from(b'0' + octet / 10 % 10));
-                }
-                text.push(char::from(b'0' + octet % 10));
-            }
-            text
-        }
-        IpAddr::V6(_) => ip.to_string(),
-    }
-}
-
 /// HTTP/2 may split `cookie` into several fields; HTTP/1.1 wants one, joined by `; `
 /// (RFC 9113 8.2.3).
 pub fn join_cookies(headers: &mut HeaderMap) {
@@ -183,49 +159,76 @@ pub fn join_cookies(headers: &mut HeaderMap) {
 }
 
 /// Adds the rate-limit fields for the applicable non-shadow limits.
+///
+/// The values are written straight into byte buffers (integers with `itoa`): built with
+/// `format!` and joined, these fields were a quarter of the limiter's cost per request.
 pub fn add_rate_limit_headers(
     headers: &mut HeaderMap,
     mode: RateLimitHeaders,
     outcomes: &[LimitOutcome],
 ) {
-    let visible: Vec<&LimitOutcome> = outcomes.iter().filter(|o| !o.shadow).collect();
-    if visible.is_empty() {
+    let visible = || outcomes.iter().filter(|o| !o.shadow);
+    if visible().next().is_none() {
         return;
     }
     if matches!(mode, RateLimitHeaders::Draft | RateLimitHeaders::Both) {
-        let policy = join(
-            visible
-                .iter()
-                .map(|o| format!("\"{}\";q={};w={}", o.policy, o.requests, o.window_secs)),
-        );
-        let state = join(
-            visible
-                .iter()
-                .map(|o| format!("\"{}\";r={};t={}", o.policy, o.remaining(), o.reset_secs)),
-        );
-        insert(headers, "ratelimit-policy", &policy);
-        insert(headers, "ratelimit", &state);
+        // `"<policy>";q=<requests>;w=<window>, ...` and `"<policy>";r=<left>;t=<reset>, ...`
+        let member = |o: &LimitOutcome, a: &[u8], x: u64, b: &[u8], y: u64, out: &mut Vec<u8>| {
+            if !out.is_empty() {
+                out.extend_from_slice(b", ");
+            }
+            out.push(b'"');
+            out.extend_from_slice(o.policy.as_bytes());
+            out.push(b'"');
+            out.extend_from_slice(a);
+            out.extend_from_slice(itoa::Buffer::new().format(x).as_bytes());
+            out.extend_from_slice(b);
+            out.extend_from_slice(itoa::Buffer::new().format(y).as_bytes());
+        };
+        let mut policy = Vec::with_capacity(64);
+        let mut state = Vec::with_capacity(64);
+        for o in visible() {
+            let (requests, window) = (u64::from(o.requests), u64::from(o.window_secs));
+            member(o, b";q=", requests, b";w=", window, &mut policy);
+            member(
+                o,
+                b";r=",
+                u64::from(o.remaining()),
+                b";t=",
+                o.reset_secs,
+                &mut state,
+            );
+        }
+        insert(headers, &RATELIMIT_POLICY, policy);
+        insert(headers, &RATELIMIT, state);
     }
     if matches!(mode, RateLimitHeaders::Legacy | RateLimitHeaders::Both) {
         // The most restrictive: fewest requests left, then the longest wait.
-        if let Some(o) = visible
-            .iter()
-            .min_by_key(|o| (o.remaining(), std::cmp::Reverse(o.reset_secs)))
+        if let Some(o) = visible().min_by_key(|o| (o.remaining(), std::cmp::Reverse(o.reset_secs)))
         {
-            insert(headers, "x-ratelimit-limit", &o.requests.to_string());
-            insert(headers, "x-ratelimit-remaining", &o.remaining().to_string());
-            insert(headers, "x-ratelimit-reset", &o.reset_secs.to_string());
+            let number = |n: u64| itoa::Buffer::new().format(n).as_bytes().to_vec();
+            insert(headers, &X_RATELIMIT_LIMIT, number(u64::from(o.requests)));
+            insert(
+                headers,
+                &X_RATELIMIT_REMAINING,
+                number(u64::from(o.remaining())),
+            );
+            insert(headers, &X_RATELIMIT_RESET, number(o.reset_secs));
         }
     }
 }
 
-fn join(items: impl Iterator<Item = String>) -> String {
-    items.collect::<Vec<_>>().join(", ")
-}
+static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
-fn insert(headers: &mut HeaderMap, name: &'static str, value: &str) {
-    if let Ok(value) = HeaderValue::from_str(value) {
-        headers.insert(HeaderName::from_static(name), value);
+/// Sets `name` unless `value` is not a valid field value (a policy name with a control
+/// character, say): then the field is left out rather than sent broken.
+fn insert(headers: &mut HeaderMap, name: &HeaderName, value: Vec<u8>) {
+    if let Ok(value) = HeaderValue::from_maybe_shared(bytes::Bytes::from(value)) {
+        headers.insert(name.clone(), value);
     }
 }
 
@@ -248,37 +251,6 @@ mod tests {
         assert!(h.get("transfer-encoding").is_none());
         assert_eq!(h.get("te").unwrap(), "trailers");
         assert_eq!(h.get("x-end-to-end").unwrap(), "yes");
-    }
-
-    #[test]
-    fn address_text_matches_display() {
-        for text in [
-            "0.0.0.0",
-            "9.10.99.100",
-            "192.0.2.7",
-            "255.255.255.255",
-            "10.0.0.1",
-            "2001:db8::1",
-        ] {
-            let ip: IpAddr = text.parse().unwrap();
-            assert_eq!(address_text(ip), ip.to_string());
-        }
-        for n in [
-            0u32,
-            1,
-            99,
-            100,
-            101,
-            199,
-            200,
-            250,
-            255,
-            0x0a_64_09_ff,
-            u32::MAX,
-        ] {
-            let ip = IpAddr::from(std::net::Ipv4Addr::from(n));
-            assert_eq!(address_text(ip), ip.to_string());
-        }
     }
 
     #[test]

@@ -520,15 +520,7 @@ fn start_workers(
 ) -> Result<Vec<std::thread::JoinHandle<()>>, StartupError> {
     for (listener, addr, tls) in listeners {
         let listener = duplicate(listener, *addr)?;
-        tokio::spawn(accept_loop(
-            listener,
-            tls.clone(),
-            shared.proxy.clone(),
-            shared.settings,
-            shared.permits.clone(),
-            shared.phase.clone(),
-            shared.metrics.clone(),
-        ));
+        tokio::spawn(accept_loop(listener, tls.clone(), shared.clone()));
     }
     let mut threads = Vec::with_capacity(count.saturating_sub(1));
     for index in 1..count {
@@ -580,15 +572,7 @@ async fn run_worker(
     shared: SharedWithWorkers,
 ) {
     for (listener, tls) in listeners {
-        tokio::spawn(accept_loop(
-            listener,
-            tls,
-            shared.proxy.clone(),
-            shared.settings,
-            shared.permits.clone(),
-            shared.phase.clone(),
-            shared.metrics.clone(),
-        ));
+        tokio::spawn(accept_loop(listener, tls, shared.clone()));
     }
     let mut phase = shared.phase;
     let _ = phase.wait_for(|p| *p == Phase::Stopped).await;
@@ -612,12 +596,15 @@ fn stopped(
 async fn accept_loop(
     listener: TcpListener,
     tls: Option<Arc<ArcSwap<rustls::ServerConfig>>>,
-    proxy: Arc<Proxy>,
-    settings: ConnSettings,
-    permits: Arc<Semaphore>,
-    phase: watch::Receiver<Phase>,
-    metrics: Arc<Metrics>,
+    shared: SharedWithWorkers,
 ) {
+    let SharedWithWorkers {
+        proxy,
+        settings,
+        permits,
+        phase,
+        metrics,
+    } = shared;
     let mut stop = stopped(phase.clone());
     loop {
         let permit = tokio::select! {

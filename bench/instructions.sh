@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# bench/instructions.sh - user-space instructions per proxied request, tollgate against nginx.
+#
+# Timings on a shared VM move by 10-20% from one minute to the next; instruction counts do
+# not. This runs each proxy under valgrind's callgrind (which counts the instructions a
+# process executes in user space, its own code and its libraries; the kernel's share is not
+# counted), sends WARM_REQUESTS HTTP/1.1 requests on CONNS keep-alive connections with
+# h2load, zeroes the counters, sends REQUESTS more, dumps, and divides. The proxies are:
+#   nginx     bench/conf/proxy.nginx.conf, one process (master_process off)
+#   tollgate  one worker, in each MODE given (nolimit: a route without limits; memory: one
+#             `ip` limit on the memory store)
+# all in front of the same upstream (nginx `return 200`). tollgate's heaviest functions
+# (inclusive) go to OUT/tollgate-<mode>.top.txt, the full callgrind files next to them.
+#
+# Usage: [KNOB=value ...] bench/instructions.sh
+# Knobs: MODES ["nolimit memory"] REQUESTS [20000] WARM_REQUESTS [3000] CONNS [8]
+#        BASE_PORT [19400] BUILD [1] TOLLGATE_BIN [target/release/tollgate]
+#        OUT [bench/results/instructions-<UTC timestamp>]
+# Needs: valgrind, nginx, h2load (apt-get install -y valgrind nginx nghttp2-client).
+set -euo pipefail
+{
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$HERE/.." && pwd)
+MODES=${MODES:-nolimit memory}
+REQUESTS=${REQUESTS:-20000}
+WARM_REQUESTS=${WARM_REQUESTS:-3000}
+CONNS=${CONNS:-8}
+BASE_PORT=${BASE_PORT:-19400}
+BUILD=${BUILD:-1}
+TOLLGATE_BIN=${TOLLGATE_BIN:-$ROOT/target/release/tollgate}
+OUT=${OUT:-$HERE/results/instructions-$(date -u +%Y%m%dT%H%M%SZ)}
+UP=$BASE_PORT; PX=$((BASE_PORT + 1)); PX_H2=$((BASE_PORT + 2)); ADM=$((BASE_PORT + 3))
+
+for tool in valgrind callgrind_control callgrind_annotate nginx h2load curl; do
+  command -v "$tool" >/dev/null || { echo "missing $tool (apt-get install -y valgrind nginx nghttp2-client curl)" >&2; exit 1; }
+done
+
+RUN=$(mktemp -d /tmp/tollgate-instructions.XXXXXX); chmod 755 "$RUN"
+mkdir -p "$RUN/nginx_tmp" "$OUT"
+PIDS=()
+finish() {
+  local rc=$? i
+  for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
+    kill -TERM "${PIDS[$i]}" 2>/dev/null || true
+    wait "${PIDS[$i]}" 2>/dev/null || true
+  done
+  rm -rf "$RUN"
+  exit "$rc"
+}
+trap finish EXIT; trap 'exit 130' INT; trap 'exit 143' TERM
+wait_200() { local d=$((SECONDS + $2)); until [[ $(curl -s -o /dev/null -w '%{http_code}' --max-time 1 "$1" || true) == 200 ]]; do ((SECONDS < d)) || { echo "no 200 from $1" >&2; exit 1; }; sleep 0.3; done; }
+render() { sed -e "s#{{RUN}}#$RUN#g" -e "s#{{PORT}}#$2#g" -e "s#{{H2PORT}}#$PX_H2#g" -e "s#{{UPSTREAM_PORT}}#$UP#g" "$1"; }
+
+if [[ $BUILD == 1 ]]; then (cd "$ROOT" && cargo build --release --quiet); fi
+render "$HERE/conf/upstream.nginx.conf" "$UP" >"$RUN/upstream.conf"
+nginx -p "$RUN/" -c "$RUN/upstream.conf" >"$RUN/upstream.out" 2>&1 &
+PIDS+=("$!")
+wait_200 "http://127.0.0.1:$UP/" 10
+
+# measure NAME COMMAND...: runs COMMAND under callgrind, loads it, prints instructions/request.
+measure() {
+  local name=$1; shift
+  local cg=$OUT/$name.callgrind
+  valgrind --tool=callgrind --callgrind-out-file="$cg" "$@" >"$OUT/$name.log" 2>&1 &
+  local vpid=$!
+  PIDS+=("$vpid")
+  wait_200 "http://127.0.0.1:$PX/" 60
+  h2load --h1 -n "$WARM_REQUESTS" -c "$CONNS" "http://127.0.0.1:$PX/" >/dev/null
+  callgrind_control -z "$vpid" >/dev/null
+  h2load --h1 -n "$REQUESTS" -c "$CONNS" "http://127.0.0.1:$PX/" >"$OUT/$name.h2load.txt"
+  grep -q "$REQUESTS succeeded" "$OUT/$name.h2load.txt" || { echo "$name: not every request succeeded" >&2; cat "$OUT/$name.h2load.txt" >&2; exit 1; }
+  callgrind_control -d "$vpid" >/dev/null
+  sleep 1
+  kill -TERM "$vpid" 2>/dev/null || true
+  wait "$vpid" 2>/dev/null || true
+  unset 'PIDS[-1]'
+  # The dump taken after the measured requests: the newest file of this target.
+  local dump total
+  dump=$(ls -t "$cg".* 2>/dev/null | head -1)
+  total=$(callgrind_annotate "$dump" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1; exit}')
+  callgrind_annotate --inclusive=yes "$dump" 2>/dev/null | grep -E '^ *[0-9,]+ \(' | head -60 >"$OUT/$name.top.txt"
+  echo "$name $((total / REQUESTS))"
+}
+
+render "$HERE/conf/proxy.nginx.conf" "$PX" | sed -e 's/^worker_processes 1;/worker_processes 1;\nmaster_process off;/' >"$RUN/nginx.conf"
+results=()
+results+=("$(measure nginx nginx -p "$RUN/" -c "$RUN/nginx.conf")")
+for mode in $MODES; do
+  {
+    printf '[server]\nlisten = ["127.0.0.1:%s"]\nshutdown_timeout = "2s"\nworkers = 1\n\n' "$PX"
+    printf '[keys]\nsecret = "bench-only-secret-not-used-anywhere-else"\n\n[upstreams.app]\nurl = "http://127.0.0.1:%s"\n\n' "$UP"
+    printf '[[routes]]\nname = "bench"\nupstream = "app"\n'
+    case $mode in
+      nolimit) ;;
+      memory) printf '  [[routes.limits]]\n  key = "ip"\n  requests = 2000000000\n  window = "1h"\n' ;;
+      *) echo "unknown mode $mode" >&2; exit 1 ;;
+    esac
+  } >"$RUN/tollgate-$mode.toml"
+  results+=("$(measure "tollgate-$mode" env -u TOLLGATE_DATABASE_URL RUST_LOG=warn "$TOLLGATE_BIN" --config "$RUN/tollgate-$mode.toml" run)")
+done
+
+{
+  echo "instructions per request (user space, callgrind), $REQUESTS HTTP/1.1 requests on $CONNS connections after $WARM_REQUESTS warm-up"
+  echo "tollgate: $("$TOLLGATE_BIN" --version); nginx: $(nginx -v 2>&1 | sed 's/.*: //')"
+  nginx_ir=$(echo "${results[0]}" | cut -d' ' -f2)
+  printf '%-20s %12s %10s\n' target "Ir/request" "x nginx"
+  for r in "${results[@]}"; do
+    set -- $r
+    printf '%-20s %12s %10s\n' "$1" "$2" "$(python3 -c "print(f'{$2 / $nginx_ir:.2f}')")"
+  done
+} | tee "$OUT/summary.txt"
+}
