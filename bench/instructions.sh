@@ -29,6 +29,9 @@ BASE_PORT=${BASE_PORT:-19400}
 BUILD=${BUILD:-1}
 TOLLGATE_BIN=${TOLLGATE_BIN:-$ROOT/target/release/tollgate}
 OUT=${OUT:-$HERE/results/instructions-$(date -u +%Y%m%dT%H%M%SZ)}
+# valgrind follows no exec, so the environment is set here rather than through `env`.
+export RUST_LOG=warn
+unset TOLLGATE_DATABASE_URL TOLLGATE_CONFIG
 UP=$BASE_PORT; PX=$((BASE_PORT + 1)); PX_H2=$((BASE_PORT + 2)); ADM=$((BASE_PORT + 3))
 
 for tool in valgrind callgrind_control callgrind_annotate nginx h2load curl; do
@@ -66,10 +69,10 @@ measure() {
   PIDS+=("$vpid")
   wait_200 "http://127.0.0.1:$PX/" 60
   h2load --h1 -n "$WARM_REQUESTS" -c "$CONNS" "http://127.0.0.1:$PX/" >/dev/null
-  callgrind_control -z "$vpid" >/dev/null
+  callgrind_control -z "$vpid" >/dev/null 2>&1
   h2load --h1 -n "$REQUESTS" -c "$CONNS" "http://127.0.0.1:$PX/" >"$OUT/$name.h2load.txt"
   grep -q "$REQUESTS succeeded" "$OUT/$name.h2load.txt" || { echo "$name: not every request succeeded" >&2; cat "$OUT/$name.h2load.txt" >&2; exit 1; }
-  callgrind_control -d "$vpid" >/dev/null
+  callgrind_control -d "$vpid" >/dev/null 2>&1
   sleep 1
   kill -TERM "$vpid" 2>/dev/null || true
   wait "$vpid" 2>/dev/null || true
@@ -96,7 +99,7 @@ for mode in $MODES; do
       *) echo "unknown mode $mode" >&2; exit 1 ;;
     esac
   } >"$RUN/tollgate-$mode.toml"
-  results+=("$(measure "tollgate-$mode" env -u TOLLGATE_DATABASE_URL RUST_LOG=warn "$TOLLGATE_BIN" --config "$RUN/tollgate-$mode.toml" run)")
+  results+=("$(measure "tollgate-$mode" "$TOLLGATE_BIN" --config "$RUN/tollgate-$mode.toml" run)")
 done
 
 {
