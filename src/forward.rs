@@ -16,7 +16,7 @@
 use std::cell::Cell;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use http::header::{self, HeaderValue};
@@ -266,12 +266,8 @@ impl UpstreamPool {
         Ok(response)
     }
 
-    fn lane(&self, worker: usize) -> std::sync::MutexGuard<'_, Lane> {
-        // A panic while holding the lock leaves nothing half-done that matters: the lane
-        // only holds connections.
-        self.lanes[worker]
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+    fn lane(&self, worker: usize) -> MutexGuard<'_, Lane> {
+        lock(&self.lanes[worker])
     }
 
     /// HTTP/1.1: an idle connection of this worker if one is still open, else a new one. A
@@ -349,7 +345,7 @@ impl UpstreamPool {
             if sender.ready().await.is_err() {
                 return;
             }
-            let mut lane = lanes[worker].lock().unwrap_or_else(PoisonError::into_inner);
+            let mut lane = lock(&lanes[worker]);
             let idle = &mut lane.idle[origin];
             let now = Instant::now();
             while idle
@@ -413,6 +409,12 @@ impl UpstreamPool {
             .await
             .map_err(|e| unreachable(&*e))
     }
+}
+
+/// A lane's lock. A panic while it was held leaves nothing half-done that matters (a lane
+/// only holds connections), so a poisoned lock is used as it is.
+fn lock(lane: &Mutex<Lane>) -> MutexGuard<'_, Lane> {
+    lane.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Copies bytes both ways between the upgraded client and upstream connections until either
