@@ -532,6 +532,21 @@ async fn follows_a_failover_to_the_promoted_standby() {
     eprintln!("failover: done in {:?}", test_started.elapsed());
 }
 
+/// Makes the server refuse writes (as a demoted primary does: SQLSTATE 25006) or accept them
+/// again; existing sessions pick the setting up at their next statement.
+async fn set_read_only(admin: &tokio_postgres::Client, on: bool) {
+    let change = if on {
+        "ALTER SYSTEM SET default_transaction_read_only = on"
+    } else {
+        "ALTER SYSTEM RESET default_transaction_read_only"
+    };
+    admin.batch_execute(change).await.expect(change);
+    admin
+        .batch_execute("SELECT pg_reload_conf()")
+        .await
+        .expect("reload the configuration");
+}
+
 /// tollgate's sessions, by backend pid.
 async fn tollgate_pids(client: &tokio_postgres::Client) -> Vec<i32> {
     client
@@ -585,14 +600,7 @@ async fn drops_a_connection_that_turned_read_only() {
     };
 
     // Existing sessions pick the new default up at their next statement.
-    admin
-        .batch_execute("ALTER SYSTEM SET default_transaction_read_only = on")
-        .await
-        .expect("make the server read-only");
-    admin
-        .batch_execute("SELECT pg_reload_conf()")
-        .await
-        .expect("reload");
+    set_read_only(&admin, true).await;
     let mut allowed = 0i64;
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
@@ -633,14 +641,7 @@ async fn drops_a_connection_that_turned_read_only() {
     }
 
     // Writable again: 200 within a bounded time, on a new connection, counting on.
-    admin
-        .batch_execute("ALTER SYSTEM RESET default_transaction_read_only")
-        .await
-        .expect("make the server writable");
-    admin
-        .batch_execute("SELECT pg_reload_conf()")
-        .await
-        .expect("reload");
+    set_read_only(&admin, false).await;
     let writable_at = Instant::now();
     let mut attempts = 0i64;
     let first_ok = loop {

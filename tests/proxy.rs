@@ -393,10 +393,7 @@ upstream = \"app\"
     let answer = get(&h1_client(), &proxy.url("/fast")).await;
     assert_eq!(answer.status, StatusCode::OK);
 
-    let mut buf = Vec::new();
-    let read = tokio::time::timeout(Duration::from_secs(5), slow.read_to_end(&mut buf)).await;
-    assert!(read.is_ok(), "the slow connection was not closed");
-    let waited = started.elapsed();
+    let waited = closed_after(&mut slow, started, "the slow connection was not closed").await;
     assert!(
         waited >= Duration::from_millis(400) && waited < Duration::from_secs(3),
         "closed after {waited:?}"

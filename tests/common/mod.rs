@@ -13,7 +13,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
@@ -440,6 +440,15 @@ pub async fn get(client: &H1Client, url: &str) -> Answer {
         .body(Full::new(Bytes::new()))
         .expect("request");
     send(client, req).await
+}
+
+/// Reads `stream` until the server closes it, and returns how long after `since` that was.
+/// Fails the test (naming `what`) if the server keeps it open for 5 s.
+pub async fn closed_after(stream: &mut TcpStream, since: Instant, what: &str) -> Duration {
+    let mut buf = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut buf)).await;
+    assert!(closed.is_ok(), "{what}");
+    since.elapsed()
 }
 
 /// Sends raw bytes on a fresh TCP connection and reads until the server closes it or
