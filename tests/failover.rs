@@ -167,6 +167,16 @@ impl Clusters {
     /// Runs a command to completion without blocking the runtime; its stdout, or a panic
     /// saying what failed.
     async fn run(&self, what: &str, command: Command) -> String {
+        self.run_or_explain(what, command, String::new).await
+    }
+
+    /// [`Clusters::run`], with `context()` (a server log, say) added to the failure message.
+    async fn run_or_explain(
+        &self,
+        what: &str,
+        command: Command,
+        context: impl FnOnce() -> String,
+    ) -> String {
         let output = tokio::process::Command::from(command)
             .stdin(Stdio::null())
             .output()
@@ -174,10 +184,11 @@ impl Clusters {
             .unwrap_or_else(|e| panic!("{what}: could not run: {e}"));
         assert!(
             output.status.success(),
-            "{what} failed ({}): {}{}",
+            "{what} failed ({}): {}{}{}",
             output.status,
             String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
+            String::from_utf8_lossy(&output.stderr),
+            context()
         );
         String::from_utf8_lossy(&output.stdout).into_owned()
     }
@@ -225,17 +236,10 @@ impl Clusters {
             .arg(self.log(name))
             .args(["-w", "-t", "30", "-o", &self.server_options(port), "start"]);
         let what = format!("pg_ctl start ({name})");
-        let output = tokio::process::Command::from(start)
-            .stdin(Stdio::null())
-            .output()
-            .await
-            .unwrap_or_else(|e| panic!("{what}: could not run: {e}"));
-        assert!(
-            output.status.success(),
-            "{what} failed: {}\nserver log:\n{}",
-            String::from_utf8_lossy(&output.stderr),
-            self.log_tail(name)
-        );
+        self.run_or_explain(&what, start, || {
+            format!("\nserver log:\n{}", self.log_tail(name))
+        })
+        .await;
     }
 
     async fn stop(&self, name: &str, mode: &str) {

@@ -29,16 +29,8 @@ const SETTLE: Duration = Duration::from_millis(200);
 /// The request every smuggling payload tries to hide behind the first one.
 const SMUGGLED: &str = "GET /smuggled HTTP/1.1\r\nHost: t\r\n\r\n";
 
-const CONFIG: &str = r#"
-[server]
-listen = ["127.0.0.1:0"]
-shutdown_timeout = "5s"
-
-[upstreams.app]
-url = "http://@UPSTREAM@"
-connect_timeout = "1s"
-response_timeout = "2s"
-
+/// Routes after the shared preamble ([`BASE`]).
+const ROUTES: &str = r#"
 [[routes]]
 name = "oauth.register"
 path_prefix = "/oauth/register"
@@ -56,7 +48,8 @@ upstream = "app"
 
 async fn setup() -> (Upstream, Proxy) {
     let upstream = Upstream::start().await;
-    let proxy = Proxy::start(config_from(CONFIG, upstream.addr, &[])).await;
+    let config = config_from(&format!("{BASE}{ROUTES}"), upstream.addr, &[]);
+    let proxy = Proxy::start(config).await;
     (upstream, proxy)
 }
 
