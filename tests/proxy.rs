@@ -435,9 +435,15 @@ async fn graceful_stop_lets_an_in_flight_request_finish() {
 
 /// Upstream connections are kept alive and reused: a keep-alive client's sequential requests
 /// travel on one upstream connection, and a burst opens at most one per concurrent request.
+/// One worker: each worker keeps its own idle connections, so with several a new client
+/// accepted by another worker would rightly open one of its own.
 #[tokio::test]
 async fn upstream_connections_are_reused() {
-    let (upstream, proxy, client) = setup().await;
+    let upstream = Upstream::start().await;
+    let one_worker = BASE.replace("[server]\n", "[server]\nworkers = 1\n");
+    let config = config_from(&format!("{one_worker}{ROUTES}"), upstream.addr, &[]);
+    let proxy = Proxy::start(config).await;
+    let client = h1_client();
     for _ in 0..20 {
         let answer = send(&client, req("GET", &proxy.url("/x"), "a.example.test", "")).await;
         assert_eq!(answer.status, StatusCode::OK);
