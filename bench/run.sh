@@ -29,6 +29,11 @@
 #   SOAK [1]  SOAK_SECONDS [300]  SOAK_CONNS [1000]  SOAK_INTERVAL [5] s between two requests
 #             on one connection (1000 connections / 5 s = ~200 req/s of light load)
 #   PIN [1]: proxy under test on CPU_PROXY [1]; wrk/h2load and the upstream on CPU_LOAD [0]
+#   PIN_PG [1] (with PIN=1): the PostgreSQL backends serving the mode under load on CPU_LOAD
+#             too, re-pinned every 0.5 s during the run (new pool connections included).
+#             Unpinned, Linux's wake-up placement runs a backend on the proxy's CPU most of
+#             the time (it is woken by the proxy's write), where it takes the proxy's CPU;
+#             in production the database is another machine. PIN_PG=0 measures that case.
 #   WORKERS [1]: tollgate's connection workers (`server.workers`, like nginx's one worker)
 #   PG_URL [postgres://postgres@127.0.0.1:5432]  (loopback only; trust auth; the script creates
 #             and drops databases tollgate_bench_<mode>)   PG_STATS_WAIT [11] s (see below)
@@ -89,6 +94,7 @@ SOAK_SECONDS=${SOAK_SECONDS:-300}
 SOAK_CONNS=${SOAK_CONNS:-1000}
 SOAK_INTERVAL=${SOAK_INTERVAL:-5}
 PIN=${PIN:-1}
+PIN_PG=${PIN_PG:-1}
 CPU_PROXY=${CPU_PROXY:-1}
 CPU_LOAD=${CPU_LOAD:-0}
 WORKERS=${WORKERS:-1}
@@ -188,6 +194,15 @@ pin() {   # pin proxy|load -> taskset prefix (word-split on purpose)
 # ---------------------------------------------------------------- PostgreSQL helpers
 psql_admin() { PGOPTIONS="-c client_min_messages=warning" psql "$PG_URL/postgres" -X -q -v ON_ERROR_STOP=1 "$@"; }
 psql_db() { local db=$1; shift; psql "$PG_URL/$db" -X -q -v ON_ERROR_STOP=1 "$@"; }
+pin_backends() {   # pin_backends DB: the server processes serving DB onto CPU_LOAD, now
+  local pid
+  for pid in $(psql_admin -tAc "SELECT pid FROM pg_stat_activity WHERE datname = '$1'" 2>/dev/null); do
+    taskset -pc "$CPU_LOAD" "$pid" >/dev/null 2>&1 || echo "cannot pin backend $pid (not root?)" >&2
+  done
+}
+pin_backends_during() {   # pin_backends_during DB: pin_backends every 0.5 s until killed
+  while :; do pin_backends "$1"; sleep 0.5; done
+}
 STATS_METHOD=""
 db_snap() {   # db_snap DB -> "statements rows_written"
   local db=$1 stm rows
@@ -319,6 +334,7 @@ done
   echo "loadavg_before: $(cat /proc/loadavg)"
   echo "params: RUNS=$RUNS DURATION=${DURATION}s WARMUP=${WARMUP}s CONNS='$CONNS' PROTOS='$PROTOS' H2_STREAMS=$H2_STREAMS wrk -t1 h2load -t1"
   if [[ $PIN == 1 ]]; then echo "pinning: proxy under test on cpu$CPU_PROXY; wrk/h2load and upstream on cpu$CPU_LOAD"; else echo "pinning: none"; fi
+  if [[ $PIN == 1 && $PIN_PG == 1 ]]; then echo "pinning: PostgreSQL backends of the mode under load on cpu$CPU_LOAD (PIN_PG=1)"; elif ((NEEDS_PG)); then echo "pinning: PostgreSQL not pinned (PIN_PG=0)"; fi
   echo "targets: ${ORDER[*]}"
 } | tee "$OUT/env.txt"
 
@@ -401,10 +417,15 @@ run_one() {   # run_one PROTO CONNS TARGET REP
       || { echo "warm-up failed for $t (see $base.warmup.txt)" >&2; tail "$base.warmup.txt" >&2; exit 1; }
     wreq=$($LIB count "$base.warmup.txt")
   fi
+  local pinner=""
+  if [[ -n ${DB[$t]:-} && $PIN == 1 && $PIN_PG == 1 ]]; then
+    pin_backends_during "${DB[$t]}" & pinner=$!
+  fi
   cpu0=$($LIB cpu-snap)
   load_cmd "$proto" "$c" "$t" "$DURATION" "$RUN/run.h2log" >"$f" 2>&1 \
-    || { echo "$proto load failed for $t (see $f)" >&2; tail "$f" >&2; exit 1; }
+    || { [[ -n $pinner ]] && kill "$pinner"; echo "$proto load failed for $t (see $f)" >&2; tail "$f" >&2; exit 1; }
   cpu1=$($LIB cpu-snap)
+  if [[ -n $pinner ]]; then kill "$pinner" 2>/dev/null; wait "$pinner" 2>/dev/null || true; fi
   busy=$($LIB cpu-busy "$cpu0" "$cpu1")
   if [[ $proto == h1 ]]; then vals=$($LIB parse-wrk "$f"); else vals=$($LIB parse-h2load "$f" "$RUN/run.h2log"); fi
   rss=$($LIB rss "${PIDOF[$t]}")
