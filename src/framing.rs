@@ -123,19 +123,23 @@ impl<S> FramingGuard<S> {
             match &mut self.state {
                 State::Start => {
                     // Decide by the first bytes whether this is HTTP/2's preface.
-                    self.pending.push(bytes[i]);
-                    i += 1;
                     let seen = self.pending.len();
-                    if H2_PREFACE.starts_with(&self.pending) {
-                        if seen == H2_PREFACE.len() {
+                    let probe = &bytes[i..(i + H2_PREFACE.len() - seen).min(bytes.len())];
+                    if H2_PREFACE[seen..].starts_with(probe) {
+                        self.pending.extend_from_slice(probe);
+                        i += probe.len();
+                        if self.pending.len() == H2_PREFACE.len() {
                             self.pending.clear();
                             self.state = State::PassThrough;
                         }
                     } else {
+                        // HTTP/1: what an earlier read held back is a head's start; this
+                        // read's bytes go on as head bytes from `i`, uncopied.
                         self.state = State::Head;
                         let collected = std::mem::take(&mut self.pending);
-                        // Re-run the collected bytes as a head.
-                        self.inspect_head_bytes(&collected)?;
+                        if !collected.is_empty() {
+                            self.inspect_head_bytes(&collected)?;
+                        }
                     }
                 }
                 State::Head => {
@@ -174,6 +178,11 @@ impl<S> FramingGuard<S> {
 
     /// Feeds head bytes; returns how many were consumed (up to the end of the head).
     fn head_bytes(&mut self, bytes: &[u8]) -> Result<usize, Refusal> {
+        if self.pending.is_empty() {
+            if let Some(consumed) = self.whole_head(bytes)? {
+                return Ok(consumed);
+            }
+        }
         let mut n = 0;
         while n < bytes.len() {
             // Ordinary bytes are copied a run at a time; only CR and LF need a closer look.
@@ -214,6 +223,9 @@ impl<S> FramingGuard<S> {
                 return Err(Refusal::HeadTooLarge);
             }
             if self.pending.ends_with(b"\r\n\r\n") {
+                if Self::has_fold(&self.pending) {
+                    return Err(Refusal::ObsoleteFold);
+                }
                 // Judged in place and cleared, so the buffer's capacity serves the next head.
                 let (next, upgrade) = self.judge_head(&self.pending)?;
                 self.pending.clear();
@@ -226,16 +238,62 @@ impl<S> FramingGuard<S> {
         Ok(bytes.len())
     }
 
-    /// Checks a complete head and says what follows it, and whether it asks for an upgrade.
-    fn judge_head(&self, head: &[u8]) -> Result<(State, bool), Refusal> {
-        // Line endings were already checked byte by byte in `head_bytes`.
-        // An obsolete folded line starts with whitespace.
-        if head
-            .windows(3)
-            .any(|w| w[0] == b'\r' && w[1] == b'\n' && (w[2] == b' ' || w[2] == b'\t'))
-        {
-            return Err(Refusal::ObsoleteFold);
+    /// The common case, judged in place without copying: a read that starts with a whole
+    /// head whose every line ends in CRLF. `None` sends the bytes the byte-by-byte way
+    /// instead (a head split over reads, leading empty lines, a stray CR or LF, a head past
+    /// [`MAX_HEAD`]), which refuses exactly what it refused before. One plain pass over the
+    /// bytes: heads are short, and a search call per line costs more than it saves.
+    fn whole_head(&mut self, bytes: &[u8]) -> Result<Option<usize>, Refusal> {
+        let window = &bytes[..bytes.len().min(MAX_HEAD)];
+        if matches!(window.first(), None | Some(b'\r' | b'\n')) {
+            return Ok(None);
         }
+        let mut folded = false;
+        let mut line_start = 0;
+        let mut i = 0;
+        while i < window.len() {
+            match window[i] {
+                b'\r' => {}
+                b'\n' => return Ok(None),
+                _ => {
+                    i += 1;
+                    continue;
+                }
+            }
+            // Only CRLF ends a line.
+            if window.get(i + 1) != Some(&b'\n') {
+                return Ok(None);
+            }
+            if i == line_start {
+                // The empty line: the head ends here. A fold is judged only now, as the
+                // byte-by-byte way does, so both refuse the same head for the same reason.
+                if folded {
+                    return Err(Refusal::ObsoleteFold);
+                }
+                let end = i + 2;
+                let (next, upgrade) = self.judge_head(&window[..end])?;
+                self.state = next;
+                self.upgrade_requested |= upgrade;
+                self.heads_seen += 1;
+                return Ok(Some(end));
+            }
+            i += 2;
+            line_start = i;
+            folded |= matches!(window.get(i), Some(b' ' | b'\t'));
+        }
+        Ok(None)
+    }
+
+    /// Whether a complete head has an obsolete folded line (one that starts with whitespace).
+    fn has_fold(head: &[u8]) -> bool {
+        head.windows(3)
+            .any(|w| w[0] == b'\r' && w[1] == b'\n' && (w[2] == b' ' || w[2] == b'\t'))
+    }
+
+    /// Checks a complete head, whose line endings and folds were already checked
+    /// (`head_bytes`, `whole_head`), and says what follows it, and whether it asks for an
+    /// upgrade.
+    fn judge_head(&self, head: &[u8]) -> Result<(State, bool), Refusal> {
         let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
         let mut request = httparse::Request::new(&mut headers);
         match request.parse(head) {
@@ -577,6 +635,107 @@ mod tests {
                 String::from_utf8_lossy(input)
             );
         }
+    }
+
+    /// The same input as the second request of a connection: its head then starts a read
+    /// with nothing held back, which is where whole heads are judged without a copy.
+    fn refused_after_a_first_request(input: &[u8]) -> Option<Refusal> {
+        let mut both = b"GET /first HTTP/1.1\r\nHost: a\r\n\r\n".to_vec();
+        let first = both.len();
+        both.extend_from_slice(input);
+        let mut guard = FramingGuard::new(());
+        let in_two_reads = guard
+            .inspect(&both[..first])
+            .and_then(|()| guard.inspect(&both[first..]))
+            .err();
+        assert_eq!(
+            in_two_reads,
+            refused(&both),
+            "{}",
+            String::from_utf8_lossy(input)
+        );
+        in_two_reads
+    }
+
+    #[test]
+    fn whole_heads_judged_in_place_agree_with_the_byte_by_byte_way() {
+        let cases: [(&[u8], Option<Refusal>); 12] = [
+            (b"GET / HTTP/1.1\r\nHost: a\r\n\r\n", None),
+            (
+                b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\nabcGET / HTTP/1.1\r\n\r\n",
+                None,
+            ),
+            (
+                b"GET / HTTP/1.1\r\nHost: a\r\n\r\nGET /2 HTTP/1.1\r\nHo",
+                None,
+            ),
+            (b"\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n", None),
+            (
+                b"GET / HTTP/1.1\r\nHost: a\nX: 1\r\n\r\n",
+                Some(Refusal::BareLineFeed),
+            ),
+            (
+                b"GET / HTTP/1.1\r\nHost: a\rX: 1\r\n\r\n",
+                Some(Refusal::BareLineFeed),
+            ),
+            (
+                b"GET / HTTP/1.1\r\nHost: a\r\n\n",
+                Some(Refusal::BareLineFeed),
+            ),
+            (
+                b"GET / HTTP/1.1\r\nHost: a\r\nX: 1\r\n\tfolded\r\n\r\n",
+                Some(Refusal::ObsoleteFold),
+            ),
+            (
+                b"POST / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n",
+                Some(Refusal::LengthAndChunked),
+            ),
+            (
+                b"POST / HTTP/1.1\r\nContent-Length: 01\r\n\r\n",
+                Some(Refusal::BadContentLength),
+            ),
+            (
+                b"GET / HTTP/1.1\r\nBad Header: 1\r\n\r\n",
+                Some(Refusal::MalformedHead),
+            ),
+            (
+                b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nz\r\n",
+                Some(Refusal::BadChunk),
+            ),
+        ];
+        for (input, expected) in cases {
+            assert_eq!(
+                refused_after_a_first_request(input),
+                expected,
+                "{}",
+                String::from_utf8_lossy(input)
+            );
+        }
+    }
+
+    #[test]
+    fn the_h2_preface_is_recognised_across_reads_and_near_misses_are_http1() {
+        for step in [1, 2, 5, H2_PREFACE.len()] {
+            let mut guard = FramingGuard::new(());
+            for piece in H2_PREFACE.chunks(step) {
+                assert_eq!(guard.inspect(piece), Ok(()));
+            }
+            assert!(matches!(guard.state, State::PassThrough), "split by {step}");
+        }
+        // A head that starts like the preface is judged as HTTP/1 (the preface itself is
+        // not a valid HTTP/1 head).
+        assert_eq!(
+            refused(b"PRI * HTTP/2.0\r\n\r\nSX"),
+            Some(Refusal::MalformedHead)
+        );
+        assert_eq!(
+            refused(b"PRI * HTTP/1.1\r\nHost: a\r\n\r\nGET / HTTP/1.1\r\n\r\n"),
+            None
+        );
+        assert_eq!(
+            refused(b"PUT / HTTP/1.1\r\nHost: a\nX: 1\r\n\r\n"),
+            Some(Refusal::BareLineFeed)
+        );
     }
 
     #[test]
