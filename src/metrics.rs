@@ -3,7 +3,7 @@
 //! so no subject can reach a label and cardinality stays bounded.
 
 use std::fmt::Write as _;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
@@ -185,5 +185,132 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &self.registry);
         out
+    }
+}
+
+/// Decisions a route counts, in [`RouteMetrics`]' order.
+const DECISIONS: [&str; 5] = [
+    "allowed",
+    "shadow_limited",
+    "limited",
+    "failed_open",
+    "failed_closed",
+];
+const FIRST_STATUS: u16 = 100;
+const STATUSES: usize = 500;
+
+/// One route's series, each looked up in its family once and then kept: a request touches
+/// three of them, and a family lookup (hashing the labels under a lock) cost as much as the
+/// counting. Each handle shares its counter with the family, so `/metrics` shows the same
+/// series, created on first use as before. Rebuilt (empty) by a reload.
+pub struct RouteMetrics {
+    route: Arc<str>,
+    decisions: [OnceLock<Counter>; DECISIONS.len()],
+    /// By status code, from 100.
+    responses: Box<[OnceLock<Counter>]>,
+    upstream_seconds: OnceLock<Histogram>,
+}
+
+impl RouteMetrics {
+    pub fn new(route: Arc<str>) -> Self {
+        RouteMetrics {
+            route,
+            decisions: Default::default(),
+            responses: (0..STATUSES).map(|_| OnceLock::new()).collect(),
+            upstream_seconds: OnceLock::new(),
+        }
+    }
+
+    pub fn decision(&self, metrics: &Metrics, decision: &'static str) {
+        let Some(i) = DECISIONS.iter().position(|known| *known == decision) else {
+            return metrics.decision(&self.route, decision);
+        };
+        let counter = self.decisions[i].get_or_init(|| {
+            let labels = DecisionLabels {
+                route: RouteName(self.route.clone()),
+                decision,
+            };
+            metrics.decisions.get_or_create(&labels).clone()
+        });
+        counter.inc();
+    }
+
+    pub fn response(&self, metrics: &Metrics, code: u16) {
+        let Some(slot) = self
+            .responses
+            .get(usize::from(code.wrapping_sub(FIRST_STATUS)))
+        else {
+            return metrics.response(&self.route, code);
+        };
+        let counter = slot.get_or_init(|| {
+            let labels = ResponseLabels {
+                route: RouteName(self.route.clone()),
+                code,
+            };
+            metrics.responses.get_or_create(&labels).clone()
+        });
+        counter.inc();
+    }
+
+    pub fn upstream_time(&self, metrics: &Metrics, seconds: f64) {
+        self.upstream_seconds
+            .get_or_init(|| {
+                metrics
+                    .upstream_seconds
+                    .get_or_create(&RouteLabels {
+                        route: RouteName(self.route.clone()),
+                    })
+                    .clone()
+            })
+            .observe(seconds);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line<'a>(text: &'a str, prefix: &str) -> Option<&'a str> {
+        text.lines().find(|l| l.starts_with(prefix))
+    }
+
+    #[test]
+    fn route_handles_count_into_the_families_series() {
+        let metrics = Metrics::new();
+        let route = RouteMetrics::new(Arc::from("api"));
+        // Nothing shows before first use, as with the families alone.
+        assert!(line(&metrics.render(), "tollgate_decisions_total{").is_none());
+        route.decision(&metrics, "allowed");
+        route.decision(&metrics, "allowed");
+        route.decision(&metrics, "limited");
+        // A decision without a cached slot goes to the family directly.
+        route.decision(&metrics, "something_new");
+        route.response(&metrics, 200);
+        route.response(&metrics, 429);
+        route.response(&metrics, 429);
+        // Status codes outside 100..=599 have no slot.
+        route.response(&metrics, 999);
+        route.response(&metrics, 42);
+        route.upstream_time(&metrics, 0.002);
+        // A second handle for the same route (after a reload) shares the series.
+        RouteMetrics::new(Arc::from("api")).decision(&metrics, "allowed");
+
+        let text = metrics.render();
+        let expect = [
+            r#"tollgate_decisions_total{route="api",decision="allowed"} 3"#,
+            r#"tollgate_decisions_total{route="api",decision="limited"} 1"#,
+            r#"tollgate_decisions_total{route="api",decision="something_new"} 1"#,
+            r#"tollgate_responses_total{route="api",code="200"} 1"#,
+            r#"tollgate_responses_total{route="api",code="429"} 2"#,
+            r#"tollgate_responses_total{route="api",code="999"} 1"#,
+            r#"tollgate_responses_total{route="api",code="42"} 1"#,
+            r#"tollgate_upstream_seconds_count{route="api"} 1"#,
+        ];
+        for series in expect {
+            assert!(
+                text.lines().any(|l| l == series),
+                "missing {series} in\n{text}"
+            );
+        }
     }
 }

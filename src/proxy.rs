@@ -24,7 +24,7 @@ use crate::forward::{ForwardRequest, UpstreamPool};
 use crate::headers;
 use crate::key::{self, BucketHasher, RequestIdentity};
 use crate::limit::{LimitOutcome, Limiter, PlannedLimit, Verdict};
-use crate::metrics::{Metrics, NO_ROUTE};
+use crate::metrics::{Metrics, RouteMetrics, NO_ROUTE};
 use crate::normalise;
 use crate::route;
 
@@ -37,6 +37,7 @@ pub struct CompiledRoute {
     pub policies: Vec<Arc<str>>,
     pub upstream: Arc<UpstreamPool>,
     pub on_store_error: StoreErrorPolicy,
+    pub metrics: RouteMetrics,
 }
 
 /// Everything a reload replaces at once.
@@ -65,6 +66,7 @@ impl Runtime {
                     .collect(),
                 upstream: pools[r.upstream].clone(),
                 on_store_error: r.on_store_error.unwrap_or(config.store.on_error),
+                metrics: RouteMetrics::new(Arc::from(r.name.as_str())),
             })
             .collect();
         Ok(Runtime { config, routes })
@@ -88,7 +90,8 @@ pub struct Proxy {
 /// How a request ended, for the log and metrics.
 struct Handled {
     response: Response<ProxyBody>,
-    route: Option<Arc<str>>,
+    /// Index into the runtime's routes.
+    route: Option<usize>,
     decision: &'static str,
     /// The policies that denied it, if any.
     violated: Vec<Arc<str>>,
@@ -124,14 +127,23 @@ impl Proxy {
         let uri = req.uri().clone();
         let handled = self.pipeline(&runtime, req, conn).await;
         let status = handled.response.status().as_u16();
-        let route_name = handled.route.clone().unwrap_or_else(|| Arc::from(NO_ROUTE));
-        self.metrics.response(&route_name, status);
+        let route = handled.route.map(|i| &runtime.routes[i]);
+        let route_name = match route {
+            Some(route) => {
+                route.metrics.response(&self.metrics, status);
+                &*route.name
+            }
+            None => {
+                self.metrics.response(&Arc::from(NO_ROUTE), status);
+                NO_ROUTE
+            }
+        };
         let violated = handled.violated.join(",");
         tracing::info!(
             target: "tollgate::access",
             method = %method,
             path = uri.path(),
-            route = &*route_name,
+            route = route_name,
             decision = handled.decision,
             policy = %violated,
             status,
@@ -158,7 +170,6 @@ impl Proxy {
             return local_error(None, RequestError::NoRoute);
         };
         let route = &rt.routes[index];
-        let route_name = route.name.clone();
 
         // Step 3: who the request counts as, per limit.
         let server = &rt.config.server;
@@ -202,11 +213,11 @@ impl Proxy {
                 retry_after,
                 violated,
             } => {
-                self.metrics.decision(&route_name, "limited");
+                route.metrics.decision(&self.metrics, "limited");
                 let response = rejection(rt, route, &req, &outcomes, retry_after, &violated);
                 return Handled {
                     response,
-                    route: Some(route_name),
+                    route: Some(index),
                     decision: "limited",
                     violated,
                     upstream: None,
@@ -215,9 +226,8 @@ impl Proxy {
             Verdict::StoreFailed => match route.on_store_error {
                 StoreErrorPolicy::Allow => ("failed_open", Vec::new()),
                 StoreErrorPolicy::Deny => {
-                    self.metrics.decision(&route_name, "failed_closed");
-                    let mut handled =
-                        local_error(Some(route_name), RequestError::StoreFailedClosed);
+                    route.metrics.decision(&self.metrics, "failed_closed");
+                    let mut handled = local_error(Some(index), RequestError::StoreFailedClosed);
                     handled
                         .response
                         .headers_mut()
@@ -227,7 +237,7 @@ impl Proxy {
                 }
             },
         };
-        self.metrics.decision(&route_name, decision);
+        route.metrics.decision(&self.metrics, decision);
 
         // Step 5: forward.
         let peer_trusted = key::is_trusted(key::canonical(conn.peer.ip()), &server.trusted_proxies);
@@ -252,8 +262,9 @@ impl Proxy {
         };
         let upstream_started = Instant::now();
         let result = route.upstream.forward(req, fwd).await;
-        self.metrics
-            .upstream_time(&route_name, upstream_started.elapsed().as_secs_f64());
+        route
+            .metrics
+            .upstream_time(&self.metrics, upstream_started.elapsed().as_secs_f64());
         let upstream_name = Some(route.upstream.name.clone());
         match result {
             Ok(response) => {
@@ -265,15 +276,15 @@ impl Proxy {
                 );
                 Handled {
                     response: Response::from_parts(parts, ProxyBody::Upstream(body)),
-                    route: Some(route_name),
+                    route: Some(index),
                     decision,
                     violated: Vec::new(),
                     upstream: upstream_name,
                 }
             }
             Err(err) => {
-                tracing::warn!(route = %route_name, error = %err, "upstream request failed");
-                let mut handled = local_error(Some(route_name), err);
+                tracing::warn!(route = %route.name, error = %err, "upstream request failed");
+                let mut handled = local_error(Some(index), err);
                 handled.decision = decision;
                 handled.upstream = upstream_name;
                 handled
@@ -297,7 +308,7 @@ fn bad_request_reason(err: normalise::NormaliseError) -> &'static str {
 }
 
 /// A response tollgate writes itself for a failure.
-fn local_error(route: Option<Arc<str>>, err: RequestError) -> Handled {
+fn local_error(route: Option<usize>, err: RequestError) -> Handled {
     let status = err.status();
     let mut response = Response::new(ProxyBody::text(format!(
         "{}\n",
