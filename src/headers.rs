@@ -28,6 +28,9 @@ static HOP_BY_HOP: [HeaderName; 9] = [
     header::UPGRADE,
 ];
 
+/// Where `TE` is in [`HOP_BY_HOP`].
+const TE_AT: usize = 5;
+
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
@@ -73,13 +76,18 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     if !present.contains(&true) {
         return;
     }
-    let wants_trailers = accepts_trailers(headers);
+    let wants_trailers = present[TE_AT] && accepts_trailers(headers);
     // Headers named by `Connection`, except options that are no header of the message
-    // (`close`) or that the fixed list removes anyway (`keep-alive`, `upgrade`, ...).
+    // (`close`) or that the fixed list removes anyway (`keep-alive`, `upgrade`, ...). Those
+    // are nearly every token seen, and they are recognised as text before any parsing.
     let named: Vec<HeaderName> = tokens(headers, &header::CONNECTION)
-        .filter(|t| !t.eq_ignore_ascii_case("close"))
+        .filter(|t| {
+            !t.eq_ignore_ascii_case("close")
+                && !HOP_BY_HOP
+                    .iter()
+                    .any(|h| t.eq_ignore_ascii_case(h.as_str()))
+        })
         .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
-        .filter(|name| !HOP_BY_HOP.contains(name))
         .collect();
     for name in named {
         headers.remove(name);
@@ -251,6 +259,26 @@ mod tests {
         assert!(h.get("transfer-encoding").is_none());
         assert_eq!(h.get("te").unwrap(), "trailers");
         assert_eq!(h.get("x-end-to-end").unwrap(), "yes");
+    }
+
+    #[test]
+    fn connection_options_that_are_hop_by_hop_names_are_removed_once() {
+        assert_eq!(HOP_BY_HOP[TE_AT], header::TE);
+        let mut h = HeaderMap::new();
+        h.insert("connection", "Keep-Alive, TE, x-named".parse().unwrap());
+        h.insert("keep-alive", "timeout=5".parse().unwrap());
+        h.insert("te", "trailers".parse().unwrap());
+        h.insert("x-named", "1".parse().unwrap());
+        h.insert("x-kept", "1".parse().unwrap());
+        strip_hop_by_hop(&mut h);
+        let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["te", "x-kept"], "{h:?}");
+        // Without `TE` there is nothing to keep.
+        let mut h = HeaderMap::new();
+        h.insert("connection", "keep-alive".parse().unwrap());
+        strip_hop_by_hop(&mut h);
+        assert!(h.is_empty(), "{h:?}");
     }
 
     #[test]
