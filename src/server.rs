@@ -60,9 +60,10 @@ const STORE_START_WAIT: Duration = Duration::from_secs(2);
 /// Decision statements in flight at once, whatever the pool size. Fewer, larger multi-row
 /// statements cost the database (and tollgate) less per increment than many small ones:
 /// measured on 10,000 distinct keys, 4 in flight carried 3-8 rows each and doubled the
-/// throughput of 16 in flight (docs/performance.md). The rest of the pool serves the sweep,
-/// probes and the statement of a bucket that is waiting.
-const MAX_STATEMENTS_IN_FLIGHT: usize = 4;
+/// throughput of 16 in flight; 2 sent 10-20% fewer statements than 4 for the same or more
+/// requests per second (docs/performance.md). The rest of the pool serves the sweep, probes
+/// and the statement of a bucket that is waiting.
+const MAX_STATEMENTS_IN_FLIGHT: usize = 2;
 /// Rows deleted per sweep statement.
 const SWEEP_BATCH: i64 = 1000;
 /// HTTP/2 keep-alive pings: a peer that stops answering is dropped.
