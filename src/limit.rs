@@ -14,7 +14,6 @@
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
-
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
