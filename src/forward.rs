@@ -338,9 +338,11 @@ impl UpstreamPool {
 
     /// Returns the connection to the worker's idle list once its response has been read to
     /// the end (an HTTP/1.1 connection carries one exchange at a time). A connection that
-    /// closes instead, or was taken over by an upgrade, is dropped.
+    /// closes instead, or was taken over by an upgrade, is dropped; so is one that finds
+    /// `max_idle_connections` already idle (dropping the sender closes the connection).
     fn recycle_h1(&self, worker: usize, origin: usize, mut sender: http1::SendRequest<Incoming>) {
         let lanes = self.lanes.clone();
+        let keep = self.config.max_idle_connections;
         tokio::spawn(async move {
             if sender.ready().await.is_err() {
                 return;
@@ -354,7 +356,9 @@ impl UpstreamPool {
             {
                 idle.pop_front();
             }
-            idle.push_back(Idle { sender, since: now });
+            if idle.len() < keep {
+                idle.push_back(Idle { sender, since: now });
+            }
         });
     }
 

@@ -474,6 +474,56 @@ async fn upstream_connections_are_reused() {
     assert_eq!(upstream.connections(), after_burst);
 }
 
+/// At most `max_idle_connections` idle upstream connections are kept (per worker and
+/// origin): the rest of a burst's connections are closed when they go idle, and the kept ones
+/// are reused.
+#[tokio::test]
+async fn idle_upstream_connections_beyond_the_cap_are_closed() {
+    let upstream = Upstream::start().await;
+    let base = BASE
+        .replace("[server]\n", "[server]\nworkers = 1\n")
+        .replace(
+            "[upstreams.app]\n",
+            "[upstreams.app]\nmax_idle_connections = 2\n",
+        );
+    let config = config_from(&format!("{base}{ROUTES}"), upstream.addr, &[]);
+    let proxy = Proxy::start(config).await;
+
+    let burst = (0..8).map(|_| {
+        let client = h1_client();
+        let url = proxy.url("/slow/200");
+        tokio::spawn(async move { send(&client, req("GET", &url, "a.example.test", "")).await })
+    });
+    for answer in futures_util::future::join_all(burst).await {
+        assert_eq!(answer.expect("task").status, StatusCode::OK);
+    }
+    let opened = upstream.connections();
+    assert!(
+        opened >= 4,
+        "8 concurrent slow requests shared {opened} connections"
+    );
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while upstream.open_connections() > 2 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        upstream.open_connections(),
+        2,
+        "{opened} opened; only the 2 kept idle may stay open"
+    );
+    // The two kept are the ones used next.
+    for _ in 0..4 {
+        let client = h1_client();
+        let answer = send(&client, req("GET", &proxy.url("/x"), "a.example.test", "")).await;
+        assert_eq!(answer.status, StatusCode::OK);
+    }
+    assert_eq!(
+        upstream.connections(),
+        opened,
+        "no new connection for reuse"
+    );
+}
+
 /// An upstream that ends its connection after a response (`Connection: close`) gets a new
 /// connection for the next request; none of them fails.
 #[tokio::test]

@@ -58,6 +58,11 @@ const MAX_DURATION_SECS: u64 = 366 * 86_400;
 /// below what would make a semaphore constructor panic.
 const MAX_CONNECTIONS: i64 = 10_000_000;
 
+/// Idle upstream connections kept per worker and origin, unless the file says otherwise: like
+/// a generous nginx `keepalive`, enough for a busy worker's reuse, bounded so that a burst's
+/// connections (and their buffers) do not all stay open after it.
+const DEFAULT_IDLE_CONNECTIONS: usize = 128;
+const MAX_IDLE_CONNECTIONS: i64 = 65_535;
 /// Upper bound for `server.workers`: each worker is an OS thread with its own runtime.
 const MAX_WORKERS: i64 = 1024;
 
@@ -157,7 +162,7 @@ pub fn load_file(
 ///   `store.migrate`: true; `store.sweep_interval`: 60s; `store.synchronous_commit`: `"off"`.
 /// - `keys.secret`: none (plain SHA-256 digests).
 /// - upstreams: `connect_timeout` 2s, `response_timeout` 30s, `preserve_host` true,
-///   `ca_file` none, `http2` false.
+///   `ca_file` none, `http2` false, `max_idle_connections` 128.
 /// - routes: `host` any, `path_prefix` `"/"`, `methods` any, `strip_prefix` false,
 ///   `on_store_error` = `store.on_error`, `shadow` false, `limits` none, `reject` none
 ///   (inside `[routes.reject]`: `status` 429, `content_type` none, `body` empty).
@@ -761,6 +766,7 @@ const UPSTREAM_KEYS: &[&str] = &[
     "preserve_host",
     "ca_file",
     "http2",
+    "max_idle_connections",
 ];
 const ROUTE_KEYS: &[&str] = &[
     "name",
@@ -1164,6 +1170,12 @@ fn read_upstream(cx: &mut Cx<'_>, name: &str, node: &Node<'_>) -> Option<Upstrea
         None => Some(None),
     };
     let http2 = cx.bool_or(t.get("http2"), false);
+    let max_idle_connections = match t.get("max_idle_connections") {
+        Some(n) => cx
+            .integer(&n, 0, MAX_IDLE_CONNECTIONS)
+            .and_then(|i| usize::try_from(i).ok()),
+        None => Some(DEFAULT_IDLE_CONNECTIONS),
+    };
     t.finish(cx);
     Some(UpstreamConfig {
         name: name.to_string(),
@@ -1173,6 +1185,7 @@ fn read_upstream(cx: &mut Cx<'_>, name: &str, node: &Node<'_>) -> Option<Upstrea
         preserve_host: preserve_host?,
         ca_file: ca_file?,
         http2: http2?,
+        max_idle_connections: max_idle_connections?,
     })
 }
 
@@ -2116,6 +2129,7 @@ body = '{"error":"slow down"}'
         assert!(u.preserve_host);
         assert_eq!(u.ca_file, None);
         assert!(!u.http2);
+        assert_eq!(u.max_idle_connections, 128);
         let r = &c.routes[0];
         assert_eq!(r.host, None);
         assert_eq!(r.path_prefix, "/");
@@ -2524,7 +2538,7 @@ body = '{"error":"slow down"}'
     #[test]
     fn upstream_index_follows_file_order() {
         let c = load_ok(
-            "[upstreams.b]\nurl = \"http://b\"\n[upstreams.a]\nurls = [\"https://a1:8443\", \"http://a2/\"]\nhttp2 = true\npreserve_host = false\nconnect_timeout = \"1s\"\nresponse_timeout = \"2m\"\n[[routes]]\nname = \"r1\"\nupstream = \"a\"\n[[routes]]\nname = \"r2\"\nupstream = \"b\"\n",
+            "[upstreams.b]\nurl = \"http://b\"\n[upstreams.a]\nurls = [\"https://a1:8443\", \"http://a2/\"]\nhttp2 = true\npreserve_host = false\nconnect_timeout = \"1s\"\nresponse_timeout = \"2m\"\nmax_idle_connections = 0\n[[routes]]\nname = \"r1\"\nupstream = \"a\"\n[[routes]]\nname = \"r2\"\nupstream = \"b\"\n",
         );
         let names: Vec<&str> = c.upstreams.iter().map(|u| u.name.as_str()).collect();
         assert_eq!(names, ["b", "a"]);
@@ -2542,6 +2556,24 @@ body = '{"error":"slow down"}'
         assert!(!a.preserve_host);
         assert_eq!(a.connect_timeout, Duration::from_secs(1));
         assert_eq!(a.response_timeout, Duration::from_secs(120));
+        assert_eq!(a.max_idle_connections, 0);
+        assert_eq!(c.upstreams[0].max_idle_connections, 128, "default");
+    }
+
+    #[test]
+    fn max_idle_connections_is_bounded() {
+        let c = load_ok("[upstreams.a]\nurl = \"http://a\"\nmax_idle_connections = 65535\n[[routes]]\nname = \"r\"\nupstream = \"a\"\n");
+        assert_eq!(c.upstreams[0].max_idle_connections, 65_535);
+        for bad in ["-1", "65536", "\"8\""] {
+            let e = one_error(&format!(
+                "[upstreams.a]\nurl = \"http://a\"\nmax_idle_connections = {bad}\n[[routes]]\nname = \"r\"\nupstream = \"a\"\n"
+            ));
+            assert_eq!(
+                (e.line, e.col, e.field.as_str()),
+                (3, 24, "upstreams.a.max_idle_connections"),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]

@@ -147,6 +147,9 @@ pub struct UpstreamConfig {
     pub preserve_host: bool,
     pub ca_file: Option<PathBuf>,
     pub http2: bool,
+    /// Idle HTTP/1.1 connections kept for reuse, per worker and per origin (nginx's
+    /// `keepalive`); one more that goes idle is closed.
+    pub max_idle_connections: usize,
 }
 
 #[derive(Debug, Clone)]

@@ -53,6 +53,8 @@ pub struct Upstream {
     pub received: Arc<Mutex<Vec<Recorded>>>,
     /// TCP connections accepted so far.
     accepted: Arc<std::sync::atomic::AtomicUsize>,
+    /// Of those, the ones not closed yet.
+    open: Arc<std::sync::atomic::AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -95,6 +97,8 @@ impl Upstream {
         let rec = received.clone();
         let accepted: Arc<std::sync::atomic::AtomicUsize> = Arc::default();
         let counter = accepted.clone();
+        let open: Arc<std::sync::atomic::AtomicUsize> = Arc::default();
+        let open_counter = open.clone();
         let task = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
@@ -103,7 +107,9 @@ impl Upstream {
                 counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let rec = rec.clone();
                 let mode = mode.clone();
+                let still_open = OpenConnection::new(open_counter.clone());
                 tokio::spawn(async move {
+                    let _still_open = still_open;
                     let service = service_fn(move |req| upstream_answer(req, rec.clone()));
                     match mode {
                         Mode::H2c => {
@@ -136,6 +142,7 @@ impl Upstream {
             addr,
             received,
             accepted,
+            open,
             task,
         }
     }
@@ -143,6 +150,11 @@ impl Upstream {
     /// TCP connections the upstream has accepted.
     pub fn connections(&self) -> usize {
         self.accepted.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// TCP connections open now (accepted and not yet closed by either side).
+    pub fn open_connections(&self) -> usize {
+        self.open.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     pub fn count(&self) -> usize {
@@ -157,6 +169,22 @@ impl Upstream {
         self.requests()
             .pop()
             .expect("the upstream received no request")
+    }
+}
+
+/// Counts one open upstream connection for as long as it lives.
+struct OpenConnection(Arc<std::sync::atomic::AtomicUsize>);
+
+impl OpenConnection {
+    fn new(open: Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        open.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        OpenConnection(open)
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
