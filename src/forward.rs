@@ -16,7 +16,7 @@
 use std::cell::Cell;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
 use http::header::{self, HeaderValue};
@@ -37,6 +37,14 @@ use crate::headers;
 
 /// How long an idle upstream connection is kept for reuse.
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// Idle connections beyond `max_idle_connections` are closed once they have been idle this
+/// long. Closing them the moment they go idle would close and reopen connections all through
+/// a busy period (with 1,280 requests in flight, more than 128 are often idle for an
+/// instant): only a burst's leftovers are meant.
+const SURPLUS_GRACE: Duration = Duration::from_secs(1);
+/// How often idle connections are looked over: without it, an expired or surplus one would
+/// stay open until its worker next used that upstream.
+const TRIM_EVERY: Duration = Duration::from_secs(1);
 
 thread_local! {
     /// Which connection worker runs on this thread (0 on any other thread).
@@ -61,7 +69,8 @@ pub struct UpstreamPool {
     connector: Connector,
     /// One lane per connection worker. A connection is driven by a task on the runtime that
     /// opened it; a worker only uses its own lane, so a request and the upstream connection
-    /// that carries it stay on one thread, and the lane's lock is never contended.
+    /// that carries it stay on one thread, and the lane's lock is only ever contended by the
+    /// once-a-second trim ([`trim_idle`]).
     lanes: Arc<[Mutex<Lane>]>,
 }
 
@@ -146,6 +155,14 @@ impl UpstreamPool {
                 })
             })
             .collect();
+        let lanes: Arc<[Mutex<Lane>]> = lanes;
+        // Outside a runtime (`check`) nothing is ever pooled, so there is nothing to trim.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(trim_idle(
+                Arc::downgrade(&lanes),
+                config.max_idle_connections,
+            ));
+        }
         Ok(UpstreamPool {
             name: Arc::from(config.name.as_str()),
             config,
@@ -338,11 +355,9 @@ impl UpstreamPool {
 
     /// Returns the connection to the worker's idle list once its response has been read to
     /// the end (an HTTP/1.1 connection carries one exchange at a time). A connection that
-    /// closes instead, or was taken over by an upgrade, is dropped; so is one that finds
-    /// `max_idle_connections` already idle (dropping the sender closes the connection).
+    /// closes instead, or was taken over by an upgrade, is dropped.
     fn recycle_h1(&self, worker: usize, origin: usize, mut sender: http1::SendRequest<Incoming>) {
         let lanes = self.lanes.clone();
-        let keep = self.config.max_idle_connections;
         tokio::spawn(async move {
             if sender.ready().await.is_err() {
                 return;
@@ -356,9 +371,7 @@ impl UpstreamPool {
             {
                 idle.pop_front();
             }
-            if idle.len() < keep {
-                idle.push_back(Idle { sender, since: now });
-            }
+            idle.push_back(Idle { sender, since: now });
         });
     }
 
@@ -417,6 +430,32 @@ impl UpstreamPool {
 
 /// A lane's lock. A panic while it was held leaves nothing half-done that matters (a lane
 /// only holds connections), so a poisoned lock is used as it is.
+/// Once a second until the pool is gone: closes idle connections past [`POOL_IDLE_TIMEOUT`],
+/// and the oldest beyond `keep` per lane and origin once idle for [`SURPLUS_GRACE`], like
+/// nginx's `keepalive`. Dropping a sender closes its connection, on whichever worker drives
+/// it.
+async fn trim_idle(lanes: Weak<[Mutex<Lane>]>, keep: usize) {
+    let mut tick = tokio::time::interval(TRIM_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(lanes) = lanes.upgrade() else {
+            return;
+        };
+        let now = Instant::now();
+        for lane in lanes.iter() {
+            for idle in lock(lane).idle.iter_mut() {
+                while idle.front().is_some_and(|oldest| {
+                    let quiet = now.duration_since(oldest.since);
+                    quiet > POOL_IDLE_TIMEOUT || (idle.len() > keep && quiet >= SURPLUS_GRACE)
+                }) {
+                    idle.pop_front();
+                }
+            }
+        }
+    }
+}
+
 fn lock(lane: &Mutex<Lane>) -> MutexGuard<'_, Lane> {
     lane.lock().unwrap_or_else(PoisonError::into_inner)
 }
