@@ -433,6 +433,19 @@ async fn graceful_stop_lets_an_in_flight_request_finish() {
     );
 }
 
+/// Sends `n` requests for `path` at once, each from a client of its own, and checks they all
+/// succeed.
+async fn concurrent_slow_requests(proxy: &Proxy, n: usize, path: &str) {
+    let burst = (0..n).map(|_| {
+        let client = h1_client();
+        let url = proxy.url(path);
+        tokio::spawn(async move { send(&client, req("GET", &url, "a.example.test", "")).await })
+    });
+    for answer in futures_util::future::join_all(burst).await {
+        assert_eq!(answer.expect("task").status, StatusCode::OK);
+    }
+}
+
 /// Upstream connections are kept alive and reused: a keep-alive client's sequential requests
 /// travel on one upstream connection, and a burst opens at most one per concurrent request.
 /// One worker: each worker keeps its own idle connections, so with several a new client
@@ -451,14 +464,7 @@ async fn upstream_connections_are_reused() {
     assert_eq!(upstream.count(), 20);
     assert_eq!(upstream.connections(), 1);
 
-    let burst = (0..8).map(|_| {
-        let client = h1_client();
-        let url = proxy.url("/slow/100");
-        tokio::spawn(async move { send(&client, req("GET", &url, "a.example.test", "")).await })
-    });
-    for answer in futures_util::future::join_all(burst).await {
-        assert_eq!(answer.expect("task").status, StatusCode::OK);
-    }
+    concurrent_slow_requests(&proxy, 8, "/slow/100").await;
     let after_burst = upstream.connections();
     assert!(
         (2..=9).contains(&after_burst),
@@ -489,14 +495,7 @@ async fn idle_upstream_connections_beyond_the_cap_are_closed() {
     let config = config_from(&format!("{base}{ROUTES}"), upstream.addr, &[]);
     let proxy = Proxy::start(config).await;
 
-    let burst = (0..8).map(|_| {
-        let client = h1_client();
-        let url = proxy.url("/slow/200");
-        tokio::spawn(async move { send(&client, req("GET", &url, "a.example.test", "")).await })
-    });
-    for answer in futures_util::future::join_all(burst).await {
-        assert_eq!(answer.expect("task").status, StatusCode::OK);
-    }
+    concurrent_slow_requests(&proxy, 8, "/slow/200").await;
     let opened = upstream.connections();
     assert!(
         opened >= 4,
