@@ -225,6 +225,9 @@ impl UpstreamPool {
         if from_h2 && !self.config.http2 {
             headers::join_cookies(headers);
         }
+        // Room for what is added below (X-Forwarded-*, Host, and the upgrade pair) in one
+        // growth of the map hyper sized for the parsed fields, instead of one per insert.
+        headers.reserve(6);
         headers::add_forwarded(headers, &fwd.forwarded);
         let host = if self.config.preserve_host {
             HeaderValue::from_str(fwd.client_authority)
