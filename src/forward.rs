@@ -339,7 +339,7 @@ impl UpstreamPool {
     }
 
     /// The most recently used idle connection that is still open; idle ones past
-    /// [`POOL_IDLE_TIMEOUT`] are closed on the way.
+    /// [`POOL_IDLE_TIMEOUT`] (which `trim_idle` has not reached yet) are closed on the way.
     fn idle_h1(&self, worker: usize, origin: usize) -> Option<http1::SendRequest<Incoming>> {
         let mut lane = self.lane(worker);
         let idle = &mut lane.idle[origin];
@@ -365,16 +365,11 @@ impl UpstreamPool {
             if sender.ready().await.is_err() {
                 return;
             }
-            let mut lane = lock(&lanes[worker]);
-            let idle = &mut lane.idle[origin];
-            let now = Instant::now();
-            while idle
-                .front()
-                .is_some_and(|oldest| now.duration_since(oldest.since) > POOL_IDLE_TIMEOUT)
-            {
-                idle.pop_front();
-            }
-            idle.push_back(Idle { sender, since: now });
+            // Expired and surplus connections are closed by `trim_idle`, not here.
+            lock(&lanes[worker]).idle[origin].push_back(Idle {
+                sender,
+                since: Instant::now(),
+            });
         });
     }
 
@@ -431,8 +426,6 @@ impl UpstreamPool {
     }
 }
 
-/// A lane's lock. A panic while it was held leaves nothing half-done that matters (a lane
-/// only holds connections), so a poisoned lock is used as it is.
 /// Once a second until the pool is gone: closes idle connections past [`POOL_IDLE_TIMEOUT`],
 /// and the oldest beyond `keep` per lane and origin once idle for [`SURPLUS_GRACE`], like
 /// nginx's `keepalive`. Dropping a sender closes its connection, on whichever worker drives
@@ -459,6 +452,8 @@ async fn trim_idle(lanes: Weak<[Mutex<Lane>]>, keep: usize) {
     }
 }
 
+/// A lane's lock. A panic while it was held leaves nothing half-done that matters (a lane
+/// only holds connections), so a poisoned lock is used as it is.
 fn lock(lane: &Mutex<Lane>) -> MutexGuard<'_, Lane> {
     lane.lock().unwrap_or_else(PoisonError::into_inner)
 }
