@@ -8,7 +8,7 @@ use std::sync::{Arc, OnceLock};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::family::{Family, MetricConstructor};
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
@@ -225,14 +225,11 @@ impl RouteMetrics {
         let Some(i) = DECISIONS.iter().position(|known| *known == decision) else {
             return metrics.decision(&self.route, decision);
         };
-        let counter = self.decisions[i].get_or_init(|| {
-            let labels = DecisionLabels {
-                route: RouteName(self.route.clone()),
-                decision,
-            };
-            metrics.decisions.get_or_create(&labels).clone()
-        });
-        counter.inc();
+        resolved(&self.decisions[i], &metrics.decisions, || DecisionLabels {
+            route: RouteName(self.route.clone()),
+            decision,
+        })
+        .inc();
     }
 
     pub fn response(&self, metrics: &Metrics, code: u16) {
@@ -242,28 +239,36 @@ impl RouteMetrics {
         else {
             return metrics.response(&self.route, code);
         };
-        let counter = slot.get_or_init(|| {
-            let labels = ResponseLabels {
-                route: RouteName(self.route.clone()),
-                code,
-            };
-            metrics.responses.get_or_create(&labels).clone()
-        });
-        counter.inc();
+        resolved(slot, &metrics.responses, || ResponseLabels {
+            route: RouteName(self.route.clone()),
+            code,
+        })
+        .inc();
     }
 
     pub fn upstream_time(&self, metrics: &Metrics, seconds: f64) {
-        self.upstream_seconds
-            .get_or_init(|| {
-                metrics
-                    .upstream_seconds
-                    .get_or_create(&RouteLabels {
-                        route: RouteName(self.route.clone()),
-                    })
-                    .clone()
-            })
-            .observe(seconds);
+        resolved(&self.upstream_seconds, &metrics.upstream_seconds, || {
+            RouteLabels {
+                route: RouteName(self.route.clone()),
+            }
+        })
+        .observe(seconds);
     }
+}
+
+/// The handle in `slot`, looked up in `family` (and kept) on first use. The clone shares the
+/// family's metric.
+fn resolved<'s, L, M, C>(
+    slot: &'s OnceLock<M>,
+    family: &Family<L, M, C>,
+    labels: impl FnOnce() -> L,
+) -> &'s M
+where
+    L: Clone + std::hash::Hash + Eq,
+    M: Clone,
+    C: MetricConstructor<M>,
+{
+    slot.get_or_init(|| family.get_or_create(&labels()).clone())
 }
 
 #[cfg(test)]
