@@ -40,18 +40,14 @@ done
 
 RUN=$(mktemp -d /tmp/tollgate-instructions.XXXXXX); chmod 755 "$RUN"
 mkdir -p "$RUN/nginx_tmp" "$OUT"
-PIDS=()
+source "$HERE/lib/procs.sh"
 finish() {
-  local rc=$? i
-  for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
-    kill -TERM "${PIDS[$i]}" 2>/dev/null || true
-    wait "${PIDS[$i]}" 2>/dev/null || true
-  done
+  local rc=$?
+  stop_started
   rm -rf "$RUN"
   exit "$rc"
 }
 trap finish EXIT; trap 'exit 130' INT; trap 'exit 143' TERM
-wait_200() { local d=$((SECONDS + $2)); until [[ $(curl -s -o /dev/null -w '%{http_code}' --max-time 1 "$1" || true) == 200 ]]; do ((SECONDS < d)) || { echo "no 200 from $1" >&2; exit 1; }; sleep 0.3; done; }
 render() { sed -e "s#{{RUN}}#$RUN#g" -e "s#{{PORT}}#$2#g" -e "s#{{H2PORT}}#$PX_H2#g" -e "s#{{UPSTREAM_PORT}}#$UP#g" "$1"; }
 
 if [[ $BUILD == 1 ]]; then (cd "$ROOT" && cargo build --release --quiet); fi
@@ -81,7 +77,7 @@ measure() {
   local dump total
   dump=$(ls -t "$cg".* 2>/dev/null | head -1)
   total=$(callgrind_annotate "$dump" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1; exit}')
-  callgrind_annotate --inclusive=yes "$dump" 2>/dev/null | grep -E '^ *[0-9,]+ \(' | head -60 >"$OUT/$name.top.txt"
+  callgrind_annotate --inclusive=yes "$dump" 2>/dev/null | grep -E '^ *[0-9,]+ \(' | sed -n '1,60p' >"$OUT/$name.top.txt"
   echo "$name $((total / REQUESTS))"
 }
 

@@ -35,20 +35,17 @@ command -v perf >/dev/null || { echo "missing perf (apt-get install -y linux-per
 [[ $PIN == 1 ]] && P_PROXY=(taskset -c 1) P_LOAD=(taskset -c 0) || { P_PROXY=(); P_LOAD=(); }
 
 RUN=$(mktemp -d /tmp/tollgate-profile.XXXXXX); chmod 755 "$RUN"; mkdir -p "$RUN/upstream_tmp" "$OUT"
-PIDS=(); USED_DB=0
+source "$HERE/lib/procs.sh"
+USED_DB=0
 finish() {
-  local rc=$? i
-  for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
-    kill -TERM "${PIDS[$i]}" 2>/dev/null || true
-    wait "${PIDS[$i]}" 2>/dev/null || true
-  done
+  local rc=$?
+  stop_started
   ((USED_DB)) && psql "$PG_URL/postgres" -X -q -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" >/dev/null 2>&1 || true
   cp "$RUN"/*.out "$RUN"/*.toml "$OUT/" 2>/dev/null || true
   rm -rf "$RUN"
   exit "$rc"
 }
 trap finish EXIT; trap 'exit 130' INT; trap 'exit 143' TERM
-wait_200() { local d=$((SECONDS + $2)); until [[ $(curl -s -o /dev/null -w '%{http_code}' --max-time 1 "$1" || true) == 200 ]]; do ((SECONDS < d)) || { echo "no 200 from $1" >&2; exit 1; }; sleep 0.2; done; }
 
 if [[ $BUILD == 1 ]]; then (cd "$ROOT" && cargo build --release --quiet); fi
 sed -e "s#{{RUN}}#$RUN#g" -e "s#{{PORT}}#$UP#g" "$HERE/conf/upstream.nginx.conf" >"$RUN/upstream.conf"
@@ -114,11 +111,11 @@ perf report -i "$OUT/perf.data" --stdio --children --sort symbol --percent-limit
   >"$OUT/perf-children.txt" 2>/dev/null || true
 echo "mode $MODE: $(grep -E '^Requests/sec' "$OUT/wrk.txt")  (while perf samples: lower than without it)"
 echo "CPU by process while profiling:"; cat "$OUT/cpu-by-process.txt"
-perf report -i "$OUT/perf.data" --stdio --no-children --sort dso -g none 2>/dev/null | grep -E '^ +[0-9]' | head -6 \
+perf report -i "$OUT/perf.data" --stdio --no-children --sort dso -g none 2>/dev/null | grep -E '^ +[0-9]' | sed -n '1,6p' \
   | tee "$OUT/perf-dso.txt"
 echo "self time, top entries ($OUT/perf-self.txt):"
-grep -E '^ +[0-9]' "$OUT/perf-self.txt" | head -25
+grep -E '^ +[0-9]' "$OUT/perf-self.txt" | sed -n '1,25p'
 echo "inclusive (children) top entries ($OUT/perf-children.txt):"
-grep -E '^ +[0-9]' "$OUT/perf-children.txt" | head -30
+grep -E '^ +[0-9]' "$OUT/perf-children.txt" | sed -n '1,30p'
 exit 0
 }
