@@ -116,6 +116,13 @@ impl<S> FramingGuard<S> {
         }
     }
 
+    /// Whether the connection still carries HTTP/1 request heads: false once it has turned out
+    /// to be HTTP/2 or has been upgraded. The connection's header-read deadline applies only
+    /// while this holds.
+    pub fn reads_http1_heads(&self) -> bool {
+        !matches!(self.state, State::PassThrough)
+    }
+
     /// Runs the framing state machine over `bytes`; an error means they must not be handed on.
     fn inspect(&mut self, bytes: &[u8]) -> Result<(), Refusal> {
         let mut i = 0;
@@ -718,9 +725,14 @@ mod tests {
         for step in [1, 2, 5, H2_PREFACE.len()] {
             let mut guard = FramingGuard::new(());
             for piece in H2_PREFACE.chunks(step) {
+                assert!(guard.reads_http1_heads(), "before the whole preface");
                 assert_eq!(guard.inspect(piece), Ok(()));
             }
             assert!(matches!(guard.state, State::PassThrough), "split by {step}");
+            assert!(
+                !guard.reads_http1_heads(),
+                "HTTP/2 has no HTTP/1 heads to time"
+            );
         }
         // A head that starts like the preface is judged as HTTP/1 (the preface itself is
         // not a valid HTTP/1 head).

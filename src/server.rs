@@ -10,9 +10,9 @@
 //!   accept simply waits.
 //! - Each connection runs in its own task: on TLS listeners the handshake first, under
 //!   `header_read_timeout`, so a stalled handshake blocks nobody; then hyper-util's auto builder
-//!   (HTTP/1.1, or HTTP/2 by ALPN or prior knowledge) with a timer installed so
-//!   `header_read_timeout` works, and an idle watchdog that closes a connection when no byte
-//!   has moved for `idle_timeout`.
+//!   (HTTP/1.1, or HTTP/2 by ALPN or prior knowledge), and a watchdog that closes a connection
+//!   when no byte has moved or no request has been in progress for `idle_timeout`, or when an
+//!   HTTP/1.1 connection has waited `header_read_timeout` for a request's head.
 //! - The counter store is started without waiting for the database: a database that is down
 //!   at start must not take the edge down with it (SPEC 1). Until it answers, the failure
 //!   policy applies; a background task keeps trying, then migrates and checks the key
@@ -25,7 +25,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -585,6 +585,15 @@ struct ConnSettings {
     idle_timeout: Duration,
 }
 
+impl ConnSettings {
+    /// The watchdog's longest sleep: a deadline of either rule can start at any moment (a
+    /// response finishing starts the wait for the next head), so it looks again at least this
+    /// often and never wakes late.
+    fn next_check(&self) -> Duration {
+        self.idle_timeout.min(self.header_read_timeout)
+    }
+}
+
 /// A future that resolves once the phase leaves Running.
 fn stopped(
     mut phase: watch::Receiver<Phase>,
@@ -666,7 +675,7 @@ async fn accept_loop(
 }
 
 async fn serve_connection<S>(
-    stream: S,
+    stream: FramingGuard<S>,
     info: ConnInfo,
     proxy: Arc<Proxy>,
     settings: ConnSettings,
@@ -698,10 +707,13 @@ async fn serve_connection<S>(
         .min(settings.idle_timeout / 2)
         .max(Duration::from_millis(100));
     let mut builder = auto::Builder::new(TokioExecutor::new());
+    // hyper's own header-read timer is off: it arms a boxed timer for every request (a
+    // fifth of a keep-alive request's timer and clock work), where the watchdog below
+    // enforces `header_read_timeout` from the activity it already keeps.
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(settings.header_read_timeout)
+        .header_read_timeout(None::<Duration>)
         .keep_alive(true);
     builder
         .http2()
@@ -713,7 +725,7 @@ async fn serve_connection<S>(
     let conn = builder.serve_connection_with_upgrades(io, service);
     tokio::pin!(conn);
 
-    let idle = tokio::time::sleep(settings.idle_timeout);
+    let idle = tokio::time::sleep(settings.next_check());
     tokio::pin!(idle);
     let mut draining = false;
     loop {
@@ -737,12 +749,13 @@ async fn serve_connection<S>(
                 }
             }
             _ = idle.as_mut() => {
-                let quiet = activity.quiet_for();
-                if quiet >= settings.idle_timeout {
-                    tracing::debug!("closing idle connection");
-                    return;
+                match activity.time_left(&settings) {
+                    Ok(left) => idle.as_mut().reset(tokio::time::Instant::now() + left),
+                    Err(rule) => {
+                        tracing::debug!(rule, "closing connection");
+                        return;
+                    }
                 }
-                idle.as_mut().reset(tokio::time::Instant::now() + (settings.idle_timeout - quiet));
             }
         }
     }
@@ -773,10 +786,16 @@ async fn run_coarse_clock() {
 /// client that stopped reading, a dead peer), or when no request has been in progress for it.
 /// The second rule is what closes an idle HTTP/2 connection whose peer keeps answering pings:
 /// the pings themselves move bytes.
+///
+/// On HTTP/1.1 the same record enforces `header_read_timeout`: while no request is in progress
+/// the connection is waiting for a head, and that wait may last no longer than the timeout
+/// (from the connection's start, or from the end of its previous response, as hyper counts
+/// it). An HTTP/2 or upgraded connection has no such wait.
 struct Activity {
     last_byte_ms: AtomicU64,
     last_request_ms: AtomicU64,
     in_flight: AtomicU32,
+    http1_heads: AtomicBool,
 }
 
 impl Activity {
@@ -786,6 +805,7 @@ impl Activity {
             last_byte_ms: AtomicU64::new(now),
             last_request_ms: AtomicU64::new(now),
             in_flight: AtomicU32::new(0),
+            http1_heads: AtomicBool::new(true),
         }
     }
 
@@ -793,16 +813,33 @@ impl Activity {
         self.last_byte_ms.store(coarse_now_ms(), Ordering::Relaxed);
     }
 
-    /// How long the connection has been idle by either rule.
-    fn quiet_for(&self) -> Duration {
+    /// How long the connection may stay open before the watchdog looks again, or the rule that
+    /// closes it now: `idle_timeout` (no byte moved, or no request in progress) or, on
+    /// HTTP/1.1, `header_read_timeout` (waiting that long for a request's head).
+    fn time_left(&self, settings: &ConnSettings) -> Result<Duration, &'static str> {
         let now = coarse_now_ms();
         let bytes = now.saturating_sub(self.last_byte_ms.load(Ordering::Relaxed));
-        let requests = if self.in_flight.load(Ordering::Acquire) > 0 {
-            0
+        let waiting = if self.in_flight.load(Ordering::Acquire) > 0 {
+            None
         } else {
-            now.saturating_sub(self.last_request_ms.load(Ordering::Relaxed))
+            Some(now.saturating_sub(self.last_request_ms.load(Ordering::Relaxed)))
         };
-        Duration::from_millis(bytes.max(requests))
+        let quiet = Duration::from_millis(bytes.max(waiting.unwrap_or(0)));
+        let Some(mut left) = settings
+            .idle_timeout
+            .checked_sub(quiet)
+            .filter(|d| !d.is_zero())
+        else {
+            return Err("idle_timeout");
+        };
+        if let (Some(waiting), true) = (waiting, self.http1_heads.load(Ordering::Relaxed)) {
+            let waiting = Duration::from_millis(waiting);
+            match settings.header_read_timeout.checked_sub(waiting) {
+                Some(head_left) if !head_left.is_zero() => left = left.min(head_left),
+                _ => return Err("header_read_timeout"),
+            }
+        }
+        Ok(left.min(settings.next_check()))
     }
 }
 
@@ -855,13 +892,14 @@ impl Drop for InFlight {
     }
 }
 
-/// A socket that records its activity for the idle watchdog.
+/// A socket that records its activity for the idle watchdog, including whether its framing
+/// guard still expects HTTP/1 heads.
 struct Tracked<S> {
-    inner: S,
+    inner: FramingGuard<S>,
     activity: Arc<Activity>,
 }
 
-impl<S: AsyncRead + Unpin> AsyncRead for Tracked<S> {
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for Tracked<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -871,6 +909,9 @@ impl<S: AsyncRead + Unpin> AsyncRead for Tracked<S> {
         let result = Pin::new(&mut self.inner).poll_read(cx, buf);
         if matches!(result, Poll::Ready(Ok(()))) && buf.filled().len() > before {
             self.activity.touch();
+            if !self.inner.reads_http1_heads() {
+                self.activity.http1_heads.store(false, Ordering::Relaxed);
+            }
         }
         result
     }

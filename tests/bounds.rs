@@ -287,3 +287,101 @@ async fn a_dead_http2_peer_is_dropped_with_its_request_in_flight() {
     // Well before the slow response (10 s) could have ended the request.
     assert!(stalled_at.elapsed() < Duration::from_secs(8));
 }
+
+/// `header_read_timeout` on HTTP/1.1 counts the wait for a request's head: from the
+/// connection's start, and again from the end of each response. A connection that never
+/// sends a byte and a keep-alive connection that sends no next request are both closed after
+/// it, well before `idle_timeout`; a request whose response takes longer than the timeout is
+/// not cut by it (the head arrived; only `idle_timeout` governs the rest).
+#[tokio::test]
+async fn http1_waits_for_a_head_are_bounded_but_slow_responses_are_not() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(config_from(
+        &server_with("idle_timeout = \"30s\"\nheader_read_timeout = \"400ms\""),
+        upstream.addr,
+        &[],
+    ))
+    .await;
+
+    // Silent from the start.
+    let mut silent = TcpStream::connect(proxy.addr).await.expect("connect");
+    let started = Instant::now();
+    let waited = closed_after(&mut silent, started, "a silent connection stayed open").await;
+    assert!(
+        waited >= Duration::from_millis(300) && waited < Duration::from_secs(3),
+        "silent connection closed after {waited:?}"
+    );
+
+    // One request whose response takes 1.2 s (three times the timeout), then silence.
+    let mut keep_alive = TcpStream::connect(proxy.addr).await.expect("connect");
+    keep_alive
+        .write_all(b"GET /slow/1200 HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await
+        .expect("request");
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        let n = tokio::time::timeout(Duration::from_secs(5), keep_alive.read(&mut byte))
+            .await
+            .expect("the slow response arrived")
+            .expect("read");
+        assert_eq!(
+            n,
+            1,
+            "closed before the response: {:?}",
+            String::from_utf8_lossy(&head)
+        );
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).to_string();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("content-length");
+    let mut body = vec![0u8; length];
+    keep_alive.read_exact(&mut body).await.expect("body");
+    let answered = Instant::now();
+    let waited = closed_after(&mut keep_alive, answered, "an idle keep-alive stayed open").await;
+    assert!(
+        waited >= Duration::from_millis(300) && waited < Duration::from_secs(3),
+        "keep-alive closed {waited:?} after its response"
+    );
+    assert_eq!(upstream.count(), 1);
+}
+
+/// HTTP/2 has no head to wait for: an HTTP/2 connection quiet for longer than
+/// `header_read_timeout` stays open and serves its next request.
+#[tokio::test]
+async fn header_read_timeout_does_not_close_http2_connections() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(config_from(
+        &server_with("idle_timeout = \"30s\"\nheader_read_timeout = \"300ms\""),
+        upstream.addr,
+        &[],
+    ))
+    .await;
+    let stream = TcpStream::connect(proxy.addr).await.expect("connect");
+    let (mut sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .expect("h2 handshake");
+    let connection = tokio::spawn(connection);
+    for round in 0..2 {
+        // Quiet for three times the timeout before each request.
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        let request = Request::get(proxy.url("/once"))
+            .body(Full::new(Bytes::new()))
+            .expect("request");
+        let response = sender
+            .send_request(request)
+            .await
+            .unwrap_or_else(|e| panic!("request {round} after a quiet spell: {e}"));
+        assert_eq!(response.status(), StatusCode::OK);
+    }
+    assert!(!connection.is_finished(), "the HTTP/2 connection ended");
+    assert_eq!(upstream.count(), 2);
+}
