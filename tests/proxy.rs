@@ -480,6 +480,75 @@ async fn upstream_connections_are_reused() {
     assert_eq!(upstream.connections(), after_burst);
 }
 
+/// An upstream connection whose response body is still streaming to a slow client carries no
+/// other request (HTTP/1.1 has one exchange at a time; a request queued behind the stalled
+/// download would hang): the other client's requests get a connection of their own and reuse
+/// it, and the download arrives whole once its client reads on.
+#[tokio::test]
+async fn a_connection_still_streaming_a_response_is_not_reused() {
+    let upstream = Upstream::start().await;
+    let one_worker = BASE.replace("[server]\n", "[server]\nworkers = 1\n");
+    let config = config_from(&format!("{one_worker}{ROUTES}"), upstream.addr, &[]);
+    let proxy = Proxy::start(config).await;
+
+    const SIZE: usize = 8 * 1024 * 1024;
+    let stream = TcpStream::connect(proxy.addr).await.expect("connect");
+    let (mut slow, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .expect("handshake");
+    tokio::spawn(connection);
+    let request = Request::get(format!("/big/{SIZE}"))
+        .header("host", "a.example.test")
+        .body(Full::new(Bytes::new()))
+        .expect("request");
+    let mut download = slow
+        .send_request(request)
+        .await
+        .expect("response head")
+        .into_body();
+    let first = download
+        .frame()
+        .await
+        .expect("a first frame")
+        .expect("frame")
+        .into_data()
+        .expect("data");
+    for (i, byte) in first.iter().enumerate() {
+        assert_eq!(*byte, pattern_byte(i), "byte {i}");
+    }
+    let mut received = first.len();
+
+    // The download has stalled with most of its body unread; other requests go on.
+    let client = h1_client();
+    for _ in 0..5 {
+        let answer = send(&client, req("GET", &proxy.url("/x"), "a.example.test", "")).await;
+        assert_eq!(answer.status, StatusCode::OK);
+        assert_eq!(answer.body, "upstream ok");
+    }
+    assert_eq!(
+        upstream.connections(),
+        2,
+        "the download's connection was lent out, or the others were not reused"
+    );
+
+    let mut position = received;
+    while let Some(frame) = download.frame().await {
+        let data = frame.expect("frame").into_data().unwrap_or_default();
+        for (offset, byte) in data.iter().enumerate() {
+            assert_eq!(
+                *byte,
+                pattern_byte(position + offset),
+                "byte {}",
+                position + offset
+            );
+        }
+        position += data.len();
+        received += data.len();
+    }
+    assert_eq!(received, SIZE);
+}
+
 /// At most `max_idle_connections` idle upstream connections are kept (per worker and
 /// origin): the rest of a burst's connections are closed within a few seconds of going idle,
 /// and the kept ones are reused.
