@@ -7,7 +7,10 @@
 //! this module's functions: nothing here implements `Debug` or `Display` for a subject, and
 //! only the digest leaves.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use hmac::{Hmac, Mac};
@@ -132,12 +135,21 @@ pub fn address_text(ip: IpAddr) -> String {
 #[derive(Clone)]
 pub struct BucketHasher {
     keyed: Option<HmacSha256>,
+    /// Tells hashers apart in the per-worker cache of `ip` buckets: two hashers built from
+    /// different secrets (two servers in one process) must never share an entry. Clones keep
+    /// the id: they hash alike.
+    id: u64,
 }
+
+static NEXT_HASHER_ID: AtomicU64 = AtomicU64::new(1);
 
 impl BucketHasher {
     pub fn new(secret: Option<&[u8]>) -> Self {
         let keyed = secret.and_then(|s| HmacSha256::new_from_slice(s).ok());
-        BucketHasher { keyed }
+        BucketHasher {
+            keyed,
+            id: NEXT_HASHER_ID.fetch_add(1, Ordering::Relaxed),
+        }
     }
 
     pub fn is_keyed(&self) -> bool {
@@ -218,12 +230,73 @@ pub fn bucket_in(
     if spec.is_global() {
         return Some(Arc::from(policy));
     }
+    if let [KeyPart::Ip] = spec.parts.as_slice() {
+        return Some(IP_BUCKETS.with(|cache| cache.borrow_mut().bucket(policy, who, hasher)));
+    }
     let subject = subject(spec, who)?;
+    Some(bucket_from(policy, &subject, hasher))
+}
+
+fn bucket_from(policy: &str, subject: &[u8], hasher: &BucketHasher) -> Arc<str> {
     let mut bucket = String::with_capacity(policy.len() + 1 + 64);
     bucket.push_str(policy);
     bucket.push(':');
-    hasher.digest_into(&subject, &mut bucket);
-    Some(Arc::from(bucket))
+    hasher.digest_into(subject, &mut bucket);
+    Arc::from(bucket)
+}
+
+thread_local! {
+    /// Each worker's recent `ip` buckets. A keep-alive connection's client address does not
+    /// change between its requests, and building the bucket name (the subject text, the HMAC,
+    /// the hex, the string) was the largest part of the limiter's work per request.
+    static IP_BUCKETS: RefCell<IpBuckets> = RefCell::new(IpBuckets::default());
+}
+
+/// Bucket names of `ip` keys, by what they are derived from: the hasher, the IPv6 prefix and
+/// the client address (the subject is a function of the last two), then the policy text.
+/// Bounded: past [`IpBuckets::MAX_ADDRESSES`] it starts again empty, so a flood of distinct
+/// addresses costs a rebuild now and then, never memory.
+#[derive(Default)]
+struct IpBuckets {
+    by_address: HashMap<IpBucketSource, Vec<PolicyBucket>, foldhash::fast::RandomState>,
+}
+
+/// Hasher id, IPv6 prefix, client address.
+type IpBucketSource = (u64, u8, IpAddr);
+/// A policy's text and the bucket name under it.
+type PolicyBucket = (Box<str>, Arc<str>);
+
+impl IpBuckets {
+    const MAX_ADDRESSES: usize = 4096;
+    /// Policies per address (routes with an `ip` limit; reloads can add more).
+    const MAX_POLICIES: usize = 16;
+
+    fn bucket(
+        &mut self,
+        policy: &str,
+        who: &RequestIdentity<'_>,
+        hasher: &BucketHasher,
+    ) -> Arc<str> {
+        let key = (hasher.id, who.ipv6_prefix, who.client);
+        if let Some(known) = self
+            .by_address
+            .get(&key)
+            .and_then(|known| known.iter().find(|(p, _)| **p == *policy))
+        {
+            return known.1.clone();
+        }
+        let subject = ip_subject(who.client, who.ipv6_prefix);
+        let bucket = bucket_from(policy, subject.as_bytes(), hasher);
+        if self.by_address.len() >= Self::MAX_ADDRESSES && !self.by_address.contains_key(&key) {
+            self.by_address.clear();
+        }
+        let known = self.by_address.entry(key).or_default();
+        if known.len() >= Self::MAX_POLICIES {
+            known.clear();
+        }
+        known.push((policy.into(), bucket.clone()));
+        bucket
+    }
 }
 
 /// The subject bytes: one part as it is; several parts each prefixed with its length (4 bytes,
@@ -383,5 +456,83 @@ mod tests {
         let mut missing = HeaderMap::new();
         missing.insert("x-a", HeaderValue::from_static("a"));
         assert!(bucket_for("s", &spec, &who(&missing), &hasher).is_none());
+    }
+
+    /// The per-worker cache of `ip` buckets answers exactly what deriving the bucket afresh
+    /// gives, for every hasher, prefix, address and policy, also after it has started again
+    /// empty.
+    #[test]
+    fn cached_ip_buckets_equal_fresh_ones() {
+        let spec = KeySpec {
+            parts: vec![KeyPart::Ip],
+        };
+        let headers = HeaderMap::new();
+        let keyed = BucketHasher::new(Some(b"one"));
+        let other = BucketHasher::new(Some(b"two"));
+        let plain = BucketHasher::new(None);
+        let fresh = |policy: &str, client: IpAddr, prefix: u8, hasher: &BucketHasher| {
+            let subject = ip_subject(client, prefix);
+            format!("{policy}:{}", hasher.digest(subject.as_bytes()))
+        };
+        let clients: Vec<IpAddr> = [
+            "192.0.2.7",
+            "2001:db8:1:2::5",
+            "2001:db8:1:2::6",
+            "::ffff:192.0.2.7",
+        ]
+        .iter()
+        .map(|a| a.parse().unwrap())
+        .collect();
+        for _ in 0..3 {
+            for hasher in [&keyed, &other, &plain] {
+                for &client in &clients {
+                    for prefix in [64, 128] {
+                        for policy in ["login:ip", "api:ip"] {
+                            let who = RequestIdentity {
+                                client,
+                                ipv6_prefix: prefix,
+                                headers: &headers,
+                            };
+                            let cached = bucket_in(policy, &spec, &who, hasher).unwrap();
+                            assert_eq!(&*cached, fresh(policy, client, prefix, hasher));
+                        }
+                    }
+                }
+            }
+        }
+        // Two secrets never share a bucket; two addresses of one /64 do at prefix 64 only.
+        let who = |client: &str, prefix| RequestIdentity {
+            client: client.parse().unwrap(),
+            ipv6_prefix: prefix,
+            headers: &headers,
+        };
+        let a = bucket_in("p:ip", &spec, &who("192.0.2.7", 64), &keyed).unwrap();
+        let b = bucket_in("p:ip", &spec, &who("192.0.2.7", 64), &other).unwrap();
+        assert_ne!(a, b);
+        let v6a = bucket_in("p:ip", &spec, &who("2001:db8:1:2::5", 64), &keyed).unwrap();
+        let v6b = bucket_in("p:ip", &spec, &who("2001:db8:1:2::6", 64), &keyed).unwrap();
+        assert_eq!(v6a, v6b);
+        let v6a = bucket_in("p:ip", &spec, &who("2001:db8:1:2::5", 128), &keyed).unwrap();
+        let v6b = bucket_in("p:ip", &spec, &who("2001:db8:1:2::6", 128), &keyed).unwrap();
+        assert_ne!(v6a, v6b);
+
+        // Past its bound the cache starts again, and stays right.
+        for n in 0..(IpBuckets::MAX_ADDRESSES as u32 + 100) {
+            let client = IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + n));
+            let w = RequestIdentity {
+                client,
+                ipv6_prefix: 64,
+                headers: &headers,
+            };
+            let cached = bucket_in("p:ip", &spec, &w, &keyed).unwrap();
+            if n % 1000 == 0 {
+                assert_eq!(&*cached, fresh("p:ip", client, 64, &keyed));
+            }
+        }
+        IP_BUCKETS.with(|cache| {
+            assert!(cache.borrow().by_address.len() <= IpBuckets::MAX_ADDRESSES);
+        });
+        let again = bucket_in("p:ip", &spec, &who("192.0.2.7", 64), &keyed).unwrap();
+        assert_eq!(again, a);
     }
 }
