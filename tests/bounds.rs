@@ -20,6 +20,24 @@ fn server_with(extra: &str) -> String {
     )
 }
 
+/// An HTTP/2 connection (prior knowledge) to `addr`, its driver running in a task whose handle
+/// tells when the connection has ended.
+async fn h2_client(
+    addr: std::net::SocketAddr,
+) -> (
+    hyper::client::conn::http2::SendRequest<Full<Bytes>>,
+    tokio::task::JoinHandle<Result<(), hyper::Error>>,
+) {
+    let stream = TcpStream::connect(addr).await.expect("connect");
+    let (sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .expect("h2 handshake");
+    (sender, tokio::spawn(connection))
+}
+
 #[tokio::test]
 async fn oversized_headers_get_431_and_never_reach_the_upstream() {
     let upstream = Upstream::start().await;
@@ -210,14 +228,7 @@ async fn an_idle_http2_client_that_answers_pings_is_closed() {
         &[],
     ))
     .await;
-    let stream = TcpStream::connect(proxy.addr).await.expect("connect");
-    let (mut sender, connection) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(stream),
-    )
-    .await
-    .expect("h2 handshake");
-    let connection = tokio::spawn(connection);
+    let (mut sender, connection) = h2_client(proxy.addr).await;
     let request = Request::get(proxy.url("/once"))
         .body(Full::new(Bytes::new()))
         .expect("request");
@@ -251,14 +262,7 @@ async fn a_dead_http2_peer_is_dropped_with_its_request_in_flight() {
     ))
     .await;
     let relay = common::faulty::FaultyTcp::start(proxy.addr, true).await;
-    let stream = TcpStream::connect(relay.addr).await.expect("connect");
-    let (mut sender, connection) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(stream),
-    )
-    .await
-    .expect("h2 handshake");
-    tokio::spawn(connection);
+    let (mut sender, _connection) = h2_client(relay.addr).await;
     let request = Request::get(proxy.url("/slow/10000"))
         .body(Full::new(Bytes::new()))
         .expect("request");
@@ -362,14 +366,7 @@ async fn header_read_timeout_does_not_close_http2_connections() {
         &[],
     ))
     .await;
-    let stream = TcpStream::connect(proxy.addr).await.expect("connect");
-    let (mut sender, connection) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        hyper_util::rt::TokioIo::new(stream),
-    )
-    .await
-    .expect("h2 handshake");
-    let connection = tokio::spawn(connection);
+    let (mut sender, connection) = h2_client(proxy.addr).await;
     for round in 0..2 {
         // Quiet for three times the timeout before each request.
         tokio::time::sleep(Duration::from_millis(900)).await;
