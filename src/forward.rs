@@ -95,6 +95,17 @@ struct Idle {
     since: Instant,
 }
 
+impl Lane {
+    /// Puts a ready connection at the most-recently-used end of the origin's idle list.
+    /// Expired and surplus connections are closed by `trim_idle`, not here.
+    fn park(&mut self, origin: usize, sender: http1::SendRequest<Incoming>) {
+        self.idle[origin].push_back(Idle {
+            sender,
+            since: Instant::now(),
+        });
+    }
+}
+
 /// Where and how one request goes upstream, decided by the proxy.
 pub struct ForwardRequest<'a> {
     /// The normalised path (prefix already stripped when the route says so) and the query,
@@ -364,22 +375,14 @@ impl UpstreamPool {
         // then the connection goes back at once, without a task to wait for it (a task per
         // request cost about 1,900 instructions).
         if sender.is_ready() {
-            self.lane(worker).idle[origin].push_back(Idle {
-                sender,
-                since: Instant::now(),
-            });
+            self.lane(worker).park(origin, sender);
             return;
         }
         let lanes = self.lanes.clone();
         tokio::spawn(async move {
-            if sender.ready().await.is_err() {
-                return;
+            if sender.ready().await.is_ok() {
+                lock(&lanes[worker]).park(origin, sender);
             }
-            // Expired and surplus connections are closed by `trim_idle`, not here.
-            lock(&lanes[worker]).idle[origin].push_back(Idle {
-                sender,
-                since: Instant::now(),
-            });
         });
     }
 

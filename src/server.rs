@@ -832,9 +832,12 @@ impl Activity {
         else {
             return Err("idle_timeout");
         };
-        if let (Some(waiting), true) = (waiting, self.http1_heads.load(Ordering::Relaxed)) {
-            let waiting = Duration::from_millis(waiting);
-            match settings.header_read_timeout.checked_sub(waiting) {
+        let head_wait = waiting.filter(|_| self.http1_heads.load(Ordering::Relaxed));
+        if let Some(waiting) = head_wait {
+            match settings
+                .header_read_timeout
+                .checked_sub(Duration::from_millis(waiting))
+            {
                 Some(head_left) if !head_left.is_zero() => left = left.min(head_left),
                 _ => return Err("header_read_timeout"),
             }
