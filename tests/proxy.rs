@@ -48,6 +48,19 @@ async fn setup() -> (Upstream, Proxy, H1Client) {
     (upstream, proxy, h1_client())
 }
 
+/// A proxy with a single connection worker, for tests that count upstream connections: each
+/// worker keeps its own idle pool, so with several a client accepted by another worker would
+/// rightly dial again. `upstream_extra` is added to `[upstreams.app]`.
+async fn one_worker_proxy(upstream: &Upstream, upstream_extra: &str) -> Proxy {
+    let base = BASE
+        .replace("[server]\n", "[server]\nworkers = 1\n")
+        .replace(
+            "[upstreams.app]\n",
+            &format!("[upstreams.app]\n{upstream_extra}"),
+        );
+    Proxy::start(config_from(&format!("{base}{ROUTES}"), upstream.addr, &[])).await
+}
+
 fn req(method: &str, url: &str, host: &str, body: impl Into<Bytes>) -> Request<Full<Bytes>> {
     Request::builder()
         .method(method)
@@ -453,9 +466,7 @@ async fn concurrent_slow_requests(proxy: &Proxy, n: usize, path: &str) {
 #[tokio::test]
 async fn upstream_connections_are_reused() {
     let upstream = Upstream::start().await;
-    let one_worker = BASE.replace("[server]\n", "[server]\nworkers = 1\n");
-    let config = config_from(&format!("{one_worker}{ROUTES}"), upstream.addr, &[]);
-    let proxy = Proxy::start(config).await;
+    let proxy = one_worker_proxy(&upstream, "").await;
     let client = h1_client();
     for _ in 0..20 {
         let answer = send(&client, req("GET", &proxy.url("/x"), "a.example.test", "")).await;
@@ -487,9 +498,7 @@ async fn upstream_connections_are_reused() {
 #[tokio::test]
 async fn a_connection_still_streaming_a_response_is_not_reused() {
     let upstream = Upstream::start().await;
-    let one_worker = BASE.replace("[server]\n", "[server]\nworkers = 1\n");
-    let config = config_from(&format!("{one_worker}{ROUTES}"), upstream.addr, &[]);
-    let proxy = Proxy::start(config).await;
+    let proxy = one_worker_proxy(&upstream, "").await;
 
     const SIZE: usize = 8 * 1024 * 1024;
     let stream = TcpStream::connect(proxy.addr).await.expect("connect");
@@ -555,14 +564,7 @@ async fn a_connection_still_streaming_a_response_is_not_reused() {
 #[tokio::test]
 async fn idle_upstream_connections_beyond_the_cap_are_closed() {
     let upstream = Upstream::start().await;
-    let base = BASE
-        .replace("[server]\n", "[server]\nworkers = 1\n")
-        .replace(
-            "[upstreams.app]\n",
-            "[upstreams.app]\nmax_idle_connections = 2\n",
-        );
-    let config = config_from(&format!("{base}{ROUTES}"), upstream.addr, &[]);
-    let proxy = Proxy::start(config).await;
+    let proxy = one_worker_proxy(&upstream, "max_idle_connections = 2\n").await;
 
     concurrent_slow_requests(&proxy, 8, "/slow/200").await;
     let opened = upstream.connections();
