@@ -77,6 +77,8 @@ pub struct UpstreamPool {
 struct Origin {
     scheme: Scheme,
     authority: Authority,
+    /// `Host` for requests to this origin when the client's is not preserved, made once.
+    host: HeaderValue,
     /// `scheme://authority/`, what the connector dials.
     uri: Uri,
 }
@@ -111,8 +113,6 @@ pub struct ForwardRequest<'a> {
     /// The normalised path (prefix already stripped when the route says so) and the query,
     /// as sent upstream.
     pub target: String,
-    /// The authority the client asked for.
-    pub client_authority: &'a str,
     pub forwarded: headers::ForwardedFor<'a>,
 }
 
@@ -133,9 +133,12 @@ impl UpstreamPool {
                 .path_and_query("/")
                 .build()
                 .map_err(|e| StartupError::Upstream(format!("upstream {}: {e}", config.name)))?;
+            let host = HeaderValue::from_str(authority.as_str())
+                .map_err(|e| StartupError::Upstream(format!("upstream {}: {e}", config.name)))?;
             origins.push(Origin {
                 scheme: scheme.clone(),
                 authority: authority.clone(),
+                host,
                 uri,
             });
         }
@@ -197,7 +200,10 @@ impl UpstreamPool {
     ) -> Result<Response<Incoming>, RequestError> {
         let origin = self.pick();
         let Origin {
-            scheme, authority, ..
+            scheme,
+            authority,
+            host,
+            ..
         } = &self.origins[origin];
         let path_and_query = PathAndQuery::try_from(fwd.target)
             .map_err(|_| RequestError::BadRequest("unusable request target"))?;
@@ -241,13 +247,11 @@ impl UpstreamPool {
         headers.reserve(6);
         headers::add_forwarded(headers, &fwd.forwarded);
         let host = if self.config.preserve_host {
-            HeaderValue::from_str(fwd.client_authority)
+            fwd.forwarded.host
         } else {
-            HeaderValue::from_str(authority.as_str())
+            host
         };
-        if let Ok(host) = host {
-            headers.insert(header::HOST, host);
-        }
+        headers.insert(header::HOST, host.clone());
         if let Some((protocol, _)) = &upgrade {
             headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
             headers.insert(header::UPGRADE, protocol.clone());

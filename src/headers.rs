@@ -28,7 +28,8 @@ static HOP_BY_HOP: [HeaderName; 9] = [
     header::UPGRADE,
 ];
 
-/// Where `TE` is in [`HOP_BY_HOP`].
+/// Where `Connection` and `TE` are in [`HOP_BY_HOP`].
+const CONNECTION_AT: usize = 0;
 const TE_AT: usize = 5;
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -38,9 +39,14 @@ static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host"
 /// The comma-separated tokens of every `name` field, trimmed, empty ones skipped. Borrowed:
 /// this runs several times per request and allocates nothing.
 fn tokens<'a>(headers: &'a HeaderMap, name: &HeaderName) -> impl Iterator<Item = &'a str> {
-    headers
-        .get_all(name)
-        .iter()
+    value_tokens(headers.get_all(name).iter())
+}
+
+/// The tokens of the given field values, as [`tokens`] splits them.
+fn value_tokens<'a>(
+    values: impl Iterator<Item = &'a HeaderValue>,
+) -> impl Iterator<Item = &'a str> {
+    values
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .map(str::trim)
@@ -62,25 +68,30 @@ pub fn accepts_trailers(headers: &HeaderMap) -> bool {
     })
 }
 
-/// Removes every hop-by-hop header. Keeps `TE: trailers` when the sender offered it.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // One pass over the names (comparisons of known names are cheap) finds which of the
-    // fixed list are present; most messages carry none, or only `Connection`, and a hashed
-    // removal per absent name would cost more than the rest of this function.
-    let mut present = [false; HOP_BY_HOP.len()];
-    for name in headers.keys() {
-        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
-            present[i] = true;
-        }
+/// Where `name` is in [`HOP_BY_HOP`]. Most fields are none of these, and their length alone
+/// says so: that check is all most names cost.
+fn hop_by_hop_index(name: &HeaderName) -> Option<usize> {
+    let text = name.as_str();
+    if !matches!(text.len(), 2 | 7 | 10 | 16..=19) {
+        return None;
     }
-    if !present.contains(&true) {
-        return;
-    }
-    let wants_trailers = present[TE_AT] && accepts_trailers(headers);
-    // Headers named by `Connection`, except options that are no header of the message
-    // (`close`) or that the fixed list removes anyway (`keep-alive`, `upgrade`, ...). Those
-    // are nearly every token seen, and they are recognised as text before any parsing.
-    let named: Vec<HeaderName> = tokens(headers, &header::CONNECTION)
+    HOP_BY_HOP.iter().position(|h| h.as_str() == text)
+}
+
+/// Whether a `Connection` value is one option that names no header of the message
+/// (`keep-alive` or `close`): nearly every value seen, recognised without tokenising.
+fn is_plain_connection_option(value: &HeaderValue) -> bool {
+    let v = value.as_bytes();
+    v.eq_ignore_ascii_case(b"keep-alive") || v.eq_ignore_ascii_case(b"close")
+}
+
+/// The headers that the message's `Connection` fields name, except options that are no
+/// header of the message (`close`) or that the fixed list removes anyway (`keep-alive`,
+/// `upgrade`, ...). Those are nearly every token seen, and they are recognised as text
+/// before any parsing.
+fn connection_named(headers: &HeaderMap) -> Vec<HeaderName> {
+    let values = headers.get_all(header::CONNECTION).iter();
+    value_tokens(values.filter(|v| !is_plain_connection_option(v)))
         .filter(|t| {
             !t.eq_ignore_ascii_case("close")
                 && !HOP_BY_HOP
@@ -88,7 +99,29 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
                     .any(|h| t.eq_ignore_ascii_case(h.as_str()))
         })
         .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
-        .collect();
+        .collect()
+}
+
+/// Removes every hop-by-hop header. Keeps `TE: trailers` when the sender offered it.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // One pass over the names finds which of the fixed list are present; most messages
+    // carry none, or only `Connection`, and a hashed removal per absent name would cost more
+    // than the rest of this function.
+    let mut present = [false; HOP_BY_HOP.len()];
+    for name in headers.keys() {
+        if let Some(i) = hop_by_hop_index(name) {
+            present[i] = true;
+        }
+    }
+    if !present.contains(&true) {
+        return;
+    }
+    let wants_trailers = present[TE_AT] && accepts_trailers(headers);
+    let named = if present[CONNECTION_AT] {
+        connection_named(headers)
+    } else {
+        Vec::new()
+    };
     for name in named {
         headers.remove(name);
     }
@@ -102,20 +135,37 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
 
 /// What the upstream learns about the client.
 pub struct ForwardedFor<'a> {
-    /// The TCP peer.
-    pub peer: IpAddr,
+    /// The TCP peer's address as text, made once per connection ([`peer_value`]).
+    pub peer: &'a HeaderValue,
     /// Whether the peer is a trusted proxy whose own `X-Forwarded-*` are believed.
     pub peer_trusted: bool,
     /// `http` or `https`: how the client reached tollgate.
     pub proto: &'static str,
-    /// The authority the client asked for.
-    pub host: &'a str,
+    /// The authority the client asked for, as a field value ([`authority_value`]).
+    pub host: &'a HeaderValue,
+}
+
+/// The peer's address as an `X-Forwarded-For` entry. A connection's peer never changes, so
+/// this is made once per connection rather than formatted and validated per request.
+pub fn peer_value(peer: IpAddr) -> HeaderValue {
+    let text = crate::key::address_text(crate::key::canonical(peer));
+    // An address's text is digits, dots, colons and hex letters: always a valid value.
+    HeaderValue::from_str(&text).unwrap_or_else(|_| HeaderValue::from_static("unknown"))
+}
+
+/// The normalised authority as a field value, for `Host` and `X-Forwarded-Host`. When the
+/// client's own `Host` field already spells it (the usual case: lower case, no padding),
+/// that field is shared rather than copied; otherwise the value is built from the text.
+pub fn authority_value(authority: &str, headers: &HeaderMap) -> Option<HeaderValue> {
+    match headers.get(header::HOST) {
+        Some(host) if host.as_bytes() == authority.as_bytes() => Some(host.clone()),
+        _ => HeaderValue::from_str(authority).ok(),
+    }
 }
 
 /// Appends the peer to `X-Forwarded-For`; sets `X-Forwarded-Proto` and `X-Forwarded-Host`,
 /// keeping the client's own values only when the peer is trusted.
 pub fn add_forwarded(headers: &mut HeaderMap, fwd: &ForwardedFor<'_>) {
-    let peer = crate::key::address_text(crate::key::canonical(fwd.peer));
     let mut previous = headers
         .get_all(&X_FORWARDED_FOR)
         .iter()
@@ -124,14 +174,14 @@ pub fn add_forwarded(headers: &mut HeaderMap, fwd: &ForwardedFor<'_>) {
         .filter(|v| !v.is_empty())
         .peekable();
     let value = if previous.peek().is_none() {
-        HeaderValue::from_bytes(peer.as_bytes())
+        Some(fwd.peer.clone())
     } else {
         let mut joined = previous.collect::<Vec<_>>().join(", ");
         joined.push_str(", ");
-        joined.push_str(&peer);
-        HeaderValue::from_str(&joined)
+        joined.push_str(fwd.peer.to_str().unwrap_or("unknown"));
+        HeaderValue::from_str(&joined).ok()
     };
-    if let Ok(value) = value {
+    if let Some(value) = value {
         headers.insert(X_FORWARDED_FOR.clone(), value);
     }
     if !(fwd.peer_trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
@@ -141,9 +191,7 @@ pub fn add_forwarded(headers: &mut HeaderMap, fwd: &ForwardedFor<'_>) {
         );
     }
     if !(fwd.peer_trusted && headers.contains_key(&X_FORWARDED_HOST)) {
-        if let Ok(value) = HeaderValue::from_str(fwd.host) {
-            headers.insert(X_FORWARDED_HOST.clone(), value);
-        }
+        headers.insert(X_FORWARDED_HOST.clone(), fwd.host.clone());
     }
 }
 
@@ -306,14 +354,54 @@ mod tests {
         add_forwarded(
             &mut h,
             &ForwardedFor {
-                peer: "192.0.2.9".parse().unwrap(),
+                peer: &peer_value("192.0.2.9".parse().unwrap()),
                 peer_trusted: false,
                 proto: "http",
-                host: "api.example",
+                host: &HeaderValue::from_static("api.example"),
             },
         );
         assert_eq!(h.get("x-forwarded-for").unwrap(), "198.51.100.1, 192.0.2.9");
+        assert_eq!(h.get_all("x-forwarded-for").iter().count(), 1);
         assert_eq!(h.get("x-forwarded-proto").unwrap(), "http");
         assert_eq!(h.get("x-forwarded-host").unwrap(), "api.example");
+    }
+
+    #[test]
+    fn forwarded_for_starts_with_the_peer_alone() {
+        let mut h = HeaderMap::new();
+        let peer = peer_value("::ffff:192.0.2.9".parse().unwrap());
+        assert_eq!(peer, "192.0.2.9", "IPv4-mapped peers are written as IPv4");
+        add_forwarded(
+            &mut h,
+            &ForwardedFor {
+                peer: &peer,
+                peer_trusted: true,
+                proto: "https",
+                host: &HeaderValue::from_static("api.example"),
+            },
+        );
+        assert_eq!(h.get("x-forwarded-for").unwrap(), "192.0.2.9");
+        assert_eq!(h.get("x-forwarded-proto").unwrap(), "https");
+        assert_eq!(peer_value("2001:db8::1".parse().unwrap()), "2001:db8::1");
+    }
+
+    #[test]
+    fn authority_value_shares_only_an_identical_host_field() {
+        let mut h = HeaderMap::new();
+        assert_eq!(
+            authority_value("a.example:8080", &h).unwrap(),
+            "a.example:8080"
+        );
+        h.insert("host", HeaderValue::from_static("a.example:8080"));
+        assert_eq!(
+            authority_value("a.example:8080", &h).unwrap(),
+            "a.example:8080"
+        );
+        // The client's spelling differs from the normalised one: the normalised one is sent.
+        h.insert("host", HeaderValue::from_static("A.Example:8080"));
+        assert_eq!(
+            authority_value("a.example:8080", &h).unwrap(),
+            "a.example:8080"
+        );
     }
 }

@@ -317,7 +317,7 @@ async fn explain(
         Err(e) => return usage(e.to_string()),
     };
     println!("request     {method} {authority}{path} from {ip}");
-    let host = normalise::host_without_port(&authority);
+    let host = normalise::host_without_port(authority.as_str());
     let Some(index) = route::find(&config.routes, host, &path, &method) else {
         println!("route       none: the request would get 404 and not be forwarded");
         return ExitCode::SUCCESS;

@@ -74,10 +74,22 @@ impl Runtime {
 }
 
 /// What tollgate knows about the connection a request came on.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ConnInfo {
     pub peer: SocketAddr,
     pub tls: bool,
+    /// The peer's address as an `X-Forwarded-For` entry, made once for the connection.
+    pub peer_value: HeaderValue,
+}
+
+impl ConnInfo {
+    pub fn new(peer: SocketAddr, tls: bool) -> Self {
+        ConnInfo {
+            peer,
+            tls,
+            peer_value: headers::peer_value(peer.ip()),
+        }
+    }
 }
 
 pub struct Proxy {
@@ -165,7 +177,7 @@ impl Proxy {
         };
 
         // Step 2: the first route that matches.
-        let host = normalise::host_without_port(&authority);
+        let host = normalise::host_without_port(authority.as_str());
         let Some(index) = route::find(&rt.config.routes, host, &path, req.method()) else {
             return local_error(None, RequestError::NoRoute);
         };
@@ -250,14 +262,20 @@ impl Proxy {
             target.push('?');
             target.push_str(query);
         }
+        let Some(authority_value) = headers::authority_value(authority.as_str(), req.headers())
+        else {
+            return local_error(
+                Some(index),
+                RequestError::BadRequest(bad_request_reason(normalise::NormaliseError::BadHost)),
+            );
+        };
         let fwd = ForwardRequest {
             target,
-            client_authority: &authority,
             forwarded: headers::ForwardedFor {
-                peer: conn.peer.ip(),
+                peer: &conn.peer_value,
                 peer_trusted,
                 proto: if conn.tls { "https" } else { "http" },
-                host: &authority,
+                host: &authority_value,
             },
         };
         let upstream_started = Instant::now();

@@ -647,7 +647,7 @@ async fn accept_loop(
             metrics.open_connections.inc();
             match tls {
                 None => {
-                    let info = ConnInfo { peer, tls: false };
+                    let info = ConnInfo::new(peer, false);
                     let guarded = FramingGuard::new(stream);
                     serve_connection(guarded, info, proxy, settings, phase).await;
                 }
@@ -659,7 +659,7 @@ async fn accept_loop(
                         tokio::time::timeout(settings.header_read_timeout, acceptor.accept(stream));
                     match handshake.await {
                         Ok(Ok(tls_stream)) => {
-                            let info = ConnInfo { peer, tls: true };
+                            let info = ConnInfo::new(peer, true);
                             let guarded = FramingGuard::new(tls_stream);
                             serve_connection(guarded, info, proxy, settings, phase).await;
                         }
@@ -689,8 +689,10 @@ async fn serve_connection<S>(
         activity: activity.clone(),
     });
     let requests = activity.clone();
+    let peer_port = info.peer.port();
     let service = service_fn(move |req| {
         let proxy = proxy.clone();
+        let info = info.clone();
         let in_flight = InFlight::start(requests.clone());
         async move {
             let response = proxy.handle(req, info).await;
@@ -732,7 +734,7 @@ async fn serve_connection<S>(
         tokio::select! {
             result = conn.as_mut() => {
                 if let Err(err) = result {
-                    tracing::debug!(peer = %info.peer.port(), error = %err, "connection ended with an error");
+                    tracing::debug!(peer = %peer_port, error = %err, "connection ended with an error");
                 }
                 return;
             }

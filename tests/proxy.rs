@@ -221,6 +221,11 @@ async fn preserve_host_both_ways() {
         upstream.last().headers.get("host").unwrap(),
         "deep.a.example.test"
     );
+    // X-Forwarded-Host carries the normalised spelling too, not the client's.
+    assert_eq!(
+        upstream.last().headers.get("x-forwarded-host").unwrap(),
+        "deep.a.example.test"
+    );
     send(&client, req("GET", &proxy.url("/x"), "mirror.test", "")).await;
     assert_eq!(
         upstream.last().headers.get("host").unwrap(),
