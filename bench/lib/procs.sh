@@ -1,4 +1,4 @@
-# bench/lib/procs.sh - sourced by bench/instructions.sh and bench/profile.sh.
+# bench/lib/procs.sh - sourced by bench/instructions.sh, bench/profile.sh and bench/cpu_split.sh.
 #
 # PIDS holds the servers a script started in the background, in start order; stop_started
 # ends them in reverse order (TERM, then wait), from the script's EXIT trap. wait_200 URL

@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# bench/cpu_split.sh - where the CPU time of one request goes, per process: nginx and
+# tollgate as proxies, and tollgate's memory and Postgres modes (HTTP/1.1).
+#
+# bench/run.sh shows how busy each CPU is; this says who keeps it busy. For each MODE it starts
+# the proxy (one worker, pinned to CPU_PROXY), loads it with wrk (pinned to CPU_LOAD, with the
+# upstream and, for the Postgres modes, the database backends, as in bench/run.sh), and reads
+# the CPU time (from /proc) that each took during the run: the proxy (user and system apart),
+# every PostgreSQL server process, the upstream's worker and wrk. Printed per request, in µs,
+# with how busy that made CPU_LOAD. The modes and their limits are those of bench/run.sh:
+#   nginx       nginx as the reverse proxy (bench/conf/proxy.nginx.conf)
+#   nolimit     tollgate, a route without limits
+#   memory      memory store, one `ip` limit (one hot key)
+#   pg-hot      PostgreSQL store, the same limit
+#   memory-10k  memory store, `header:authorization` limit, 10,000 tokens (bench/lua/tokens.lua)
+#   pg-10k      PostgreSQL store, the same limit and tokens
+#
+# Usage: [KNOB=value ...] bench/cpu_split.sh
+# Knobs: MODES ["nginx nolimit memory pg-hot memory-10k pg-10k"] ROUNDS [2] (the modes in turn,
+#        each round; one line per mode and round) CONNS [32] DURATION [6] s WARMUP [2] s
+#        CPU_PROXY [1] CPU_LOAD [0] BASE_PORT [19500]
+#        PG_URL [postgres://postgres@127.0.0.1:5432] (loopback; creates and drops databases
+#        tollgate_cpu_<mode>)   BUILD [1]   TOLLGATE_BIN [target/release/tollgate]
+# Needs: nginx, wrk, psql, taskset (apt-get install -y nginx wrk).
+set -euo pipefail
+{
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$HERE/.." && pwd)
+MODES=${MODES:-nginx nolimit memory pg-hot memory-10k pg-10k}
+ROUNDS=${ROUNDS:-2}
+CONNS=${CONNS:-32}
+DURATION=${DURATION:-6}
+WARMUP=${WARMUP:-2}
+CPU_PROXY=${CPU_PROXY:-1}
+CPU_LOAD=${CPU_LOAD:-0}
+BASE_PORT=${BASE_PORT:-19500}
+PG_URL=${PG_URL:-postgres://postgres@127.0.0.1:5432}
+BUILD=${BUILD:-1}
+TOLLGATE_BIN=${TOLLGATE_BIN:-$ROOT/target/release/tollgate}
+export RUST_LOG=warn PGOPTIONS="-c client_min_messages=warning"
+unset TOLLGATE_DATABASE_URL TOLLGATE_CONFIG
+UP=$BASE_PORT; PX=$((BASE_PORT + 1)); PX_H2=$((BASE_PORT + 2))
+
+for tool in nginx wrk psql taskset curl; do
+  command -v "$tool" >/dev/null || { echo "missing $tool (apt-get install -y nginx wrk postgresql-client)" >&2; exit 1; }
+done
+case $PG_URL in
+  *@127.0.0.1:* | *@localhost:* | *@\[::1\]:*) ;;
+  *) echo "PG_URL must point at a loopback address" >&2; exit 1 ;;
+esac
+
+RUN=$(mktemp -d /tmp/tollgate-cpu-split.XXXXXX); chmod 755 "$RUN"
+mkdir -p "$RUN/nginx_tmp"
+source "$HERE/lib/procs.sh"
+finish() {
+  local rc=$?
+  stop_started
+  rm -rf "$RUN"
+  exit "$rc"
+}
+trap finish EXIT; trap 'exit 130' INT; trap 'exit 143' TERM
+
+if [[ $BUILD == 1 ]]; then (cd "$ROOT" && cargo build --release --quiet); fi
+render() { sed -e "s#{{RUN}}#$RUN#g" -e "s#{{PORT}}#$2#g" -e "s#{{H2PORT}}#$PX_H2#g" -e "s#{{UPSTREAM_PORT}}#$UP#g" "$1"; }
+render "$HERE/conf/upstream.nginx.conf" "$UP" >"$RUN/upstream.conf"
+render "$HERE/conf/proxy.nginx.conf" "$PX" >"$RUN/nginx.conf"
+taskset -c "$CPU_LOAD" nginx -p "$RUN/" -c "$RUN/upstream.conf" >"$RUN/upstream.out" 2>&1 &
+PIDS+=("$!")
+wait_200 "http://127.0.0.1:$UP/" 10
+upstream_worker=$(pgrep -P "$(cat "$RUN/upstream.pid")" | head -1)
+
+# user_system PID: "user system" clock ticks of one process
+user_system() { awk '{print $14, $15}' "/proc/$1/stat"; }
+# ticks PID...: user+system clock ticks of the processes (those gone since count 0)
+ticks() {
+  local sum=0 pid
+  for pid in "$@"; do
+    [[ -r /proc/$pid/stat ]] && sum=$((sum + $(awk '{print $14 + $15}' "/proc/$pid/stat" 2>/dev/null || echo 0)))
+  done
+  echo "$sum"
+}
+postgres_pids() { pgrep -u postgres postgres || true; }
+pin_backends() {   # pin_backends DB: the backends serving DB onto CPU_LOAD
+  local pid
+  for pid in $(psql "$PG_URL/postgres" -XtAc "SELECT pid FROM pg_stat_activity WHERE datname = '$1'" 2>/dev/null); do
+    taskset -pc "$CPU_LOAD" "$pid" >/dev/null 2>&1 || true
+  done
+}
+
+hz=$(getconf CLK_TCK)
+echo "CPU per request (user + system, µs), wrk -t1 -c$CONNS -d${DURATION}s; tollgate on CPU $CPU_PROXY, the rest on CPU $CPU_LOAD"
+printf '%-5s %-11s %9s %11s %11s %9s %9s %9s %12s %9s\n' round mode "req/s" "proxy user" "proxy sys" postgres upstream wrk "cpu$CPU_LOAD total" "cpu$CPU_LOAD busy"
+for round in $(seq "$ROUNDS"); do
+for mode in $MODES; do
+  case $mode in
+    nginx | nolimit) key=""; script=() ;;
+    memory | pg-hot) key=ip; script=() ;;
+    memory-10k | pg-10k) key=header:authorization; script=(-s "$HERE/lua/tokens.lua") ;;
+    *) echo "unknown mode $mode" >&2; exit 1 ;;
+  esac
+  db=""
+  {
+    printf '[server]\nlisten = ["127.0.0.1:%s"]\nshutdown_timeout = "2s"\nworkers = 1\n\n' "$PX"
+    printf '[keys]\nsecret = "bench-only-secret-not-used-anywhere-else"\n\n[upstreams.app]\nurl = "http://127.0.0.1:%s"\n\n' "$UP"
+    if [[ $mode == pg-* ]]; then
+      db=tollgate_cpu_${mode//-/_}
+      psql "$PG_URL/postgres" -Xq -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db" >/dev/null
+      printf '[store]\nurl = "%s/%s"\npool_size = 16\ntimeout = "100ms"\non_error = "allow"\nmigrate = true\nsynchronous_commit = "off"\n\n' "$PG_URL" "$db"
+    fi
+    printf '[[routes]]\nname = "bench"\nupstream = "app"\n'
+    if [[ -n $key ]]; then
+      printf '  [[routes.limits]]\n  key = "%s"\n  requests = 2000000000\n  window = "1h"\n' "$key"
+    fi
+  } >"$RUN/$mode.toml"
+  if [[ $mode == nginx ]]; then
+    taskset -c "$CPU_PROXY" nginx -p "$RUN/" -c "$RUN/nginx.conf" >"$RUN/$mode.log" 2>&1 &
+  else
+    taskset -c "$CPU_PROXY" "$TOLLGATE_BIN" --config "$RUN/$mode.toml" run >"$RUN/$mode.log" 2>&1 &
+  fi
+  started=$!
+  PIDS+=("$started")
+  wait_200 "http://127.0.0.1:$PX/" 30
+  # nginx does its work in its worker process; tollgate in its one process.
+  proxy_pid=$started
+  if [[ $mode == nginx ]]; then proxy_pid=$(pgrep -P "$started" | head -1); fi
+  taskset -c "$CPU_LOAD" wrk -t1 -c"$CONNS" -d"${WARMUP}s" "${script[@]}" "http://127.0.0.1:$PX/" >/dev/null
+  if [[ -n $db ]]; then pin_backends "$db"; fi
+  mapfile -t pg < <(postgres_pids)
+  read -r tu0 ts0 < <(user_system "$proxy_pid"); pg0=$(ticks "${pg[@]}"); up0=$(ticks "$upstream_worker")
+  # Pool connections opened during the run are pinned too, as bench/run.sh does.
+  pinner=""
+  if [[ -n $db ]]; then
+    (for _ in $(seq $((DURATION * 2))); do sleep 0.5; pin_backends "$db"; done) &
+    pinner=$!
+  fi
+  out=$( { /usr/bin/time -f "wrk_cpu %U %S" taskset -c "$CPU_LOAD" wrk -t1 -c"$CONNS" -d"${DURATION}s" "${script[@]}" "http://127.0.0.1:$PX/"; } 2>&1 )
+  if [[ -n $pinner ]]; then wait "$pinner"; fi
+  mapfile -t pg_after < <(postgres_pids)
+  read -r tu1 ts1 < <(user_system "$proxy_pid"); pg1=$(ticks "${pg_after[@]}"); up1=$(ticks "$upstream_worker")
+  requests=$(awk '/requests in/ {print $1}' <<<"$out")
+  rate=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
+  read -r _ wrk_user wrk_sys < <(grep wrk_cpu <<<"$out")
+  awk -v r="$round" -v m="$mode" -v rate="$rate" -v n="$requests" -v hz="$hz" -v d="$DURATION" \
+      -v tu=$((tu1 - tu0)) -v ts=$((ts1 - ts0)) -v pg=$((pg1 - pg0)) -v up=$((up1 - up0)) -v wu="$wrk_user" -v ws="$wrk_sys" 'BEGIN {
+    per = 1e6 / hz / n; w = (wu + ws) * 1e6 / n; load = pg * per + up * per + w
+    printf "%-5s %-11s %9.0f %11.1f %11.1f %9.1f %9.1f %9.1f %12.1f %8.0f%%\n", r, m, rate, tu * per, ts * per, pg * per, up * per, w, load, load * n / 1e6 / d * 100
+  }'
+  kill -TERM "$started" 2>/dev/null || true; wait "$started" 2>/dev/null || true
+  unset 'PIDS[-1]'
+  if [[ -n $db ]]; then
+    psql "$PG_URL/postgres" -Xq -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1 || true
+  fi
+done
+done
+}
