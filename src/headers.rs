@@ -214,7 +214,38 @@ pub fn join_cookies(headers: &mut HeaderMap) {
     }
 }
 
-/// Adds the rate-limit fields for the applicable non-shadow limits.
+/// One member of a rate-limit field: `"<policy>"<a><x><b><y>`, after a `, ` when the list
+/// already has members.
+fn push_member(out: &mut Vec<u8>, policy: &str, a: &[u8], x: u64, b: &[u8], y: u64) {
+    if !out.is_empty() {
+        out.extend_from_slice(b", ");
+    }
+    out.push(b'"');
+    out.extend_from_slice(policy.as_bytes());
+    out.push(b'"');
+    out.extend_from_slice(a);
+    out.extend_from_slice(itoa::Buffer::new().format(x).as_bytes());
+    out.extend_from_slice(b);
+    out.extend_from_slice(itoa::Buffer::new().format(y).as_bytes());
+}
+
+/// The `RateLimit-Policy` value for the non-shadow outcomes (`"<policy>";q=<requests>;w=<window>,
+/// ...`), or `None` when there is none. It depends only on configuration, so a route makes
+/// it once for the case where all its limits apply (see [`add_rate_limit_headers`]).
+pub fn rate_limit_policy_value(outcomes: &[LimitOutcome]) -> Option<HeaderValue> {
+    let mut policy = Vec::with_capacity(64);
+    for o in outcomes.iter().filter(|o| !o.shadow) {
+        let (requests, window) = (u64::from(o.requests), u64::from(o.window_secs));
+        push_member(&mut policy, &o.policy, b";q=", requests, b";w=", window);
+    }
+    if policy.is_empty() {
+        return None;
+    }
+    HeaderValue::from_maybe_shared(bytes::Bytes::from(policy)).ok()
+}
+
+/// Adds the rate-limit fields for the applicable non-shadow limits. `policy`, when given, is
+/// the ready `RateLimit-Policy` value for exactly these outcomes.
 ///
 /// The values are written straight into byte buffers (integers with `itoa`): built with
 /// `format!` and joined, these fields were a quarter of the limiter's cost per request.
@@ -222,6 +253,7 @@ pub fn add_rate_limit_headers(
     headers: &mut HeaderMap,
     mode: RateLimitHeaders,
     outcomes: &[LimitOutcome],
+    policy: Option<&HeaderValue>,
 ) {
     let visible = || outcomes.iter().filter(|o| !o.shadow);
     if visible().next().is_none() {
@@ -229,33 +261,18 @@ pub fn add_rate_limit_headers(
     }
     if matches!(mode, RateLimitHeaders::Draft | RateLimitHeaders::Both) {
         // `"<policy>";q=<requests>;w=<window>, ...` and `"<policy>";r=<left>;t=<reset>, ...`
-        let member = |o: &LimitOutcome, a: &[u8], x: u64, b: &[u8], y: u64, out: &mut Vec<u8>| {
-            if !out.is_empty() {
-                out.extend_from_slice(b", ");
-            }
-            out.push(b'"');
-            out.extend_from_slice(o.policy.as_bytes());
-            out.push(b'"');
-            out.extend_from_slice(a);
-            out.extend_from_slice(itoa::Buffer::new().format(x).as_bytes());
-            out.extend_from_slice(b);
-            out.extend_from_slice(itoa::Buffer::new().format(y).as_bytes());
+        let policy = match policy {
+            Some(ready) => Some(ready.clone()),
+            None => rate_limit_policy_value(outcomes),
         };
-        let mut policy = Vec::with_capacity(64);
+        if let Some(policy) = policy {
+            headers.insert(RATELIMIT_POLICY.clone(), policy);
+        }
         let mut state = Vec::with_capacity(64);
         for o in visible() {
-            let (requests, window) = (u64::from(o.requests), u64::from(o.window_secs));
-            member(o, b";q=", requests, b";w=", window, &mut policy);
-            member(
-                o,
-                b";r=",
-                u64::from(o.remaining()),
-                b";t=",
-                o.reset_secs,
-                &mut state,
-            );
+            let (left, reset) = (u64::from(o.remaining()), o.reset_secs);
+            push_member(&mut state, &o.policy, b";r=", left, b";t=", reset);
         }
-        insert(headers, &RATELIMIT_POLICY, policy);
         insert(headers, &RATELIMIT, state);
     }
     if matches!(mode, RateLimitHeaders::Legacy | RateLimitHeaders::Both) {

@@ -35,9 +35,29 @@ pub struct CompiledRoute {
     pub name: Arc<str>,
     /// `<scope>:<label>` per limit, in limit order.
     pub policies: Vec<Arc<str>>,
+    /// The `RateLimit-Policy` value when every limit applies (it names only configuration),
+    /// made once rather than per response.
+    pub rate_limit_policy: Option<HeaderValue>,
     pub upstream: Arc<UpstreamPool>,
     pub on_store_error: StoreErrorPolicy,
     pub metrics: RouteMetrics,
+}
+
+impl CompiledRoute {
+    /// The route's ready `RateLimit-Policy` value, when `outcomes` are those of all its limits
+    /// in order (a limit whose key is absent from the request has no outcome).
+    fn ready_policy(&self, outcomes: &[LimitOutcome]) -> Option<&HeaderValue> {
+        let all = outcomes.len() == self.policies.len()
+            && outcomes
+                .iter()
+                .zip(&self.policies)
+                .all(|(o, p)| Arc::ptr_eq(&o.policy, p));
+        if all {
+            self.rate_limit_policy.as_ref()
+        } else {
+            None
+        }
+    }
 }
 
 /// Everything a reload replaces at once.
@@ -56,17 +76,35 @@ impl Runtime {
         let routes = config
             .routes
             .iter()
-            .map(|r| CompiledRoute {
-                config: r.clone(),
-                name: Arc::from(r.name.as_str()),
-                policies: r
+            .map(|r| {
+                let policies: Vec<Arc<str>> = r
                     .limits
                     .iter()
                     .map(|l| Arc::from(l.policy_name()))
-                    .collect(),
-                upstream: pools[r.upstream].clone(),
-                on_store_error: r.on_store_error.unwrap_or(config.store.on_error),
-                metrics: RouteMetrics::new(Arc::from(r.name.as_str())),
+                    .collect();
+                // What the rate-limit fields say of every limit, counts aside.
+                let all_limits: Vec<LimitOutcome> = r
+                    .limits
+                    .iter()
+                    .zip(&policies)
+                    .map(|(limit, policy)| LimitOutcome {
+                        policy: policy.clone(),
+                        requests: limit.requests,
+                        window_secs: limit.window_secs,
+                        count: 0,
+                        reset_secs: 0,
+                        shadow: limit.shadow || r.shadow,
+                    })
+                    .collect();
+                CompiledRoute {
+                    config: r.clone(),
+                    name: Arc::from(r.name.as_str()),
+                    rate_limit_policy: headers::rate_limit_policy_value(&all_limits),
+                    policies,
+                    upstream: pools[r.upstream].clone(),
+                    on_store_error: r.on_store_error.unwrap_or(config.store.on_error),
+                    metrics: RouteMetrics::new(Arc::from(r.name.as_str())),
+                }
             })
             .collect();
         Ok(Runtime { config, routes })
@@ -291,6 +329,7 @@ impl Proxy {
                     &mut parts.headers,
                     server.rate_limit_headers,
                     &outcomes,
+                    route.ready_policy(&outcomes),
                 );
                 Handled {
                     response: Response::from_parts(parts, ProxyBody::Upstream(body)),
@@ -390,7 +429,12 @@ fn rejection(
         headers.insert(header::CONTENT_TYPE, ct);
     }
     headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after));
-    headers::add_rate_limit_headers(headers, rt.config.server.rate_limit_headers, outcomes);
+    headers::add_rate_limit_headers(
+        headers,
+        rt.config.server.rate_limit_headers,
+        outcomes,
+        route.ready_policy(outcomes),
+    );
     close_if_body_unread(req, &mut response);
     response
 }
