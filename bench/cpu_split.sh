@@ -52,16 +52,9 @@ esac
 RUN=$(mktemp -d /tmp/tollgate-cpu-split.XXXXXX); chmod 755 "$RUN"
 mkdir -p "$RUN/nginx_tmp"
 source "$HERE/lib/procs.sh"
-finish() {
-  local rc=$?
-  stop_started
-  rm -rf "$RUN"
-  exit "$rc"
-}
-trap finish EXIT; trap 'exit 130' INT; trap 'exit 143' TERM
+cleanup_on_exit
 
 if [[ $BUILD == 1 ]]; then (cd "$ROOT" && cargo build --release --quiet); fi
-render() { sed -e "s#{{RUN}}#$RUN#g" -e "s#{{PORT}}#$2#g" -e "s#{{H2PORT}}#$PX_H2#g" -e "s#{{UPSTREAM_PORT}}#$UP#g" "$1"; }
 render "$HERE/conf/upstream.nginx.conf" "$UP" >"$RUN/upstream.conf"
 render "$HERE/conf/proxy.nginx.conf" "$PX" >"$RUN/nginx.conf"
 taskset -c "$CPU_LOAD" nginx -p "$RUN/" -c "$RUN/upstream.conf" >"$RUN/upstream.out" 2>&1 &

@@ -41,14 +41,7 @@ done
 RUN=$(mktemp -d /tmp/tollgate-instructions.XXXXXX); chmod 755 "$RUN"
 mkdir -p "$RUN/nginx_tmp" "$OUT"
 source "$HERE/lib/procs.sh"
-finish() {
-  local rc=$?
-  stop_started
-  rm -rf "$RUN"
-  exit "$rc"
-}
-trap finish EXIT; trap 'exit 130' INT; trap 'exit 143' TERM
-render() { sed -e "s#{{RUN}}#$RUN#g" -e "s#{{PORT}}#$2#g" -e "s#{{H2PORT}}#$PX_H2#g" -e "s#{{UPSTREAM_PORT}}#$UP#g" "$1"; }
+cleanup_on_exit
 
 if [[ $BUILD == 1 ]]; then (cd "$ROOT" && cargo build --release --quiet); fi
 render "$HERE/conf/upstream.nginx.conf" "$UP" >"$RUN/upstream.conf"
