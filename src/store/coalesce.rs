@@ -101,7 +101,7 @@ async fn dispatch(
 ) {
     let (done_tx, mut done) = mpsc::unbounded_channel::<Vec<Arc<str>>>();
     let mut pending: Vec<Job> = Vec::new();
-    // Bucket names are digests (see postgres.rs): hashed with foldhash, not SipHash.
+    // Bucket names are tollgate's own (see postgres.rs): hashed with foldhash, not SipHash.
     let mut in_flight: HashSet<Arc<str>, foldhash::fast::RandomState> = HashSet::default();
     let mut free = slots.max(1);
     let mut open = true;

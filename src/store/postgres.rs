@@ -24,11 +24,6 @@
 //! tokio-postgres' own error messages do not contain it.
 
 use std::collections::{HashMap, HashSet};
-
-/// Maps over bucket names, which are hex digests: foldhash hashes an 80-byte name in a
-/// fraction of SipHash's time, and a digest gives an attacker no collisions to aim at.
-type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
-type FastSet<K> = HashSet<K, foldhash::fast::RandomState>;
 use std::error::Error as _;
 use std::fmt;
 use std::str::FromStr;
@@ -43,6 +38,12 @@ use tokio_postgres::{Client, NoTls};
 
 use super::{Counted, Increment, Peeked, Store, StoreError, StoreFuture};
 use crate::config::StoreConfig;
+
+/// Maps and sets over bucket names: names made by tollgate (policy labels and digests), never
+/// text a client chose, so foldhash (a fraction of SipHash's time on an 80-byte name) leaves
+/// an attacker no collisions to aim at.
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+type FastSet<K> = HashSet<K, foldhash::fast::RandomState>;
 
 /// Advisory lock serialising migrations and fingerprint writes across instances.
 /// The bytes spell "tollgate", so the key is recognisable in `pg_locks`.
