@@ -37,17 +37,15 @@ BASE_PORT=${BASE_PORT:-19500}
 PG_URL=${PG_URL:-postgres://postgres@127.0.0.1:5432}
 BUILD=${BUILD:-1}
 TOLLGATE_BIN=${TOLLGATE_BIN:-$ROOT/target/release/tollgate}
-export RUST_LOG=warn PGOPTIONS="-c client_min_messages=warning"
+export RUST_LOG=warn
 unset TOLLGATE_DATABASE_URL TOLLGATE_CONFIG
 UP=$BASE_PORT; PX=$((BASE_PORT + 1)); PX_H2=$((BASE_PORT + 2))
 
-for tool in nginx wrk psql taskset curl; do
+for tool in nginx wrk psql taskset curl python3; do
   command -v "$tool" >/dev/null || { echo "missing $tool (apt-get install -y nginx wrk postgresql-client)" >&2; exit 1; }
 done
-case $PG_URL in
-  *@127.0.0.1:* | *@localhost:* | *@\[::1\]:*) ;;
-  *) echo "PG_URL must point at a loopback address" >&2; exit 1 ;;
-esac
+source "$HERE/lib/pg.sh"
+require_loopback_pg_url
 
 RUN=$(mktemp -d /tmp/tollgate-cpu-split.XXXXXX); chmod 755 "$RUN"
 mkdir -p "$RUN/nginx_tmp"
@@ -73,12 +71,6 @@ ticks() {
   echo "$sum"
 }
 postgres_pids() { pgrep -u postgres postgres || true; }
-pin_backends() {   # pin_backends DB: the backends serving DB onto CPU_LOAD
-  local pid
-  for pid in $(psql "$PG_URL/postgres" -XtAc "SELECT pid FROM pg_stat_activity WHERE datname = '$1'" 2>/dev/null); do
-    taskset -pc "$CPU_LOAD" "$pid" >/dev/null 2>&1 || true
-  done
-}
 
 hz=$(getconf CLK_TCK)
 echo "CPU per request (user + system, µs), wrk -t1 -c$CONNS -d${DURATION}s; tollgate on CPU $CPU_PROXY, the rest on CPU $CPU_LOAD"
@@ -97,7 +89,7 @@ for mode in $MODES; do
     printf '[keys]\nsecret = "bench-only-secret-not-used-anywhere-else"\n\n[upstreams.app]\nurl = "http://127.0.0.1:%s"\n\n' "$UP"
     if [[ $mode == pg-* ]]; then
       db=tollgate_cpu_${mode//-/_}
-      psql "$PG_URL/postgres" -Xq -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db" >/dev/null
+      psql_admin -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db" >/dev/null
       printf '[store]\nurl = "%s/%s"\npool_size = 16\ntimeout = "100ms"\non_error = "allow"\nmigrate = true\nsynchronous_commit = "off"\n\n' "$PG_URL" "$db"
     fi
     printf '[[routes]]\nname = "bench"\nupstream = "app"\n'
@@ -122,12 +114,9 @@ for mode in $MODES; do
   read -r tu0 ts0 < <(user_system "$proxy_pid"); pg0=$(ticks "${pg[@]}"); up0=$(ticks "$upstream_worker")
   # Pool connections opened during the run are pinned too, as bench/run.sh does.
   pinner=""
-  if [[ -n $db ]]; then
-    (for _ in $(seq $((DURATION * 2))); do sleep 0.5; pin_backends "$db"; done) &
-    pinner=$!
-  fi
+  if [[ -n $db ]]; then pin_backends_during "$db" & pinner=$!; fi
   out=$( { /usr/bin/time -f "wrk_cpu %U %S" taskset -c "$CPU_LOAD" wrk -t1 -c"$CONNS" -d"${DURATION}s" "${script[@]}" "http://127.0.0.1:$PX/"; } 2>&1 )
-  if [[ -n $pinner ]]; then wait "$pinner"; fi
+  if [[ -n $pinner ]]; then kill "$pinner"; wait "$pinner" 2>/dev/null || true; fi
   mapfile -t pg_after < <(postgres_pids)
   read -r tu1 ts1 < <(user_system "$proxy_pid"); pg1=$(ticks "${pg_after[@]}"); up1=$(ticks "$upstream_worker")
   requests=$(awk '/requests in/ {print $1}' <<<"$out")
@@ -141,7 +130,7 @@ for mode in $MODES; do
   kill -TERM "$started" 2>/dev/null || true; wait "$started" 2>/dev/null || true
   unset 'PIDS[-1]'
   if [[ -n $db ]]; then
-    psql "$PG_URL/postgres" -Xq -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1 || true
+    psql_admin -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1 || true
   fi
 done
 done

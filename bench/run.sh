@@ -115,11 +115,8 @@ for tool in wrk nginx curl python3 taskset; do
   command -v "$tool" >/dev/null || { echo "missing $tool (apt-get install -y nginx wrk nghttp2-client curl python3)" >&2; exit 1; }
 done
 [[ $PROTOS != *h2* ]] || command -v h2load >/dev/null || { echo "missing h2load (apt-get install -y nghttp2-client)" >&2; exit 1; }
-python3 - "$PG_URL" <<'PY' || { echo "PG_URL must point at a loopback address" >&2; exit 1; }
-import ipaddress, sys, urllib.parse
-h = urllib.parse.urlsplit(sys.argv[1]).hostname or ""
-sys.exit(0 if h == "localhost" or ipaddress.ip_address(h).is_loopback else 1)
-PY
+source "$HERE/lib/pg.sh"
+require_loopback_pg_url
 
 # ---------------------------------------------------------------- process bookkeeping
 RUN=""
@@ -192,17 +189,7 @@ pin() {   # pin proxy|load -> taskset prefix (word-split on purpose)
 }
 
 # ---------------------------------------------------------------- PostgreSQL helpers
-psql_admin() { PGOPTIONS="-c client_min_messages=warning" psql "$PG_URL/postgres" -X -q -v ON_ERROR_STOP=1 "$@"; }
-psql_db() { local db=$1; shift; psql "$PG_URL/$db" -X -q -v ON_ERROR_STOP=1 "$@"; }
-pin_backends() {   # pin_backends DB: the server processes serving DB onto CPU_LOAD, now
-  local pid
-  for pid in $(psql_admin -tAc "SELECT pid FROM pg_stat_activity WHERE datname = '$1'" 2>/dev/null); do
-    taskset -pc "$CPU_LOAD" "$pid" >/dev/null 2>&1 || echo "cannot pin backend $pid (not root?)" >&2
-  done
-}
-pin_backends_during() {   # pin_backends_during DB: pin_backends every 0.5 s until killed
-  while :; do pin_backends "$1"; sleep 0.5; done
-}
+# psql_admin, psql_db, pin_backends and pin_backends_during: bench/lib/pg.sh (sourced above)
 STATS_METHOD=""
 db_snap() {   # db_snap DB -> "statements rows_written"
   local db=$1 stm rows

@@ -1,0 +1,30 @@
+# bench/lib/pg.sh - PostgreSQL helpers sourced by bench/run.sh and bench/cpu_split.sh.
+#
+# Needs PG_URL (the server, without a database) and CPU_LOAD (the CPU the backends go to).
+# require_loopback_pg_url exits the script unless PG_URL names a loopback address: the
+# benchmarks create and drop databases. psql_admin runs psql against the `postgres`
+# database, psql_db DB against DB. pin_backends DB moves the server processes serving DB to
+# CPU_LOAD, now; pin_backends_during DB does so every 0.5 s until killed, so that pool
+# connections opened during a run follow.
+
+require_loopback_pg_url() {
+  python3 - "$PG_URL" <<'PY' || { echo "PG_URL must point at a loopback address" >&2; exit 1; }
+import ipaddress, sys, urllib.parse
+h = urllib.parse.urlsplit(sys.argv[1]).hostname or ""
+sys.exit(0 if h == "localhost" or ipaddress.ip_address(h).is_loopback else 1)
+PY
+}
+
+psql_admin() { PGOPTIONS="-c client_min_messages=warning" psql "$PG_URL/postgres" -X -q -v ON_ERROR_STOP=1 "$@"; }
+psql_db() { local db=$1; shift; psql "$PG_URL/$db" -X -q -v ON_ERROR_STOP=1 "$@"; }
+
+pin_backends() {
+  local pid
+  for pid in $(psql_admin -tAc "SELECT pid FROM pg_stat_activity WHERE datname = '$1'" 2>/dev/null); do
+    taskset -pc "$CPU_LOAD" "$pid" >/dev/null 2>&1 || echo "cannot pin backend $pid (not root?)" >&2
+  done
+}
+
+pin_backends_during() {
+  while :; do pin_backends "$1"; sleep 0.5; done
+}
