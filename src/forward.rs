@@ -202,7 +202,7 @@ impl UpstreamPool {
         let Origin {
             scheme,
             authority,
-            host,
+            host: origin_host,
             ..
         } = &self.origins[origin];
         let path_and_query = PathAndQuery::try_from(fwd.target)
@@ -249,7 +249,7 @@ impl UpstreamPool {
         let host = if self.config.preserve_host {
             fwd.forwarded.host
         } else {
-            host
+            origin_host
         };
         headers.insert(header::HOST, host.clone());
         if let Some((protocol, _)) = &upgrade {
