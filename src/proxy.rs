@@ -236,7 +236,12 @@ impl Proxy {
         let route = &rt.routes[index];
 
         // Step 3: who the request counts as, per limit. A keyed header sent twice would let
-        // the client pick the copy counted while the upstream reads the other.
+        // the client pick the copy counted while the upstream reads the other. HTTP/2 may
+        // split `cookie` into several fields, which are one header (RFC 9113 8.2.3): they are
+        // joined first when a limit keys on it, so the whole value is counted.
+        if req.version() == Version::HTTP_2 && route.keyed_headers.contains(&header::COOKIE) {
+            headers::join_cookies(req.headers_mut());
+        }
         if key::repeated_keyed_header(req.headers(), &route.keyed_headers).is_some() {
             return local_error(
                 Some(index),

@@ -274,6 +274,45 @@ async fn a_keyed_header_sent_twice_over_http2_gets_400() {
     assert_eq!(upstream.count(), 0);
 }
 
+/// HTTP/2 may split `cookie` into several fields (RFC 9113 8.2.3): that is one header, not a
+/// doubled one. A limit keyed on it counts the joined value, and the request passes.
+#[tokio::test]
+async fn split_http2_cookies_are_one_keyed_header() {
+    let upstream = Upstream::start().await;
+    let routes = r#"
+[[routes]]
+name = "session"
+upstream = "app"
+
+  [[routes.limits]]
+  key = "header:cookie"
+  requests = 1
+  window = "1h"
+"#;
+    let proxy = Proxy::start(config_from(
+        &limits_config("", "", routes),
+        upstream.addr,
+        &[],
+    ))
+    .await;
+    let client = h2c_client();
+    let split = |second: &str| {
+        Request::get(proxy.url("/x"))
+            .header("cookie", "a=1")
+            .header("cookie", second)
+            .body(Full::new(Bytes::new()))
+            .expect("request")
+    };
+    assert_eq!(send(&client, split("b=2")).await.status, StatusCode::OK);
+    assert_eq!(upstream.last().headers.get("cookie").unwrap(), "a=1; b=2");
+    // The same joined value is the same bucket; another second crumb is another one.
+    assert_eq!(
+        send(&client, split("b=2")).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(send(&client, split("b=3")).await.status, StatusCode::OK);
+}
+
 /// Review: `X_Api_Key` is not counted by a `header:x-api-key` limit but was forwarded, and
 /// CGI/WSGI backends read it as `X-Api-Key`. SPEC 4a: names with `_` are dropped by default.
 #[tokio::test]
