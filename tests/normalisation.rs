@@ -352,6 +352,23 @@ async fn underscores_in_headers_true_forwards_them() {
     assert_eq!(upstream.last().headers.get("x_legacy_field").unwrap(), "1");
 }
 
+/// The option is read per request, like `trusted_proxies`: a reload applies it (it changes no
+/// listener or connection, only how the next request is rewritten).
+#[tokio::test]
+async fn a_reload_applies_underscores_in_headers() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(config_from(&limits_config("", "", ""), upstream.addr, &[])).await;
+    let request = raw_get("/x", &["X_Legacy_Field: 1"]);
+    assert_eq!(raw_status(proxy.addr, &request).await, 200);
+    assert!(upstream.last().headers.get("x_legacy_field").is_none());
+    let keep = limits_config("", "underscores_in_headers = true", "");
+    assert!(proxy
+        .server()
+        .reload(config_from(&keep, upstream.addr, &[])));
+    assert_eq!(raw_status(proxy.addr, &request).await, 200);
+    assert_eq!(upstream.last().headers.get("x_legacy_field").unwrap(), "1");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Item 6: path parameters
 
