@@ -15,6 +15,10 @@ pub enum RequestError {
     BadRequest(&'static str),
     #[error("no route matches")]
     NoRoute,
+    /// `TRACE`: it echoes the request back, credentials and cookies included, and no backend
+    /// behind a rate limiter needs it (nginx answers 405 as well).
+    #[error("method not allowed")]
+    MethodNotAllowed,
     #[error("upstream unreachable: {0}")]
     UpstreamUnreachable(String),
     #[error("upstream sent no response headers within the response timeout")]
@@ -28,6 +32,7 @@ impl RequestError {
         match self {
             RequestError::BadRequest(_) => StatusCode::BAD_REQUEST,
             RequestError::NoRoute => StatusCode::NOT_FOUND,
+            RequestError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             RequestError::UpstreamUnreachable(_) => StatusCode::BAD_GATEWAY,
             RequestError::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             RequestError::StoreFailedClosed => StatusCode::SERVICE_UNAVAILABLE,
@@ -39,6 +44,7 @@ impl RequestError {
         match self {
             RequestError::BadRequest(_) => "bad_request",
             RequestError::NoRoute => "no_route",
+            RequestError::MethodNotAllowed => "method_not_allowed",
             RequestError::UpstreamUnreachable(_) => "upstream_error",
             RequestError::UpstreamTimeout => "upstream_timeout",
             RequestError::StoreFailedClosed => "failed_closed",

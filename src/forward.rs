@@ -246,10 +246,10 @@ impl UpstreamPool {
         // growth of the map hyper sized for the parsed fields, instead of one per insert.
         headers.reserve(6);
         headers::add_forwarded(headers, &fwd.forwarded);
-        let host = if self.config.preserve_host {
-            fwd.forwarded.host
-        } else {
-            origin_host
+        // An HTTP/1.0 request may name no host; HTTP/1.1 upstream needs one: the origin's.
+        let host = match fwd.forwarded.host {
+            Some(host) if self.config.preserve_host => host,
+            _ => origin_host,
         };
         headers.insert(header::HOST, host.clone());
         if let Some((protocol, _)) = &upgrade {

@@ -3,7 +3,11 @@
 //! - Hop-by-hop headers (RFC 9110 7.6.1) belong to one connection and are removed in both
 //!   directions: `Connection` and every header it names, plus the fixed list below. `TE:
 //!   trailers` survives because gRPC needs it end to end.
-//! - `X-Forwarded-For/Proto/Host` tell the upstream who the client was.
+//! - `X-Forwarded-For/Proto/Host` and `X-Real-IP` tell the upstream who the client was;
+//!   `Forwarded` (RFC 7239) passes only from a trusted proxy, since tollgate does not write
+//!   it and a backend that believes a client's own would be spoofed.
+//! - Header names with `_` are dropped unless configured otherwise: CGI and WSGI map `_` and
+//!   `-` alike, so `X_Api_Key` would reach such a backend as the `X-Api-Key` a limit keys on.
 //! - `RateLimit-Policy`/`RateLimit` (draft-ietf-httpapi-ratelimit-headers, structured-field
 //!   lists) and the legacy `X-RateLimit-*` trio tell the client where it stands.
 
@@ -35,6 +39,8 @@ const TE_AT: usize = 5;
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+static FORWARDED: HeaderName = HeaderName::from_static("forwarded");
 
 /// The comma-separated tokens of every `name` field, trimmed, empty ones skipped. Borrowed:
 /// this runs several times per request and allocates nothing.
@@ -139,10 +145,13 @@ pub struct ForwardedFor<'a> {
     pub peer: &'a HeaderValue,
     /// Whether the peer is a trusted proxy whose own `X-Forwarded-*` are believed.
     pub peer_trusted: bool,
+    /// The client address of SPEC 4 (what the limiter keys on) as text, for `X-Real-IP`.
+    pub client: &'a HeaderValue,
     /// `http` or `https`: how the client reached tollgate.
     pub proto: &'static str,
-    /// The authority the client asked for, as a field value ([`authority_value`]).
-    pub host: &'a HeaderValue,
+    /// The authority the client asked for, as a field value ([`authority_value`]); `None`
+    /// for an HTTP/1.0 request that named no host.
+    pub host: Option<&'a HeaderValue>,
 }
 
 /// The peer's address as an `X-Forwarded-For` entry. A connection's peer never changes, so
@@ -164,7 +173,9 @@ pub fn authority_value(authority: &str, headers: &HeaderMap) -> Option<HeaderVal
 }
 
 /// Appends the peer to `X-Forwarded-For`; sets `X-Forwarded-Proto` and `X-Forwarded-Host`,
-/// keeping the client's own values only when the peer is trusted.
+/// keeping the client's own values only when the peer is trusted; sets `X-Real-IP` to the
+/// client address whoever the peer is (it is tollgate's own conclusion, trusted proxies
+/// included); removes `Forwarded` unless the peer is trusted.
 pub fn add_forwarded(headers: &mut HeaderMap, fwd: &ForwardedFor<'_>) {
     let mut previous = headers
         .get_all(&X_FORWARDED_FOR)
@@ -191,7 +202,32 @@ pub fn add_forwarded(headers: &mut HeaderMap, fwd: &ForwardedFor<'_>) {
         );
     }
     if !(fwd.peer_trusted && headers.contains_key(&X_FORWARDED_HOST)) {
-        headers.insert(X_FORWARDED_HOST.clone(), fwd.host.clone());
+        match fwd.host {
+            Some(host) => {
+                headers.insert(X_FORWARDED_HOST.clone(), host.clone());
+            }
+            None => {
+                headers.remove(&X_FORWARDED_HOST);
+            }
+        }
+    }
+    // `insert` replaces every field of the name: a client cannot add a second copy.
+    headers.insert(X_REAL_IP.clone(), fwd.client.clone());
+    if !fwd.peer_trusted {
+        headers.remove(&FORWARDED);
+    }
+}
+
+/// Removes every field whose name contains `_` (nginx's `underscores_in_headers off`). One
+/// pass over the names finds none in nearly every request; only then are names collected.
+pub fn drop_underscored(headers: &mut HeaderMap) {
+    let underscored = |name: &HeaderName| name.as_str().contains('_');
+    if !headers.keys().any(underscored) {
+        return;
+    }
+    let names: Vec<HeaderName> = headers.keys().filter(|n| underscored(n)).cloned().collect();
+    for name in names {
+        headers.remove(name);
     }
 }
 
@@ -368,13 +404,15 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("x-forwarded-for", "198.51.100.1".parse().unwrap());
         h.insert("x-forwarded-proto", "https".parse().unwrap());
+        let peer = peer_value("192.0.2.9".parse().unwrap());
         add_forwarded(
             &mut h,
             &ForwardedFor {
-                peer: &peer_value("192.0.2.9".parse().unwrap()),
+                peer: &peer,
                 peer_trusted: false,
+                client: &peer,
                 proto: "http",
-                host: &HeaderValue::from_static("api.example"),
+                host: Some(&HeaderValue::from_static("api.example")),
             },
         );
         assert_eq!(h.get("x-forwarded-for").unwrap(), "198.51.100.1, 192.0.2.9");
@@ -393,13 +431,57 @@ mod tests {
             &ForwardedFor {
                 peer: &peer,
                 peer_trusted: true,
+                client: &peer,
                 proto: "https",
-                host: &HeaderValue::from_static("api.example"),
+                host: Some(&HeaderValue::from_static("api.example")),
             },
         );
         assert_eq!(h.get("x-forwarded-for").unwrap(), "192.0.2.9");
         assert_eq!(h.get("x-forwarded-proto").unwrap(), "https");
         assert_eq!(peer_value("2001:db8::1".parse().unwrap()), "2001:db8::1");
+    }
+
+    #[test]
+    fn real_ip_is_replaced_and_forwarded_passes_only_from_a_trusted_peer() {
+        let peer = peer_value("10.0.0.1".parse().unwrap());
+        let client = peer_value("198.51.100.7".parse().unwrap());
+        for trusted in [false, true] {
+            let mut h = HeaderMap::new();
+            h.append("x-real-ip", HeaderValue::from_static("6.6.6.6"));
+            h.append("x-real-ip", HeaderValue::from_static("7.7.7.7"));
+            h.append("forwarded", HeaderValue::from_static("for=6.6.6.6"));
+            h.append("x-forwarded-host", HeaderValue::from_static("spoofed"));
+            add_forwarded(
+                &mut h,
+                &ForwardedFor {
+                    peer: &peer,
+                    peer_trusted: trusted,
+                    client: &client,
+                    proto: "http",
+                    host: None,
+                },
+            );
+            let real: Vec<_> = h.get_all("x-real-ip").iter().collect();
+            assert_eq!(real, ["198.51.100.7"]);
+            assert_eq!(h.contains_key("forwarded"), trusted);
+            // No host to tell: a client's own X-Forwarded-Host passes only from a trusted peer.
+            assert_eq!(h.contains_key("x-forwarded-host"), trusted);
+        }
+    }
+
+    #[test]
+    fn underscored_names_are_dropped() {
+        let mut h = HeaderMap::new();
+        h.append("x_api_key", HeaderValue::from_static("a"));
+        h.append("x_api_key", HeaderValue::from_static("b"));
+        h.append("x-custom_field", HeaderValue::from_static("c"));
+        h.append("x-api-key", HeaderValue::from_static("d"));
+        drop_underscored(&mut h);
+        let left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left, ["x-api-key"]);
+        let before = h.clone();
+        drop_underscored(&mut h);
+        assert_eq!(h, before);
     }
 
     #[test]

@@ -6,6 +6,11 @@
 //! is HMAC-SHA256 under `keys.secret` (plain SHA-256 without one). Subjects exist only inside
 //! this module's functions: nothing here implements `Debug` or `Display` for a subject, and
 //! only the digest leaves.
+//!
+//! A keyed header must come once: with two `X-Api-Key` fields the limiter would count one
+//! copy while the upstream may read the other, so the client would choose its own bucket.
+//! [`keyed_headers`] lists the names a route's limits read, made once per route, and
+//! [`repeated_keyed_header`] checks exactly those per request (SPEC 3: such a request gets 400).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -14,11 +19,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use hmac::{Hmac, Mac};
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 use ipnet::IpNet;
 use sha2::{Digest, Sha256};
 
-use crate::config::{KeyPart, KeySpec};
+use crate::config::{KeyPart, KeySpec, LimitConfig};
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -199,6 +204,31 @@ impl std::fmt::Debug for BucketHasher {
             .field("keyed", &self.is_keyed())
             .finish()
     }
+}
+
+/// The header names the limits key on (each `header:<name>` part), once each, in limit order.
+pub fn keyed_headers(limits: &[LimitConfig]) -> Vec<HeaderName> {
+    let mut names: Vec<HeaderName> = Vec::new();
+    for part in limits.iter().flat_map(|limit| &limit.key.parts) {
+        if let KeyPart::Header(name) = part {
+            if !names.contains(name) {
+                names.push(name.clone());
+            }
+        }
+    }
+    names
+}
+
+/// The first of `names` that the request carries more than once, if any. Only the named
+/// headers are looked up (most routes name none or one), so this costs a hashed lookup per
+/// keyed header, not a pass over the request's fields.
+pub fn repeated_keyed_header<'a>(
+    headers: &HeaderMap,
+    names: &'a [HeaderName],
+) -> Option<&'a HeaderName> {
+    names
+        .iter()
+        .find(|name| headers.get_all(*name).iter().nth(1).is_some())
 }
 
 /// What a request looks like to the key derivation: its attributed address and its headers.
@@ -456,6 +486,39 @@ mod tests {
         let mut missing = HeaderMap::new();
         missing.insert("x-a", HeaderValue::from_static("a"));
         assert!(bucket_for("s", &spec, &who(&missing), &hasher).is_none());
+    }
+
+    #[test]
+    fn keyed_headers_are_each_named_once_and_only_repeats_of_them_count() {
+        // Built by the loader, so the test needs no update when limits gain a field.
+        let mut text = String::from("[upstreams.u]\nurl = \"http://127.0.0.1:9\"\n");
+        text.push_str("[[routes]]\nname = \"r\"\nupstream = \"u\"\n");
+        for (scope, key) in [
+            ("a", "\"ip\""),
+            ("b", "[\"header:X-Api-Key\", \"ip\"]"),
+            ("c", "\"header:authorization\""),
+            ("d", "\"header:x-api-key\""),
+        ] {
+            text.push_str(&format!(
+                "[[routes.limits]]\nscope = \"{scope}\"\nkey = {key}\nrequests = 1\nwindow = \"1s\"\n"
+            ));
+        }
+        let config = crate::config::load_str(std::path::Path::new("t.toml"), &text, &|_| None)
+            .expect("test configuration");
+        let limits = &config.routes[0].limits;
+        let api_key = HeaderName::from_static("x-api-key");
+        let auth = http::header::AUTHORIZATION;
+        let names = keyed_headers(limits);
+        assert_eq!(names, [api_key.clone(), auth.clone()]);
+        let mut h = HeaderMap::new();
+        h.append("x-other", HeaderValue::from_static("1"));
+        h.append("x-other", HeaderValue::from_static("2"));
+        h.append("x-api-key", HeaderValue::from_static("a"));
+        assert_eq!(repeated_keyed_header(&h, &names), None);
+        h.append("authorization", HeaderValue::from_static("b"));
+        h.append("authorization", HeaderValue::from_static("c"));
+        assert_eq!(repeated_keyed_header(&h, &names), Some(&auth));
+        assert!(keyed_headers(&limits[..1]).is_empty());
     }
 
     /// The per-worker cache of `ip` buckets answers exactly what deriving the bucket afresh

@@ -318,7 +318,8 @@ async fn explain(
     };
     println!("request     {method} {authority}{path} from {ip}");
     let host = normalise::host_without_port(authority.as_str());
-    let Some(index) = route::find(&config.routes, host, &path, &method) else {
+    let routing_path = normalise::routing_path(&path);
+    let Some(index) = route::find(&config.routes, Some(host), &routing_path, &method) else {
         println!("route       none: the request would get 404 and not be forwarded");
         return ExitCode::SUCCESS;
     };

@@ -7,8 +7,24 @@
 //! let a client smuggle a segment boundary past the router); runs of `/` are merged (as nginx's
 //! `merge_slashes`, since most backends treat `//` as `/`); dot segments are removed
 //! (5.2.4), and a path that would climb above the root is refused.
+//!
+//! Path parameters (`;` and what follows it in a segment, as Tomcat, Jetty and Spring read
+//! them) stay in the path sent upstream but not in the path routes match: [`routing_path`]
+//! removes them, so `/login;jsessionid=1` is `/login` to the router, as it is to those
+//! backends. A dot segment with parameters (`..;`) is refused: Tomcat climbs a level for it and
+//! most other backends take it as a name, so no single reading is safe.
+//!
+//! Host rules (RFC 3986 3.2.2, RFC 9110 7.2): the authority is `host[:port]` with `host` a
+//! bracketed IPv6 literal or dot-separated labels of letters, digits, `-` and `_` (what a
+//! route's `host` may name), and the port digits only; anything else (a list, a bracketed name,
+//! empty labels) is refused. It is lower-cased, an IPv6 literal written in RFC 5952 form, and
+//! one trailing dot removed (`api.example.com.` is the same fully qualified name, and nginx
+//! treats it so): the router and the upstream see one spelling.
 
-use http::{HeaderMap, Uri};
+use std::borrow::Cow;
+use std::net::Ipv6Addr;
+
+use http::{HeaderMap, Uri, Version};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum NormaliseError {
@@ -20,6 +36,8 @@ pub enum NormaliseError {
     EncodedSeparator,
     #[error("path escapes the root")]
     EscapesRoot,
+    #[error("dot segment with parameters in path")]
+    DotSegmentWithParameters,
     #[error("missing Host")]
     MissingHost,
     #[error("several Host headers")]
@@ -93,6 +111,9 @@ pub fn normalise_path(raw: &str) -> Result<String, NormaliseError> {
                     return Err(NormaliseError::EscapesRoot);
                 }
             }
+            s if is_dot_segment(segment_name(s)) => {
+                return Err(NormaliseError::DotSegmentWithParameters)
+            }
             s => segments.push(s),
         }
     }
@@ -107,8 +128,8 @@ pub fn normalise_path(raw: &str) -> Result<String, NormaliseError> {
     Ok(out)
 }
 
-/// No escapes, no empty segment but a trailing one, no dot segments: what the rewriting in
-/// [`normalise_path`] would return unchanged.
+/// No escapes, no empty segment but a trailing one, no dot segments (with parameters or
+/// without): what the rewriting in [`normalise_path`] would return unchanged (or refuse).
 fn is_already_normal(path: &str) -> bool {
     if path.contains('%') {
         return false;
@@ -116,18 +137,70 @@ fn is_already_normal(path: &str) -> bool {
     let mut segments = path[1..].split('/').peekable();
     while let Some(segment) = segments.next() {
         let last = segments.peek().is_none();
-        if (segment.is_empty() && !last) || segment == "." || segment == ".." {
+        if (segment.is_empty() && !last) || is_dot_segment(segment_name(segment)) {
             return false;
         }
     }
     true
 }
 
-/// The request's one authority (`host[:port]`, lowercased), from `Host` or the request target.
+fn is_dot_segment(name: &str) -> bool {
+    name == "." || name == ".."
+}
+
+/// A path segment without its parameters: what comes before its first `;`, encoded (`%3B`) or
+/// not. The encoded form counts too because some backends decode before they cut parameters;
+/// matching `/login%3Bx` as `/login` can only put a request under more limits, never fewer.
+pub fn segment_name(segment: &str) -> &str {
+    let bytes = segment.as_bytes();
+    for (i, &b) in bytes.iter().enumerate() {
+        let encoded_semicolon = b == b'%'
+            && bytes.get(i + 1) == Some(&b'3')
+            && matches!(bytes.get(i + 2), Some(b'b' | b'B'));
+        if b == b';' || encoded_semicolon {
+            return &segment[..i];
+        }
+    }
+    segment
+}
+
+/// The path routes match: the normalised `path` with every segment's parameters removed, and
+/// the segments that were parameters only (`/;jsessionid=1/login`) dropped, as the slashes
+/// they leave are merged. Borrowed when the path has no parameters, as nearly every one.
+pub fn routing_path(path: &str) -> Cow<'_, str> {
+    if !path.bytes().any(|b| b == b';' || b == b'%') {
+        return Cow::Borrowed(path);
+    }
+    let rest = path.strip_prefix('/').unwrap_or(path);
+    let mut out = String::with_capacity(path.len());
+    let mut segments = rest.split('/').peekable();
+    while let Some(segment) = segments.next() {
+        let name = segment_name(segment);
+        let last = segments.peek().is_none();
+        if !name.is_empty() {
+            out.push('/');
+            out.push_str(name);
+        } else if last && !out.is_empty() {
+            // `/a/` and `/a/;x` keep their trailing slash.
+            out.push('/');
+        }
+    }
+    if out.is_empty() {
+        out.push('/');
+    }
+    if out == path {
+        return Cow::Borrowed(path);
+    }
+    Cow::Owned(out)
+}
+
+/// The request's one authority (`host[:port]`, normalised as the module docs say), from `Host`
+/// or the request target.
 ///
 /// HTTP/1.1 requires exactly one `Host`; a request whose absolute-form target or HTTP/2
 /// `:authority` names another host than its `Host` header is ambiguous and refused, because the
-/// router and the upstream could each believe a different one.
+/// router and the upstream could each believe a different one. Both are compared after
+/// normalisation, so `http://a.example./` with `Host: a.example` is one host.
 pub fn request_authority(
     uri: &Uri,
     headers: &HeaderMap,
@@ -138,43 +211,118 @@ pub fn request_authority(
         return Err(NormaliseError::DuplicateHost);
     }
     let header_value = match host_header {
-        Some(v) => Some(
-            v.to_str()
-                .map_err(|_| NormaliseError::BadHost)?
-                .trim()
-                .to_ascii_lowercase(),
-        ),
+        Some(v) => Some(normalise_authority(v.as_bytes())?),
         None => None,
     };
-    let target = uri.authority().map(|a| a.as_str().to_ascii_lowercase());
+    let target = match uri.authority() {
+        Some(a) => Some(normalise_authority(a.as_str().as_bytes())?),
+        None => None,
+    };
     let authority = match (target, header_value) {
         (Some(t), Some(h)) if t != h => return Err(NormaliseError::HostMismatch),
         (Some(t), _) => t,
         (None, Some(h)) => h,
         (None, None) => return Err(NormaliseError::MissingHost),
     };
-    if authority.is_empty() || authority.contains('@') {
-        return Err(NormaliseError::BadHost);
-    }
-    // Validated by http's own authority grammar, which keeps the text it checked: handed
+    // Checked by http's own authority grammar too, which keeps the text it checked: handed
     // over as `Bytes`, it is neither copied nor allocated again.
     http::uri::Authority::from_maybe_shared(bytes::Bytes::from(authority))
         .map_err(|_| NormaliseError::BadHost)
 }
 
-/// The host part of an authority, without port or IPv6 brackets' port: what routes match.
+/// [`request_authority`] for a request of `version`: an HTTP/1.0 request may carry no host at
+/// all (HTTP/1.0 has no `Host`; load balancers' health checks send none), and then has `None`,
+/// which only routes without a `host` match. From HTTP/1.1 on a missing host stays an error.
+pub fn request_authority_of(
+    version: Version,
+    uri: &Uri,
+    headers: &HeaderMap,
+) -> Result<Option<http::uri::Authority>, NormaliseError> {
+    match request_authority(uri, headers) {
+        Ok(authority) => Ok(Some(authority)),
+        Err(NormaliseError::MissingHost) if version < Version::HTTP_11 => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// One `host[:port]` in normal form (see the module docs), or `BadHost`.
+fn normalise_authority(raw: &[u8]) -> Result<String, NormaliseError> {
+    let raw = raw.trim_ascii();
+    let (host, port) = if let Some(literal) = raw.strip_prefix(b"[") {
+        let end = literal
+            .iter()
+            .position(|&b| b == b']')
+            .ok_or(NormaliseError::BadHost)?;
+        (&raw[..end + 2], &literal[end + 1..])
+    } else {
+        match raw.iter().position(|&b| b == b':') {
+            Some(colon) => (&raw[..colon], &raw[colon..]),
+            None => (raw, &raw[raw.len()..]),
+        }
+    };
+    let mut out = String::with_capacity(raw.len());
+    if let Some(literal) = host.strip_prefix(b"[") {
+        let inner = &literal[..literal.len() - 1];
+        // Only IPv6 literals go in brackets (RFC 3986 3.2.2; IPvFuture has no use here).
+        let addr = std::str::from_utf8(inner)
+            .ok()
+            .and_then(|text| text.parse::<Ipv6Addr>().ok())
+            .ok_or(NormaliseError::BadHost)?;
+        out.push('[');
+        out.push_str(&addr.to_string());
+        out.push(']');
+    } else {
+        let name = host.strip_suffix(b".").unwrap_or(host);
+        if name.is_empty() {
+            return Err(NormaliseError::BadHost);
+        }
+        for label in name.split(|&b| b == b'.') {
+            let label_ok = !label.is_empty()
+                && label
+                    .iter()
+                    .all(|&b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+            if !label_ok {
+                return Err(NormaliseError::BadHost);
+            }
+        }
+        out.extend(name.iter().map(|&b| char::from(b.to_ascii_lowercase())));
+    }
+    if let Some(digits) = port.strip_prefix(b":") {
+        let valid = !digits.is_empty()
+            && digits.len() <= 5
+            && digits.iter().all(u8::is_ascii_digit)
+            && std::str::from_utf8(digits)
+                .ok()
+                .and_then(|d| d.parse::<u16>().ok())
+                .is_some();
+        if !valid {
+            return Err(NormaliseError::BadHost);
+        }
+        out.push(':');
+        out.extend(digits.iter().map(|&b| char::from(b)));
+    } else if !port.is_empty() {
+        // Something after `]` that is no port.
+        return Err(NormaliseError::BadHost);
+    }
+    Ok(out)
+}
+
+/// The host part of an authority, without its port and without one trailing dot: what routes
+/// match. (An authority from [`request_authority`] has no trailing dot already; one from
+/// elsewhere gets the same spelling here.)
 pub fn host_without_port(authority: &str) -> &str {
-    if let Some(rest) = authority.strip_prefix('[') {
+    if authority.starts_with('[') {
         // "[::1]:8080" -> "[::1]"
-        return match rest.find(']') {
-            Some(end) => &authority[..end + 2],
+        return match authority.find(']') {
+            Some(end) => &authority[..end + 1],
             None => authority,
         };
     }
-    match authority.rfind(':') {
+    let host = match authority.rfind(':') {
         Some(idx) => &authority[..idx],
         None => authority,
-    }
+    };
+    host.strip_suffix('.').unwrap_or(host)
 }
 
 #[cfg(test)]
@@ -267,5 +415,144 @@ mod tests {
             request_authority(&uri, &HeaderMap::new()),
             Err(NormaliseError::MissingHost)
         );
+    }
+
+    fn authority_of(host: &str) -> Result<String, NormaliseError> {
+        let mut h = HeaderMap::new();
+        h.insert("host", host.parse().unwrap());
+        request_authority(&"/x".parse().unwrap(), &h).map(|a| a.as_str().to_string())
+    }
+
+    #[test]
+    fn one_trailing_dot_is_the_same_host() {
+        for (sent, normal) in [
+            ("api.example.com.", "api.example.com"),
+            ("API.Example.COM.", "api.example.com"),
+            ("api.example.com.:8080", "api.example.com:8080"),
+            (" a.example ", "a.example"),
+            ("[::1]:80", "[::1]:80"),
+            ("[0:0:0:0:0:0:0:1]", "[::1]"),
+            ("[2001:DB8::1]", "[2001:db8::1]"),
+            ("192.0.2.1:443", "192.0.2.1:443"),
+            ("internal_name", "internal_name"),
+        ] {
+            assert_eq!(authority_of(sent).as_deref(), Ok(normal), "{sent:?}");
+        }
+        // The target and `Host` agree once both are normalised.
+        let abs: Uri = "http://api.example.com./x".parse().unwrap();
+        let mut h = HeaderMap::new();
+        h.insert("host", "API.example.com".parse().unwrap());
+        assert_eq!(
+            request_authority(&abs, &h).unwrap().as_str(),
+            "api.example.com"
+        );
+        assert_eq!(
+            host_without_port("api.example.com.:8080"),
+            "api.example.com"
+        );
+        assert_eq!(host_without_port("api.example.com."), "api.example.com");
+    }
+
+    #[test]
+    fn malformed_hosts_are_refused() {
+        for host in [
+            "",
+            ".",
+            "..",
+            "a..b",
+            ".a",
+            "a.b..",
+            "a:b",
+            "a:",
+            "a:65536",
+            "a:123456",
+            "a:-1",
+            "a:1:2",
+            "[a.example]",
+            "[a.example]:80",
+            "[::1",
+            "[::1]x",
+            "[::1]:",
+            "[::1]:x",
+            "::1",
+            "a.com, b.com",
+            "a.com,b.com",
+            "a b",
+            "user@a.example",
+            "a/b",
+            "a%41",
+            "*.example",
+        ] {
+            assert_eq!(authority_of(host), Err(NormaliseError::BadHost), "{host:?}");
+        }
+    }
+
+    #[test]
+    fn http10_may_omit_the_host() {
+        let uri: Uri = "/x".parse().unwrap();
+        let none = HeaderMap::new();
+        assert_eq!(
+            request_authority_of(Version::HTTP_10, &uri, &none),
+            Ok(None)
+        );
+        assert_eq!(
+            request_authority_of(Version::HTTP_11, &uri, &none),
+            Err(NormaliseError::MissingHost)
+        );
+        assert_eq!(
+            request_authority_of(Version::HTTP_2, &uri, &none),
+            Err(NormaliseError::MissingHost)
+        );
+        let mut bad = HeaderMap::new();
+        bad.insert("host", "a..b".parse().unwrap());
+        assert_eq!(
+            request_authority_of(Version::HTTP_10, &uri, &bad),
+            Err(NormaliseError::BadHost)
+        );
+    }
+
+    #[test]
+    fn parameters_are_kept_in_the_path_and_ignored_for_routing() {
+        for (raw, normal, routing) in [
+            ("/login;jsessionid=1", "/login;jsessionid=1", "/login"),
+            ("/login;", "/login;", "/login"),
+            ("/a;x/b;y=1;z/", "/a;x/b;y=1;z/", "/a/b/"),
+            ("/;jsessionid=1", "/;jsessionid=1", "/"),
+            ("/;s=1/login", "/;s=1/login", "/login"),
+            ("/a/;x", "/a/;x", "/a/"),
+            ("/login%3bx", "/login%3Bx", "/login"),
+            ("/login%3Bx/y", "/login%3Bx/y", "/login/y"),
+            ("/login;x/../admin", "/admin", "/admin"),
+            ("/a;x/./b", "/a;x/b", "/a/b"),
+            ("/plain/path", "/plain/path", "/plain/path"),
+            ("/a%20b", "/a%20b", "/a%20b"),
+        ] {
+            let path = normalise_path(raw).unwrap();
+            assert_eq!(path, normal, "{raw}");
+            assert_eq!(routing_path(&path), routing, "{raw}");
+        }
+        assert!(matches!(routing_path("/a/b"), Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn dot_segments_with_parameters_are_refused() {
+        for raw in [
+            "/a/..;/b",
+            "/a/..;x=1/b",
+            "/a/.;/b",
+            "/a/%2e%2e;/b",
+            "/a/..%3B/b",
+            "/a/..%3bx",
+            "/..;",
+        ] {
+            assert_eq!(
+                normalise_path(raw),
+                Err(NormaliseError::DotSegmentWithParameters),
+                "{raw}"
+            );
+        }
+        // A name that merely starts with dots is a name.
+        assert_eq!(normalise_path("/a/...;x").unwrap(), "/a/...;x");
+        assert_eq!(normalise_path("/a/..x;y").unwrap(), "/a/..x;y");
     }
 }

@@ -12,8 +12,8 @@ use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
-use http::header::{self, HeaderValue};
-use http::{Request, Response, StatusCode, Version};
+use http::header::{self, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Version};
 use http_body::Body as _;
 use hyper::body::Incoming;
 
@@ -38,6 +38,8 @@ pub struct CompiledRoute {
     /// The `RateLimit-Policy` value when every limit applies (it names only configuration),
     /// made once rather than per response.
     pub rate_limit_policy: Option<HeaderValue>,
+    /// The headers its limits key on: a request carrying one of them twice gets 400.
+    pub keyed_headers: Vec<HeaderName>,
     pub upstream: Arc<UpstreamPool>,
     pub on_store_error: StoreErrorPolicy,
     pub metrics: RouteMetrics,
@@ -100,6 +102,7 @@ impl Runtime {
                     config: r.clone(),
                     name: Arc::from(r.name.as_str()),
                     rate_limit_policy: headers::rate_limit_policy_value(&all_limits),
+                    keyed_headers: key::keyed_headers(&r.limits),
                     policies,
                     upstream: pools[r.upstream].clone(),
                     on_store_error: r.on_store_error.unwrap_or(config.store.on_error),
@@ -203,25 +206,48 @@ impl Proxy {
         handled.response
     }
 
-    async fn pipeline(&self, rt: &Runtime, req: Request<Incoming>, conn: ConnInfo) -> Handled {
-        // Step 1: one spelling of host and path.
-        let authority = match normalise::request_authority(req.uri(), req.headers()) {
-            Ok(a) => a,
-            Err(e) => return local_error(None, RequestError::BadRequest(bad_request_reason(e))),
-        };
+    async fn pipeline(&self, rt: &Runtime, mut req: Request<Incoming>, conn: ConnInfo) -> Handled {
+        // Step 1: methods tollgate never forwards, then one spelling of host and path.
+        if req.method() == Method::TRACE {
+            let mut handled = local_error(None, RequestError::MethodNotAllowed);
+            close_if_body_unread(&req, &mut handled.response);
+            return handled;
+        }
+        let authority =
+            match normalise::request_authority_of(req.version(), req.uri(), req.headers()) {
+                Ok(a) => a,
+                Err(e) => {
+                    return local_error(None, RequestError::BadRequest(bad_request_reason(e)))
+                }
+            };
         let path = match normalise::normalise_path(req.uri().path()) {
             Ok(p) => p,
             Err(e) => return local_error(None, RequestError::BadRequest(bad_request_reason(e))),
         };
 
-        // Step 2: the first route that matches.
-        let host = normalise::host_without_port(authority.as_str());
-        let Some(index) = route::find(&rt.config.routes, host, &path, req.method()) else {
+        // Step 2: the first route that matches, by host and the path without parameters.
+        let host = authority
+            .as_ref()
+            .map(|a| normalise::host_without_port(a.as_str()));
+        let routing_path = normalise::routing_path(&path);
+        let Some(index) = route::find(&rt.config.routes, host, &routing_path, req.method()) else {
             return local_error(None, RequestError::NoRoute);
         };
         let route = &rt.routes[index];
 
-        // Step 3: who the request counts as, per limit.
+        // Step 3: who the request counts as, per limit. A keyed header sent twice would let
+        // the client pick the copy counted while the upstream reads the other. HTTP/2 may
+        // split `cookie` into several fields, which are one header (RFC 9113 8.2.3): they are
+        // joined first when a limit keys on it, so the whole value is counted.
+        if req.version() == Version::HTTP_2 && route.keyed_headers.contains(&header::COOKIE) {
+            headers::join_cookies(req.headers_mut());
+        }
+        if key::repeated_keyed_header(req.headers(), &route.keyed_headers).is_some() {
+            return local_error(
+                Some(index),
+                RequestError::BadRequest("a header a limit keys on was sent more than once"),
+            );
+        }
         let server = &rt.config.server;
         let client = key::client_addr(conn.peer.ip(), req.headers(), &server.trusted_proxies);
         let who = RequestIdentity {
@@ -290,7 +316,17 @@ impl Proxy {
         route.metrics.decision(&self.metrics, decision);
 
         // Step 5: forward.
-        let peer_trusted = key::is_trusted(key::canonical(conn.peer.ip()), &server.trusted_proxies);
+        let peer = key::canonical(conn.peer.ip());
+        let peer_trusted = key::is_trusted(peer, &server.trusted_proxies);
+        // The connection's ready text when the client is the peer, as nearly always.
+        let client_value = if client == peer {
+            conn.peer_value.clone()
+        } else {
+            headers::peer_value(client)
+        };
+        if !server.underscores_in_headers {
+            headers::drop_underscored(req.headers_mut());
+        }
         let mut target = if route.config.strip_prefix {
             route::strip(&route.config.path_prefix, &path)
         } else {
@@ -300,20 +336,27 @@ impl Proxy {
             target.push('?');
             target.push_str(query);
         }
-        let Some(authority_value) = headers::authority_value(authority.as_str(), req.headers())
-        else {
-            return local_error(
-                Some(index),
-                RequestError::BadRequest(bad_request_reason(normalise::NormaliseError::BadHost)),
-            );
+        let authority_value = match &authority {
+            Some(authority) => match headers::authority_value(authority.as_str(), req.headers()) {
+                Some(value) => Some(value),
+                None => {
+                    let reason = bad_request_reason(normalise::NormaliseError::BadHost);
+                    return local_error(Some(index), RequestError::BadRequest(reason));
+                }
+            },
+            None => None,
         };
+        // The answer goes back in the client's HTTP version, whatever the upstream spoke: an
+        // HTTP/1.0 upstream must not turn a keep-alive HTTP/1.1 connection into HTTP/1.0.
+        let client_version = req.version();
         let fwd = ForwardRequest {
             target,
             forwarded: headers::ForwardedFor {
                 peer: &conn.peer_value,
                 peer_trusted,
+                client: &client_value,
                 proto: if conn.tls { "https" } else { "http" },
-                host: &authority_value,
+                host: authority_value.as_ref(),
             },
         };
         let upstream_started = Instant::now();
@@ -325,6 +368,7 @@ impl Proxy {
         match result {
             Ok(response) => {
                 let (mut parts, body) = response.into_parts();
+                parts.version = client_version;
                 headers::add_rate_limit_headers(
                     &mut parts.headers,
                     server.rate_limit_headers,
@@ -357,6 +401,7 @@ fn bad_request_reason(err: normalise::NormaliseError) -> &'static str {
         BadEscape => "malformed percent-encoding",
         EncodedSeparator => "encoded / or NUL in path",
         EscapesRoot => "path escapes the root",
+        DotSegmentWithParameters => "dot segment with parameters in path",
         MissingHost => "missing Host",
         DuplicateHost => "several Host headers",
         HostMismatch => "Host disagrees with the request target",

@@ -1,6 +1,6 @@
 //! Property tests for the parts of tollgate that take hostile input: the configuration loader,
-//! the `X-Forwarded-For` walk (SPEC 4), path normalisation (SPEC 4a) and key derivation
-//! (SPEC 3). Nothing here may panic (SPEC 9), whatever the input.
+//! the `X-Forwarded-For` walk (SPEC 4), path and host normalisation and path parameters
+//! (SPEC 4a) and key derivation (SPEC 3). Nothing here may panic (SPEC 9), whatever the input.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::Path;
@@ -11,7 +11,8 @@ use proptest::prelude::*;
 
 use tollgate::config::{load_str, KeyPart, KeySpec};
 use tollgate::key::{bucket_for, client_addr, ip_subject, BucketHasher, RequestIdentity};
-use tollgate::normalise::normalise_path;
+use tollgate::normalise::{host_without_port, normalise_path, request_authority, routing_path};
+use tollgate::route;
 
 const CASES: u32 = 256;
 
@@ -642,6 +643,134 @@ proptest! {
                 tollgate::route::path_matches(prefix, &e)
             );
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Path parameters and hosts (SPEC 4a)
+
+/// A path segment's name and, maybe, its parameters (`name;params`). Names are never empty:
+/// a segment of parameters only (`/;x`) is a segment to dot removal and none to routing, so
+/// `/a/;x/..` is `/a` where `/a//..` is `/`; either goes upstream as it was routed.
+fn param_segment() -> impl Strategy<Value = (String, Option<String>)> {
+    ("[a-z0-9.]{1,4}", prop::option::of("[a-z0-9=;]{0,4}"))
+}
+
+/// The same path twice: without parameters, and with each segment's parameters.
+fn spell(segments: &[(String, Option<String>)]) -> (String, String) {
+    let mut plain = String::new();
+    let mut with = String::new();
+    for (name, params) in segments {
+        plain.push('/');
+        plain.push_str(name);
+        with.push('/');
+        with.push_str(name);
+        if let Some(params) = params {
+            with.push(';');
+            with.push_str(params);
+        }
+    }
+    if plain.is_empty() {
+        plain.push('/');
+        with.push('/');
+    }
+    (plain, with)
+}
+
+fn authority_of(host: &[u8]) -> Option<String> {
+    let value = HeaderValue::from_bytes(host).ok()?;
+    let mut headers = HeaderMap::new();
+    headers.insert("host", value);
+    let uri: http::Uri = "/".parse().ok()?;
+    request_authority(&uri, &headers)
+        .ok()
+        .map(|a| a.as_str().to_string())
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    /// What routes match is itself a normal path, free of parameters, and stable.
+    #[test]
+    fn routing_paths_are_normal_and_parameter_free(raw in "/[a-zA-Z0-9%./;=_-]{0,40}") {
+        if let Ok(path) = normalise_path(&raw) {
+            let routing = routing_path(&path);
+            prop_assert!(routing.starts_with('/'), "{raw:?} -> {routing:?}");
+            prop_assert!(!routing.contains(';') && !routing.contains("%3B"), "{raw:?} -> {routing:?}");
+            prop_assert_eq!(normalise_path(&routing), Ok(routing.to_string()), "{:?}", raw);
+            prop_assert_eq!(&*routing_path(&routing), &*routing, "{:?}", raw);
+        }
+    }
+
+    /// Adding parameters to segments never moves a request to another route: the path with
+    /// them routes exactly as the path without (or is refused, for `..;`).
+    #[test]
+    fn parameters_never_change_the_routing_path(segments in prop::collection::vec(param_segment(), 0..8)) {
+        let (plain, with) = spell(&segments);
+        match (normalise_path(&plain), normalise_path(&with)) {
+            (Ok(p), Ok(w)) => prop_assert_eq!(routing_path(&p), routing_path(&w), "{:?} vs {:?}", plain, with),
+            (Err(e), Ok(w)) => prop_assert!(false, "{plain:?} refused ({e}) but {with:?} -> {w:?}"),
+            _ => {}
+        }
+    }
+
+    /// `strip_prefix` removes the matched segments with their parameters: stripping the path
+    /// with parameters routes as stripping its routing path.
+    #[test]
+    fn stripping_agrees_with_routing(
+        segments in prop::collection::vec(param_segment(), 0..8),
+        prefix in prop::sample::select(vec!["/", "/a", "/a/b", "/0", "/a.b"]),
+    ) {
+        let (_, with) = spell(&segments);
+        if let Ok(path) = normalise_path(&with) {
+            let routing = routing_path(&path);
+            if route::path_matches(prefix, &routing) {
+                let stripped = route::strip(prefix, &path);
+                prop_assert_eq!(
+                    &*routing_path(&stripped),
+                    route::strip(prefix, &routing),
+                    "{:?} under {:?}",
+                    path,
+                    prefix
+                );
+            }
+        }
+    }
+
+    /// Any Host value: no panic; what is accepted is lower case, has no trailing dot, and is
+    /// its own normal form.
+    #[test]
+    fn hosts_normalise_once(raw in prop::collection::vec(any::<u8>(), 0..40)) {
+        if let Some(a) = authority_of(&raw) {
+            prop_assert_eq!(a.to_ascii_lowercase(), a.clone());
+            prop_assert!(!host_without_port(&a).ends_with('.'), "{a:?}");
+            prop_assert_eq!(authority_of(a.as_bytes()), Some(a.clone()));
+        }
+    }
+
+    #[test]
+    fn host_like_values_normalise_once(raw in "[a-zA-Z0-9._:\\[\\], -]{0,24}") {
+        if let Some(a) = authority_of(raw.as_bytes()) {
+            prop_assert!(!host_without_port(&a).ends_with('.'), "{raw:?} -> {a:?}");
+            prop_assert_eq!(authority_of(a.as_bytes()), Some(a.clone()));
+        }
+    }
+
+    /// One trailing dot is the same host, with or without a port; two are refused.
+    #[test]
+    fn one_trailing_dot_is_the_same_host(
+        labels in prop::collection::vec("[a-zA-Z0-9_-]{1,6}", 1..5),
+        port in prop::option::of(0u16..),
+    ) {
+        let name = labels.join(".");
+        let with_port = |host: String| match port {
+            Some(p) => format!("{host}:{p}"),
+            None => host,
+        };
+        let bare = authority_of(with_port(name.clone()).as_bytes());
+        prop_assert!(bare.is_some(), "{name:?} refused");
+        prop_assert_eq!(authority_of(with_port(format!("{name}.")).as_bytes()), bare);
+        prop_assert_eq!(authority_of(with_port(format!("{name}..")).as_bytes()), None);
     }
 }
 

@@ -155,7 +155,7 @@ pub fn load_file(
 ///   `server.tls_listen`, `server.trusted_proxies`, `server.certs`: empty;
 ///   `server.ipv6_prefix`: 64; `server.header_read_timeout`: 10s; `server.idle_timeout`: 60s;
 ///   `server.max_connections`: 10000; `server.shutdown_timeout`: 30s;
-///   `server.rate_limit_headers`: `"draft"`.
+///   `server.rate_limit_headers`: `"draft"`; `server.underscores_in_headers`: false.
 /// - `[admin]`: no admin listener.
 /// - `store.url`: none (memory store) unless `TOLLGATE_DATABASE_URL` is set and non-empty;
 ///   `store.pool_size`: 16; `store.timeout`: 100ms; `store.on_error`: `"allow"`;
@@ -743,6 +743,7 @@ const SERVER_KEYS: &[&str] = &[
     "max_connections",
     "shutdown_timeout",
     "rate_limit_headers",
+    "underscores_in_headers",
     "workers",
     "certs",
 ];
@@ -865,6 +866,7 @@ fn read_server(cx: &mut Cx<'_>, node: Option<Node<'_>>) -> Option<ServerConfig> 
         ),
         None => Some(RateLimitHeaders::Draft),
     };
+    let underscores_in_headers = cx.bool_or(t.get("underscores_in_headers"), false);
 
     let certs_node = t.get("certs");
     let certs = match &certs_node {
@@ -901,6 +903,7 @@ fn read_server(cx: &mut Cx<'_>, node: Option<Node<'_>>) -> Option<ServerConfig> 
         max_connections: max_connections?,
         shutdown_timeout: shutdown_timeout?,
         rate_limit_headers: rate_limit_headers?,
+        underscores_in_headers: underscores_in_headers?,
         workers: workers?,
         certs: certs?,
     })
@@ -1733,8 +1736,9 @@ fn parse_host(s: &str) -> Result<HostPattern, String> {
     }
     let lower = s.to_ascii_lowercase();
     if let Some(inner) = lower.strip_prefix('[').and_then(|r| r.strip_suffix(']')) {
+        // In RFC 5952 form, as requests' hosts are compared (`[0::1]` is `[::1]`).
         return match Ipv6Addr::from_str(inner) {
-            Ok(_) => Ok(HostPattern::Exact(lower)),
+            Ok(addr) => Ok(HostPattern::Exact(format!("[{addr}]"))),
             Err(_) => Err(format!("{s:?} is not a valid IPv6 address literal")),
         };
     }
@@ -1803,6 +1807,11 @@ fn parse_path_prefix(s: &str) -> Result<String, String> {
     }
     if s.contains("//") {
         return Err(format!("{s:?} must not contain an empty segment (\"//\")"));
+    }
+    if s.contains(';') {
+        return Err(format!(
+            "{s:?} must not contain ';': requests are matched without their path parameters (\";...\")"
+        ));
     }
     if s.split('/').any(|seg| seg == "." || seg == "..") {
         return Err(format!(
@@ -1922,6 +1931,7 @@ idle_timeout = "60s"               # keep-alive connection with no request
 max_connections = 10000            # accepted at once; beyond it, accept waits
 shutdown_timeout = "30s"
 rate_limit_headers = "draft"       # "draft" | "legacy" | "both" | "none" (section 5)
+underscores_in_headers = false     # true = forward header names containing "_" (section 4a)
 
 [[server.certs]]                   # SNI picks the certificate whose names match; the first is the default
 cert = "certs/example.pem"         # PEM chain
@@ -2013,6 +2023,7 @@ body = '{"error":"slow down"}'
         assert_eq!(s.max_connections, 10_000);
         assert_eq!(s.shutdown_timeout, Duration::from_secs(30));
         assert_eq!(s.rate_limit_headers, RateLimitHeaders::Draft);
+        assert!(!s.underscores_in_headers);
         assert_eq!(s.certs.len(), 1);
         assert_eq!(s.certs[0].cert, dir.join("certs/example.pem"));
         assert_eq!(s.certs[0].key, dir.join("certs/example.key"));
@@ -2082,7 +2093,7 @@ body = '{"error":"slow down"}'
         let path = dir.join("proxy.toml");
         std::fs::write(&path, SPEC_EXAMPLE).expect("write");
         let e = one_error_of(load_file(&path, &no_env));
-        assert_eq!((e.line, e.col, e.field.as_str()), (30, 10, "keys.secret"));
+        assert_eq!((e.line, e.col, e.field.as_str()), (31, 10, "keys.secret"));
         assert_eq!(
             e.message,
             "environment variable TOLLGATE_KEY_SECRET is not set"
@@ -2189,6 +2200,28 @@ body = '{"error":"slow down"}'
             let c = load_ok(&format!("[server]\nrate_limit_headers = \"{v}\"\n"));
             assert_eq!(c.server.rate_limit_headers, want);
         }
+    }
+
+    #[test]
+    fn underscores_in_headers_defaults_to_dropping_them() {
+        assert!(!load_ok("").server.underscores_in_headers);
+        assert!(
+            !load_ok("[server]\nunderscores_in_headers = false\n")
+                .server
+                .underscores_in_headers
+        );
+        assert!(
+            load_ok("[server]\nunderscores_in_headers = true\n")
+                .server
+                .underscores_in_headers
+        );
+        assert_error(
+            "[server]\nunderscores_in_headers = \"yes\"\n",
+            2,
+            26,
+            "server.underscores_in_headers",
+            "boolean",
+        );
     }
 
     #[test]
@@ -3128,6 +3161,8 @@ body = '{"error":"slow down"}'
         assert_eq!(parse_host("localhost"), exact("localhost"));
         assert_eq!(parse_host("10.0.0.1"), exact("10.0.0.1"));
         assert_eq!(parse_host("[::1]"), exact("[::1]"));
+        assert_eq!(parse_host("[0:0::1]"), exact("[::1]"));
+        assert_eq!(parse_host("[2001:DB8::1]"), exact("[2001:db8::1]"));
         assert_eq!(
             parse_host("*.Example.com"),
             Ok(HostPattern::Suffix(".example.com".into()))
@@ -3170,7 +3205,7 @@ body = '{"error":"slow down"}'
         }
         for bad in [
             "", "api", "/a?b", "/a#b", "/a/../b", "/a/./b", "/..", "/.", "//", "/a//b", "/a%2Fb",
-            "/a b", "/\u{e9}", "/a\\b",
+            "/a b", "/\u{e9}", "/a\\b", "/a;b", "/a;", "/a/;x",
         ] {
             assert!(parse_path_prefix(bad).is_err(), "{bad:?} accepted");
         }

@@ -48,6 +48,8 @@ pub struct ServerConfig {
     pub max_connections: usize,
     pub shutdown_timeout: Duration,
     pub rate_limit_headers: RateLimitHeaders,
+    /// Forward header names containing `_` (default false: they are dropped, SPEC 4a).
+    pub underscores_in_headers: bool,
     /// Threads serving connections, each with its own single-threaded runtime; `None` = one
     /// per CPU the process may run on.
     pub workers: Option<usize>,
