@@ -17,6 +17,10 @@ pub enum RequestError {
     NoRoute,
     #[error("upstream unreachable: {0}")]
     UpstreamUnreachable(String),
+    /// A `101` that switches to something the client did not ask for, or to a request that
+    /// was not forwarded as an upgrade: passing it on would open a tunnel past every limit.
+    #[error("upstream switched protocols unasked: {0}")]
+    UpstreamBadSwitch(&'static str),
     #[error("upstream sent no response headers within the response timeout")]
     UpstreamTimeout,
     #[error("rate-limit store failing and the route fails closed")]
@@ -28,7 +32,9 @@ impl RequestError {
         match self {
             RequestError::BadRequest(_) => StatusCode::BAD_REQUEST,
             RequestError::NoRoute => StatusCode::NOT_FOUND,
-            RequestError::UpstreamUnreachable(_) => StatusCode::BAD_GATEWAY,
+            RequestError::UpstreamUnreachable(_) | RequestError::UpstreamBadSwitch(_) => {
+                StatusCode::BAD_GATEWAY
+            }
             RequestError::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             RequestError::StoreFailedClosed => StatusCode::SERVICE_UNAVAILABLE,
         }
@@ -39,7 +45,9 @@ impl RequestError {
         match self {
             RequestError::BadRequest(_) => "bad_request",
             RequestError::NoRoute => "no_route",
-            RequestError::UpstreamUnreachable(_) => "upstream_error",
+            RequestError::UpstreamUnreachable(_) | RequestError::UpstreamBadSwitch(_) => {
+                "upstream_error"
+            }
             RequestError::UpstreamTimeout => "upstream_timeout",
             RequestError::StoreFailedClosed => "failed_closed",
         }

@@ -10,8 +10,10 @@
 //! benchmark (docs/performance.md).
 //!
 //! Bodies are never buffered: the client's `Incoming` goes upstream as it arrives and the
-//! upstream's `Incoming` comes back the same way, trailers included. HTTP/1.1 upgrades
-//! (WebSocket) are forwarded as upgrades and both sides are spliced after `101`.
+//! upstream's `Incoming` comes back the same way, trailers included. An HTTP/1.1 WebSocket
+//! upgrade is forwarded as an upgrade and both sides are spliced after `101`; no other upgrade
+//! is (its request goes as a plain one), and a `101` that switches to anything but what was
+//! forwarded gets 502 (SPEC 5).
 
 use std::cell::Cell;
 use std::collections::VecDeque;
@@ -220,16 +222,14 @@ impl UpstreamPool {
             Uri::from(path_and_query)
         };
 
-        // An HTTP/1.1 upgrade is carried through as an upgrade; anything else loses its
-        // hop-by-hop headers.
-        let upgrade = if req.version() == Version::HTTP_11
+        // An HTTP/1.1 WebSocket upgrade is carried through as an upgrade (to `websocket`
+        // alone, whatever else the client listed); any other request, other upgrades (h2c)
+        // included, loses its hop-by-hop headers and goes as a plain request.
+        let client_upgrade = if req.version() == Version::HTTP_11
             && !self.config.http2
-            && headers::is_upgrade_request(req.headers())
+            && headers::wants_websocket(req.headers())
         {
-            req.headers()
-                .get(header::UPGRADE)
-                .cloned()
-                .map(|protocol| (protocol, hyper::upgrade::on(&mut req)))
+            Some(hyper::upgrade::on(&mut req))
         } else {
             None
         };
@@ -252,9 +252,9 @@ impl UpstreamPool {
             origin_host
         };
         headers.insert(header::HOST, host.clone());
-        if let Some((protocol, _)) = &upgrade {
+        if client_upgrade.is_some() {
             headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-            headers.insert(header::UPGRADE, protocol.clone());
+            headers.insert(header::UPGRADE, headers::websocket_upgrade());
         }
         *req.uri_mut() = uri;
         *req.version_mut() = if self.config.http2 {
@@ -276,19 +276,26 @@ impl UpstreamPool {
             Err(_) => return Err(RequestError::UpstreamTimeout),
         };
 
-        if let Some((_, client_upgrade)) = upgrade {
-            if response.status() == StatusCode::SWITCHING_PROTOCOLS {
-                let protocol = response.headers().get(header::UPGRADE).cloned();
-                let upstream_upgrade = hyper::upgrade::on(&mut response);
-                tokio::spawn(splice(client_upgrade, upstream_upgrade));
-                let headers = response.headers_mut();
-                headers::strip_hop_by_hop(headers);
-                headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-                if let Some(protocol) = protocol {
-                    headers.insert(header::UPGRADE, protocol);
-                }
-                return Ok(response);
+        if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+            // A switch is only passed on when it is the one the client asked for: anything
+            // else would hand the client a connection that no limit sees again.
+            let Some(client_upgrade) = client_upgrade else {
+                return Err(RequestError::UpstreamBadSwitch(
+                    "101 to a request forwarded without an upgrade",
+                ));
+            };
+            if !headers::switches_to_websocket(response.headers()) {
+                return Err(RequestError::UpstreamBadSwitch(
+                    "101 to another protocol than websocket",
+                ));
             }
+            let upstream_upgrade = hyper::upgrade::on(&mut response);
+            tokio::spawn(splice(client_upgrade, upstream_upgrade));
+            let headers = response.headers_mut();
+            headers::strip_hop_by_hop(headers);
+            headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+            headers.insert(header::UPGRADE, headers::websocket_upgrade());
+            return Ok(response);
         }
         let announced = response.headers().get(header::TRAILER).cloned();
         headers::strip_hop_by_hop(response.headers_mut());
