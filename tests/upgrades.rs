@@ -521,6 +521,7 @@ async fn websocket_sessions_hold_their_max_connections_places() {
     );
     let mut first = sessions.remove(0);
     first.close(None).await.expect("close");
+    while let Some(Ok(_)) = first.next().await {}
     let status = tokio::time::timeout(REPLY_WITHIN, fourth)
         .await
         .expect("served once a session closed")
