@@ -582,3 +582,27 @@ async fn a_websocket_session_open_at_shutdown_is_closed_when_shutdown_timeout_en
         "the session outlived the shutdown"
     );
 }
+
+/// Once the upstream has closed its side, the session is over: a client that keeps its own
+/// half open (it never closes the socket) does not keep the session, and its connection
+/// place, until idle_timeout. (With a copy that waited for both halves, it did.)
+#[tokio::test]
+async fn a_session_ends_when_the_upstream_closes_even_if_the_client_keeps_its_half_open() {
+    let upstream = Upstream::start().await;
+    let proxy = proxy_for(upstream.addr, "").await;
+    let gauge = || proxy.server().metrics().open_connections.get();
+    let mut ws = open_session(&proxy).await;
+    assert_eq!(gauge(), 1);
+    // The harness upstream ends its side on a close frame, without answering it.
+    ws.close(None).await.expect("close");
+    assert!(
+        session_closed_within(&mut ws, REPLY_WITHIN).await,
+        "tollgate kept the client side open after the upstream closed"
+    );
+    let deadline = Instant::now() + REPLY_WITHIN;
+    while gauge() != 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(gauge(), 0, "the session outlived the upstream's close");
+    drop(ws);
+}
