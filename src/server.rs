@@ -976,7 +976,8 @@ impl Drop for InFlight {
 }
 
 /// A socket that records its activity for the idle watchdog, including whether its framing
-/// guard still expects HTTP/1 heads.
+/// guard still expects HTTP/1 heads, and that tells the guard when the connection has
+/// switched to WebSocket (the only way the guard learns it).
 struct Tracked<S> {
     inner: FramingGuard<S>,
     activity: Arc<Activity>,
