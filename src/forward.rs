@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use http::header::{self, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
-use http::{Request, Response, StatusCode, Uri, Version};
+use http::{Method, Request, Response, StatusCode, Uri, Version};
 use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
 use hyper_rustls::{HttpsConnector, MaybeHttpsStream};
@@ -237,6 +237,7 @@ impl UpstreamPool {
             None
         };
         let from_h2 = req.version() == Version::HTTP_2;
+        let connect = req.method() == Method::CONNECT;
         let client_takes_trailers = headers::accepts_trailers(req.headers());
         let headers = req.headers_mut();
         headers::strip_hop_by_hop(headers);
@@ -279,6 +280,11 @@ impl UpstreamPool {
             Err(_) => return Err(RequestError::UpstreamTimeout),
         };
 
+        // hyper's client takes a 2xx to CONNECT for a switch, as it does a 101, and so would
+        // hyper's server towards the client. tollgate opens no CONNECT tunnels.
+        if connect && response.status().is_success() {
+            return Err(RequestError::UpstreamBadSwitch("2xx to CONNECT"));
+        }
         if response.status() == StatusCode::SWITCHING_PROTOCOLS {
             // A switch is only passed on when it is the one the client asked for: anything
             // else would hand the client a connection that no limit sees again.

@@ -364,6 +364,24 @@ async fn a_101_to_a_plain_request_is_502() {
     }
 }
 
+/// A 2xx to `CONNECT` is a switch too (hyper takes the connection over on both sides), and no
+/// client asked tollgate for a tunnel: 502, not a `200` after which the connection just ends.
+#[tokio::test]
+async fn a_2xx_to_connect_is_502() {
+    let upstream = RawUpstream::start(RawMode::SwitchToAsked).await;
+    let proxy = proxy_for(upstream.addr, "").await;
+    let mut client = TcpStream::connect(proxy.addr).await.expect("connect");
+    client
+        .write_all(b"CONNECT /open/tunnel HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await
+        .expect("write");
+    let answer = read_response(&mut client).await;
+    assert_eq!(answer.as_ref().map(|(s, _)| *s), Some(502), "{answer:?}");
+    let _ = client.write_all(b"tunnelled?").await;
+    tokio::time::sleep(SETTLE).await;
+    assert_eq!(upstream.tunnelled(), "");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Item 3: a response body cannot switch the framing guard off
 
