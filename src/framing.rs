@@ -769,6 +769,25 @@ mod tests {
     }
 
     #[test]
+    fn chunk_lines_and_trailer_sections_are_bounded() {
+        // What the guard holds back for a chunked body is bounded whatever the client sends:
+        // a chunk-size line (extensions included) up to MAX_CHUNK_LINE, trailers up to
+        // MAX_TRAILERS.
+        let start = b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+        let mut long_line = start.clone();
+        long_line.extend_from_slice(b"5;ext=");
+        long_line.extend(std::iter::repeat_n(b'x', MAX_CHUNK_LINE));
+        assert_eq!(run(&long_line, 4096), Err(Refusal::BadChunk));
+
+        let mut long_trailers = start;
+        long_trailers.extend_from_slice(b"0\r\n");
+        for i in 0..MAX_TRAILERS / 16 + 1 {
+            long_trailers.extend_from_slice(format!("x-t{i:05}: 12345\r\n").as_bytes());
+        }
+        assert_eq!(run(&long_trailers, 4096), Err(Refusal::BadChunk));
+    }
+
+    #[test]
     fn chunk_data_must_end_with_crlf() {
         assert_eq!(
             refused(b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nabX"),
