@@ -21,6 +21,10 @@ pub enum RequestError {
     MethodNotAllowed,
     #[error("upstream unreachable: {0}")]
     UpstreamUnreachable(String),
+    /// A `101` that switches to something the client did not ask for, or to a request that
+    /// was not forwarded as an upgrade: passing it on would open a tunnel past every limit.
+    #[error("upstream switched protocols unasked: {0}")]
+    UpstreamBadSwitch(&'static str),
     #[error("upstream sent no response headers within the response timeout")]
     UpstreamTimeout,
     #[error("rate-limit store failing and the route fails closed")]
@@ -33,7 +37,9 @@ impl RequestError {
             RequestError::BadRequest(_) => StatusCode::BAD_REQUEST,
             RequestError::NoRoute => StatusCode::NOT_FOUND,
             RequestError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            RequestError::UpstreamUnreachable(_) => StatusCode::BAD_GATEWAY,
+            RequestError::UpstreamUnreachable(_) | RequestError::UpstreamBadSwitch(_) => {
+                StatusCode::BAD_GATEWAY
+            }
             RequestError::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             RequestError::StoreFailedClosed => StatusCode::SERVICE_UNAVAILABLE,
         }
@@ -45,7 +51,9 @@ impl RequestError {
             RequestError::BadRequest(_) => "bad_request",
             RequestError::NoRoute => "no_route",
             RequestError::MethodNotAllowed => "method_not_allowed",
-            RequestError::UpstreamUnreachable(_) => "upstream_error",
+            RequestError::UpstreamUnreachable(_) | RequestError::UpstreamBadSwitch(_) => {
+                "upstream_error"
+            }
             RequestError::UpstreamTimeout => "upstream_timeout",
             RequestError::StoreFailedClosed => "failed_closed",
         }

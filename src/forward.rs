@@ -10,8 +10,12 @@
 //! benchmark (docs/performance.md).
 //!
 //! Bodies are never buffered: the client's `Incoming` goes upstream as it arrives and the
-//! upstream's `Incoming` comes back the same way, trailers included. HTTP/1.1 upgrades
-//! (WebSocket) are forwarded as upgrades and both sides are spliced after `101`.
+//! upstream's `Incoming` comes back the same way, trailers included. An HTTP/1.1 WebSocket
+//! upgrade is forwarded as an upgrade; no other upgrade is (its request goes as a plain one),
+//! and a `101` that switches to anything but what was forwarded gets 502 (SPEC 5). A checked
+//! `101` carries its [`Splice`] (both pending upgrades) in its extensions: the client
+//! connection's own task runs it after hyper is done with the connection (see
+//! `server::serve_connection`), so the session keeps that connection's bounds.
 
 use std::cell::Cell;
 use std::collections::VecDeque;
@@ -21,12 +25,13 @@ use std::time::Duration;
 
 use http::header::{self, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
-use http::{Request, Response, StatusCode, Uri, Version};
+use http::{Method, Request, Response, StatusCode, Uri, Version};
 use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
 use hyper_rustls::{HttpsConnector, MaybeHttpsStream};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tower_service::Service;
@@ -220,20 +225,19 @@ impl UpstreamPool {
             Uri::from(path_and_query)
         };
 
-        // An HTTP/1.1 upgrade is carried through as an upgrade; anything else loses its
-        // hop-by-hop headers.
-        let upgrade = if req.version() == Version::HTTP_11
+        // An HTTP/1.1 WebSocket upgrade is carried through as an upgrade (to `websocket`
+        // alone, whatever else the client listed); any other request, other upgrades (h2c)
+        // included, loses its hop-by-hop headers and goes as a plain request.
+        let client_upgrade = if req.version() == Version::HTTP_11
             && !self.config.http2
-            && headers::is_upgrade_request(req.headers())
+            && headers::wants_websocket(req.headers())
         {
-            req.headers()
-                .get(header::UPGRADE)
-                .cloned()
-                .map(|protocol| (protocol, hyper::upgrade::on(&mut req)))
+            Some(hyper::upgrade::on(&mut req))
         } else {
             None
         };
         let from_h2 = req.version() == Version::HTTP_2;
+        let connect = req.method() == Method::CONNECT;
         let client_takes_trailers = headers::accepts_trailers(req.headers());
         let headers = req.headers_mut();
         headers::strip_hop_by_hop(headers);
@@ -252,9 +256,9 @@ impl UpstreamPool {
             _ => origin_host,
         };
         headers.insert(header::HOST, host.clone());
-        if let Some((protocol, _)) = &upgrade {
+        if client_upgrade.is_some() {
             headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-            headers.insert(header::UPGRADE, protocol.clone());
+            headers.insert(header::UPGRADE, headers::websocket_upgrade());
         }
         *req.uri_mut() = uri;
         *req.version_mut() = if self.config.http2 {
@@ -276,19 +280,34 @@ impl UpstreamPool {
             Err(_) => return Err(RequestError::UpstreamTimeout),
         };
 
-        if let Some((_, client_upgrade)) = upgrade {
-            if response.status() == StatusCode::SWITCHING_PROTOCOLS {
-                let protocol = response.headers().get(header::UPGRADE).cloned();
-                let upstream_upgrade = hyper::upgrade::on(&mut response);
-                tokio::spawn(splice(client_upgrade, upstream_upgrade));
-                let headers = response.headers_mut();
-                headers::strip_hop_by_hop(headers);
-                headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-                if let Some(protocol) = protocol {
-                    headers.insert(header::UPGRADE, protocol);
-                }
-                return Ok(response);
+        // hyper's client takes a 2xx to CONNECT for a switch, as it does a 101, and so would
+        // hyper's server towards the client. tollgate opens no CONNECT tunnels.
+        if connect && response.status().is_success() {
+            return Err(RequestError::UpstreamBadSwitch("2xx to CONNECT"));
+        }
+        if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+            // A switch is only passed on when it is the one the client asked for: anything
+            // else would hand the client a connection that no limit sees again.
+            let Some(client_upgrade) = client_upgrade else {
+                return Err(RequestError::UpstreamBadSwitch(
+                    "101 to a request forwarded without an upgrade",
+                ));
+            };
+            if !headers::switches_to_websocket(response.headers()) {
+                return Err(RequestError::UpstreamBadSwitch(
+                    "101 to another protocol than websocket",
+                ));
             }
+            let splice = Splice {
+                client: client_upgrade,
+                upstream: hyper::upgrade::on(&mut response),
+            };
+            response.extensions_mut().insert(splice);
+            let headers = response.headers_mut();
+            headers::strip_hop_by_hop(headers);
+            headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+            headers.insert(header::UPGRADE, headers::websocket_upgrade());
+            return Ok(response);
         }
         let announced = response.headers().get(header::TRAILER).cloned();
         headers::strip_hop_by_hop(response.headers_mut());
@@ -475,22 +494,54 @@ fn lock(lane: &Mutex<Lane>) -> MutexGuard<'_, Lane> {
     lane.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Copies bytes both ways between the upgraded client and upstream connections until either
-/// side closes.
-async fn splice(client: hyper::upgrade::OnUpgrade, upstream: hyper::upgrade::OnUpgrade) {
-    let (client, upstream) = match tokio::try_join!(client, upstream) {
-        Ok(pair) => pair,
-        Err(err) => {
-            tracing::debug!(error = %err, "upgrade did not complete");
-            return;
+/// Both halves of a WebSocket switch the forwarder checked: the client's connection and the
+/// upstream's, each handed over by hyper once its `101` has gone through. It travels in the
+/// `101` response's extensions to the client connection's task, which runs it; it is `Clone`
+/// only because extensions must be (a clone shares the same pending upgrades).
+#[derive(Clone)]
+pub struct Splice {
+    client: hyper::upgrade::OnUpgrade,
+    upstream: hyper::upgrade::OnUpgrade,
+}
+
+impl Splice {
+    /// Copies bytes both ways, through a buffer of [`SPLICE_BUFFER`] per direction, until
+    /// either side closes; once everything that side sent has been passed on, both are closed.
+    /// A WebSocket has its own close handshake, so a half-closed session has nothing more to
+    /// say, and waiting for the other half would let one peer hold the session (and its
+    /// connection place) after the other is gone; nginx ends an upgraded session the same way.
+    /// Dropping the future closes both connections.
+    pub async fn run(self) {
+        let (client, upstream) = match tokio::try_join!(self.client, self.upstream) {
+            Ok(pair) => pair,
+            Err(err) => {
+                tracing::debug!(error = %err, "upgrade did not complete");
+                return;
+            }
+        };
+        let (client_reads, mut client_writes) = tokio::io::split(TokioIo::new(client));
+        let (upstream_reads, mut upstream_writes) = tokio::io::split(TokioIo::new(upstream));
+        let mut from_client = BufReader::with_capacity(SPLICE_BUFFER, client_reads);
+        let mut from_upstream = BufReader::with_capacity(SPLICE_BUFFER, upstream_reads);
+        let ended = tokio::select! {
+            up = tokio::io::copy_buf(&mut from_client, &mut upstream_writes) => {
+                let _ = upstream_writes.shutdown().await;
+                up
+            }
+            down = tokio::io::copy_buf(&mut from_upstream, &mut client_writes) => {
+                let _ = client_writes.shutdown().await;
+                down
+            }
+        };
+        if let Err(err) = ended {
+            tracing::debug!(error = %err, "upgraded connection ended with an error");
         }
-    };
-    let mut client = TokioIo::new(client);
-    let mut upstream = TokioIo::new(upstream);
-    if let Err(err) = tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
-        tracing::debug!(error = %err, "upgraded connection ended with an error");
     }
 }
+
+/// The bytes a WebSocket session buffers per direction: what one session holds in tollgate,
+/// whatever the peers send.
+pub const SPLICE_BUFFER: usize = 8 * 1024;
 
 /// A 502 with a one-line reason for the log: the error and its sources.
 fn unreachable(err: &(dyn std::error::Error + 'static)) -> RequestError {

@@ -19,8 +19,11 @@
 //! A refused first request gets a `400` (or `431`) and the connection closes; later in a
 //! connection the guard only closes, since a response to an earlier request may be on the
 //! wire. Nothing after a refused byte reaches hyper, so nothing after it reaches an upstream.
-//! HTTP/2 (prior knowledge or ALPN) and upgraded connections pass through untouched: HTTP/2
-//! frames carry their own lengths.
+//! HTTP/2 (prior knowledge or ALPN) passes through untouched: HTTP/2 frames carry their own
+//! lengths. So does a connection after a real switch to WebSocket, but only once the server
+//! says so ([`FramingGuard::step_aside`], called when it hands hyper a `101` that the forwarder
+//! checked): nothing in the bytes, in either direction, turns the guard off. A response body
+//! can say anything, `HTTP/1.1 101` included.
 
 use std::io;
 use std::pin::Pin;
@@ -67,7 +70,7 @@ enum State {
     /// `n` body bytes still to come.
     Body(u64),
     Chunked(Chunk),
-    /// HTTP/2 or an upgrade: not HTTP/1 framing any more.
+    /// HTTP/2, or switched to WebSocket: not HTTP/1 framing any more.
     PassThrough,
     /// Refused: write `response[written..]`, then end the stream.
     Refused {
@@ -98,8 +101,6 @@ pub struct FramingGuard<S> {
     heads_seen: u64,
     /// Of those, the heads whose bytes were handed to hyper (a refused read is not).
     heads_delivered: u64,
-    /// An upgrade was requested: the guard steps aside once a `101` goes out.
-    upgrade_requested: bool,
     trailer_bytes: usize,
 }
 
@@ -111,7 +112,6 @@ impl<S> FramingGuard<S> {
             pending: Vec::new(),
             heads_seen: 0,
             heads_delivered: 0,
-            upgrade_requested: false,
             trailer_bytes: 0,
         }
     }
@@ -121,6 +121,17 @@ impl<S> FramingGuard<S> {
     /// while this holds.
     pub fn reads_http1_heads(&self) -> bool {
         !matches!(self.state, State::PassThrough)
+    }
+
+    /// The connection has switched to another protocol: a `101` that the forwarder checked is
+    /// being handed to hyper, which reads no request head after it. From the next read on, the
+    /// bytes are the new protocol's and pass untouched. A connection already refused stays
+    /// refused.
+    pub fn step_aside(&mut self) {
+        if !matches!(self.state, State::Refused { .. } | State::Closed) {
+            self.pending = Vec::new();
+            self.state = State::PassThrough;
+        }
     }
 
     /// Runs the framing state machine over `bytes`; an error means they must not be handed on.
@@ -234,10 +245,9 @@ impl<S> FramingGuard<S> {
                     return Err(Refusal::ObsoleteFold);
                 }
                 // Judged in place and cleared, so the buffer's capacity serves the next head.
-                let (next, upgrade) = self.judge_head(&self.pending)?;
+                let next = self.judge_head(&self.pending)?;
                 self.pending.clear();
                 self.state = next;
-                self.upgrade_requested |= upgrade;
                 self.heads_seen += 1;
                 return Ok(n);
             }
@@ -278,9 +288,7 @@ impl<S> FramingGuard<S> {
                     return Err(Refusal::ObsoleteFold);
                 }
                 let end = i + 2;
-                let (next, upgrade) = self.judge_head(&window[..end])?;
-                self.state = next;
-                self.upgrade_requested |= upgrade;
+                self.state = self.judge_head(&window[..end])?;
                 self.heads_seen += 1;
                 return Ok(Some(end));
             }
@@ -298,9 +306,8 @@ impl<S> FramingGuard<S> {
     }
 
     /// Checks a complete head, whose line endings and folds were already checked
-    /// (`head_bytes`, `whole_head`), and says what follows it, and whether it asks for an
-    /// upgrade.
-    fn judge_head(&self, head: &[u8]) -> Result<(State, bool), Refusal> {
+    /// (`head_bytes`, `whole_head`), and says what follows it.
+    fn judge_head(&self, head: &[u8]) -> Result<State, Refusal> {
         let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
         let mut request = httparse::Request::new(&mut headers);
         match request.parse(head) {
@@ -311,7 +318,6 @@ impl<S> FramingGuard<S> {
         let mut length: Option<u64> = None;
         let mut chunked = false;
         let mut transfer_encoding_seen = false;
-        let mut upgrade = request.method == Some("CONNECT");
         for header in request.headers.iter() {
             if header.name.eq_ignore_ascii_case("content-length") {
                 if length.is_some() {
@@ -329,25 +335,22 @@ impl<S> FramingGuard<S> {
                     return Err(Refusal::BadTransferEncoding);
                 }
                 chunked = true;
-            } else if header.name.eq_ignore_ascii_case("upgrade") {
-                upgrade = true;
             }
         }
         if chunked && length.is_some() {
             return Err(Refusal::LengthAndChunked);
         }
-        let body = if chunked {
+        // An upgrade request is judged like any other: the guard stays on until the server
+        // says a real switch happened (`step_aside`). A declined upgrade goes on as HTTP/1.1,
+        // guarded; a client must not send its new protocol before the 101.
+        Ok(if chunked {
             State::Chunked(Chunk::Size)
         } else {
             match length {
                 Some(0) | None => State::Head,
                 Some(n) => State::Body(n),
             }
-        };
-        // An upgrade request keeps the guard on: only a `101` written back turns the
-        // connection into something else (see `poll_write`). A declined upgrade goes on as
-        // HTTP/1.1, guarded; a client must not send its new protocol before the 101.
-        Ok((body, upgrade))
+        })
     }
 
     fn chunk_bytes(&mut self, bytes: &[u8]) -> Result<usize, Refusal> {
@@ -528,32 +531,13 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for FramingGuard<S> {
     }
 }
 
-impl<S> FramingGuard<S> {
-    /// After an upgrade request, a `101` response starting a line of what hyper writes means
-    /// the connection now speaks another protocol: stop reading it as HTTP/1.
-    fn watch_for_switch(&mut self, data: &[u8]) {
-        const SWITCH: &[u8] = b"HTTP/1.1 101 ";
-        if !self.upgrade_requested || matches!(self.state, State::PassThrough) {
-            return;
-        }
-        let at_line_start = data.starts_with(SWITCH)
-            || data
-                .windows(SWITCH.len() + 2)
-                .any(|w| w.starts_with(b"\r\n") && &w[2..] == SWITCH);
-        if at_line_start {
-            self.pending.clear();
-            self.state = State::PassThrough;
-        }
-    }
-}
-
 impl<S: AsyncWrite + Unpin> AsyncWrite for FramingGuard<S> {
+    // Writes pass untouched: what goes out never changes how the input is read.
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
-        self.watch_for_switch(data);
         Pin::new(&mut self.inner).poll_write(cx, data)
     }
 
@@ -562,9 +546,6 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for FramingGuard<S> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        if let Some(first) = bufs.iter().find(|b| !b.is_empty()) {
-            self.watch_for_switch(first);
-        }
         Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
     }
 
@@ -751,10 +732,59 @@ mod tests {
     }
 
     #[test]
+    fn only_step_aside_ends_http1_framing_and_never_after_a_refusal() {
+        // An upgrade request, then bytes that are no HTTP/1 head: refused while no switch
+        // was signalled, whatever the request asked for.
+        let upgrade =
+            b"GET /ws HTTP/1.1\r\nHost: a\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n";
+        let mut guard = FramingGuard::new(());
+        assert_eq!(guard.inspect(upgrade), Ok(()));
+        assert!(guard.reads_http1_heads());
+        assert_eq!(
+            guard.inspect(b"\x81\x05hello\n"),
+            Err(Refusal::BareLineFeed)
+        );
+
+        let mut guard = FramingGuard::new(());
+        assert_eq!(guard.inspect(upgrade), Ok(()));
+        guard.step_aside();
+        assert!(!guard.reads_http1_heads());
+        assert_eq!(guard.inspect(b"\x81\x05hello\n"), Ok(()));
+
+        let mut guard = FramingGuard::new(());
+        guard.refuse(Refusal::BareLineFeed);
+        guard.step_aside();
+        assert!(
+            matches!(guard.state, State::Refused { .. }),
+            "a refused connection stays refused: {:?}",
+            guard.state
+        );
+    }
+
+    #[test]
     fn oversized_heads_are_refused() {
         let mut head = b"GET / HTTP/1.1\r\nHost: a\r\nX-Big: ".to_vec();
         head.extend(std::iter::repeat_n(b'a', MAX_HEAD));
         assert_eq!(refused(&head), Some(Refusal::HeadTooLarge));
+    }
+
+    #[test]
+    fn chunk_lines_and_trailer_sections_are_bounded() {
+        // What the guard holds back for a chunked body is bounded whatever the client sends:
+        // a chunk-size line (extensions included) up to MAX_CHUNK_LINE, trailers up to
+        // MAX_TRAILERS.
+        let start = b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+        let mut long_line = start.clone();
+        long_line.extend_from_slice(b"5;ext=");
+        long_line.extend(std::iter::repeat_n(b'x', MAX_CHUNK_LINE));
+        assert_eq!(run(&long_line, 4096), Err(Refusal::BadChunk));
+
+        let mut long_trailers = start;
+        long_trailers.extend_from_slice(b"0\r\n");
+        for i in 0..MAX_TRAILERS / 16 + 1 {
+            long_trailers.extend_from_slice(format!("x-t{i:05}: 12345\r\n").as_bytes());
+        }
+        assert_eq!(run(&long_trailers, 4096), Err(Refusal::BadChunk));
     }
 
     #[test]

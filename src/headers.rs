@@ -1,8 +1,11 @@
 //! Header rewriting, as pure functions over `HeaderMap`s (SPEC section 5).
 //!
 //! - Hop-by-hop headers (RFC 9110 7.6.1) belong to one connection and are removed in both
-//!   directions: `Connection` and every header it names, plus the fixed list below. `TE:
+//!   directions: `Connection` and every header it names, plus the fixed list below (which has
+//!   `HTTP2-Settings`, h2c's connection option, whether `Connection` names it or not). `TE:
 //!   trailers` survives because gRPC needs it end to end.
+//! - Of the upgrades, only WebSocket is ever forwarded ([`wants_websocket`]), and only a `101`
+//!   that switches to it is accepted ([`switches_to_websocket`]).
 //! - `X-Forwarded-For/Proto/Host` and `X-Real-IP` tell the upstream who the client was;
 //!   `Forwarded` (RFC 7239) passes only from a trusted proxy, since tollgate does not write
 //!   it and a backend that believes a client's own would be spoofed.
@@ -20,7 +23,7 @@ use crate::config::RateLimitHeaders;
 use crate::limit::LimitOutcome;
 
 /// As `HeaderName`s, so removing them needs no parsing of a string per request.
-static HOP_BY_HOP: [HeaderName; 9] = [
+static HOP_BY_HOP: [HeaderName; 10] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
@@ -30,6 +33,8 @@ static HOP_BY_HOP: [HeaderName; 9] = [
     header::TRAILER,
     header::TRANSFER_ENCODING,
     header::UPGRADE,
+    // h2c's settings (RFC 7540 3.2.1) travel with `Upgrade: h2c`, which is never forwarded.
+    HeaderName::from_static("http2-settings"),
 ];
 
 /// Where `Connection` and `TE` are in [`HOP_BY_HOP`].
@@ -59,10 +64,29 @@ fn value_tokens<'a>(
         .filter(|t| !t.is_empty())
 }
 
-/// Whether this is an HTTP/1.1 upgrade request (`Connection: upgrade` plus `Upgrade`).
-pub fn is_upgrade_request(headers: &HeaderMap) -> bool {
-    headers.contains_key(header::UPGRADE)
-        && tokens(headers, &header::CONNECTION).any(|t| t.eq_ignore_ascii_case("upgrade"))
+/// The one upgrade tollgate forwards.
+const WEBSOCKET: &str = "websocket";
+
+/// Whether the request asks to upgrade to WebSocket (`Connection: upgrade` and `websocket`
+/// among the `Upgrade` tokens). Any other upgrade (`h2c` above all: an HTTP/2 tunnel past
+/// routing and every limit) is not one to forward: its request goes as a plain one.
+pub fn wants_websocket(headers: &HeaderMap) -> bool {
+    tokens(headers, &header::CONNECTION).any(|t| t.eq_ignore_ascii_case("upgrade"))
+        && tokens(headers, &header::UPGRADE).any(|t| t.eq_ignore_ascii_case(WEBSOCKET))
+}
+
+/// Whether a `101` switches to WebSocket and to nothing else (one `Upgrade` token).
+pub fn switches_to_websocket(headers: &HeaderMap) -> bool {
+    let mut offered = tokens(headers, &header::UPGRADE);
+    offered
+        .next()
+        .is_some_and(|t| t.eq_ignore_ascii_case(WEBSOCKET))
+        && offered.next().is_none()
+}
+
+/// `Upgrade: websocket`, what goes upstream for a WebSocket request and back on its `101`.
+pub fn websocket_upgrade() -> HeaderValue {
+    HeaderValue::from_static(WEBSOCKET)
 }
 
 /// Whether the request says it accepts trailers (`TE: trailers`).
@@ -78,7 +102,7 @@ pub fn accepts_trailers(headers: &HeaderMap) -> bool {
 /// says so: that check is all most names cost.
 fn hop_by_hop_index(name: &HeaderName) -> Option<usize> {
     let text = name.as_str();
-    if !matches!(text.len(), 2 | 7 | 10 | 16..=19) {
+    if !matches!(text.len(), 2 | 7 | 10 | 14 | 16..=19) {
         return None;
     }
     HOP_BY_HOP.iter().position(|h| h.as_str() == text)
@@ -393,10 +417,48 @@ mod tests {
         // Upper-case tokens name headers too.
         h.insert("connection", "X-End-To-End, Upgrade".parse().unwrap());
         h.insert("upgrade", "websocket".parse().unwrap());
-        assert!(is_upgrade_request(&h));
+        assert!(wants_websocket(&h));
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1, "{h:?}");
         assert!(h.contains_key("host"));
+    }
+
+    #[test]
+    fn only_websocket_is_an_upgrade_to_forward() {
+        let with = |connection: &str, upgrade: &str| {
+            let mut h = HeaderMap::new();
+            h.insert("connection", connection.parse().unwrap());
+            h.insert("upgrade", upgrade.parse().unwrap());
+            h
+        };
+        assert!(wants_websocket(&with("Upgrade", "WebSocket")));
+        assert!(wants_websocket(&with(
+            "keep-alive, upgrade",
+            "h2c, websocket"
+        )));
+        assert!(!wants_websocket(&with("Upgrade, HTTP2-Settings", "h2c")));
+        assert!(!wants_websocket(&with("keep-alive", "websocket")));
+        assert!(!wants_websocket(&with("upgrade", "websocket/13x, tls/1.0")));
+
+        assert!(switches_to_websocket(&with("upgrade", "websocket")));
+        assert!(switches_to_websocket(&with("upgrade", "WebSocket")));
+        assert!(!switches_to_websocket(&with("upgrade", "h2c")));
+        assert!(!switches_to_websocket(&with("upgrade", "websocket, h2c")));
+        assert!(!switches_to_websocket(&HeaderMap::new()));
+    }
+
+    #[test]
+    fn http2_settings_is_hop_by_hop_even_when_connection_does_not_name_it() {
+        let mut h = HeaderMap::new();
+        h.insert("upgrade", "h2c".parse().unwrap());
+        h.insert(
+            "http2-settings",
+            "AAMAAABkAARAAAAAAAIAAAAA".parse().unwrap(),
+        );
+        h.insert("x-end-to-end", "yes".parse().unwrap());
+        strip_hop_by_hop(&mut h);
+        let left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left, ["x-end-to-end"]);
     }
 
     #[test]

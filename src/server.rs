@@ -13,6 +13,11 @@
 //!   (HTTP/1.1, or HTTP/2 by ALPN or prior knowledge), and a watchdog that closes a connection
 //!   when no byte has moved or no request has been in progress for `idle_timeout`, or when an
 //!   HTTP/1.1 connection has waited `header_read_timeout` for a request's head.
+//! - A WebSocket session is the rest of its connection's life, in the same task: after hyper
+//!   hands over a checked `101` (see `forward::Splice`), the task splices the two sides under
+//!   the same watchdog (bytes rule only) and the same shutdown, still holding its
+//!   `max_connections` permit and its place in the open-connections gauge. Until it closes it
+//!   counts as in flight, so a drain waits for it up to `shutdown_timeout`.
 //! - The counter store is started without waiting for the database: a database that is down
 //!   at start must not take the edge down with it (SPEC 1). Until it answers, the failure
 //!   policy applies; a background task keeps trying, then migrates and checks the key
@@ -26,7 +31,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, PoisonError};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -43,6 +48,7 @@ use crate::admin;
 use crate::body::ProxyBody;
 use crate::config::{self, Config};
 use crate::error::StartupError;
+use crate::forward::Splice;
 use crate::framing::FramingGuard;
 use crate::key::BucketHasher;
 use crate::limit::Limiter;
@@ -695,7 +701,15 @@ async fn serve_connection<S>(
         let info = info.clone();
         let in_flight = InFlight::start(requests.clone());
         async move {
-            let response = proxy.handle(req, info).await;
+            let mut response = proxy.handle(req, info).await;
+            if response.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+                // Only the forwarder's checked 101 carries a splice. The switch is armed now,
+                // before hyper has the response, so the framing guard steps aside exactly for
+                // the bytes after it.
+                if let Some(splice) = response.extensions_mut().remove::<Splice>() {
+                    in_flight.connection().switch_to(splice);
+                }
+            }
             // The request stays in progress until its body has been sent (or dropped).
             Ok::<_, Infallible>(response.map(|body| CountedBody {
                 body,
@@ -726,28 +740,61 @@ async fn serve_connection<S>(
         .max_header_list_size(crate::framing::MAX_HEAD as u32);
     let conn = builder.serve_connection_with_upgrades(io, service);
     tokio::pin!(conn);
+    let served = supervise(conn, &activity, settings, &mut phase, |conn| {
+        conn.graceful_shutdown()
+    });
+    match served.await {
+        Some(Ok(())) => {}
+        Some(Err(err)) => {
+            tracing::debug!(peer = %peer_port, error = %err, "connection ended with an error");
+        }
+        None => return,
+    }
 
+    // After a real 101 the connection goes on as a WebSocket session, here: it keeps this
+    // task's permit and gauge place, and counts as in flight until it closes (so only bytes
+    // keep it open, and a drain waits for it). A drain that begins meanwhile changes nothing
+    // for it; the end of `shutdown_timeout` closes it.
+    let Some(splice) = activity.take_splice() else {
+        return;
+    };
+    let _session = InFlight::start(activity.clone());
+    let session = splice.run();
+    tokio::pin!(session);
+    if supervise(session, &activity, settings, &mut phase, |_| {})
+        .await
+        .is_none()
+    {
+        tracing::debug!(peer = %peer_port, "WebSocket session closed by tollgate");
+    }
+}
+
+/// Drives `work` (one connection's part) to its end, or until the watchdog closes the
+/// connection (`None`): idle (see [`Activity::time_left`]), or the shutdown timeout has
+/// passed. `drain` is called once, when the drain begins.
+async fn supervise<F: std::future::Future>(
+    mut work: Pin<&mut F>,
+    activity: &Activity,
+    settings: ConnSettings,
+    phase: &mut watch::Receiver<Phase>,
+    mut drain: impl FnMut(Pin<&mut F>),
+) -> Option<F::Output> {
     let idle = tokio::time::sleep(settings.next_check());
     tokio::pin!(idle);
     let mut draining = false;
     loop {
         tokio::select! {
-            result = conn.as_mut() => {
-                if let Err(err) = result {
-                    tracing::debug!(peer = %peer_port, error = %err, "connection ended with an error");
-                }
-                return;
-            }
+            output = work.as_mut() => return Some(output),
             changed = phase.changed() => {
                 let now = if changed.is_err() { Phase::Forced } else { *phase.borrow() };
                 match now {
                     Phase::Running => {}
                     Phase::Draining if !draining => {
                         draining = true;
-                        conn.as_mut().graceful_shutdown();
+                        drain(work.as_mut());
                     }
                     Phase::Draining => {}
-                    Phase::Forced | Phase::Stopped => return,
+                    Phase::Forced | Phase::Stopped => return None,
                 }
             }
             _ = idle.as_mut() => {
@@ -755,7 +802,7 @@ async fn serve_connection<S>(
                     Ok(left) => idle.as_mut().reset(tokio::time::Instant::now() + left),
                     Err(rule) => {
                         tracing::debug!(rule, "closing connection");
-                        return;
+                        return None;
                     }
                 }
             }
@@ -793,11 +840,19 @@ async fn run_coarse_clock() {
 /// the connection is waiting for a head, and that wait may last no longer than the timeout
 /// (from the connection's start, or from the end of its previous response, as hyper counts
 /// it). An HTTP/2 or upgraded connection has no such wait.
+///
+/// It also carries the connection's switch to WebSocket, from the service that hands hyper
+/// the checked `101` to the framing guard (which steps aside) and to the connection's task
+/// (which runs the splice).
 struct Activity {
     last_byte_ms: AtomicU64,
     last_request_ms: AtomicU64,
     in_flight: AtomicU32,
     http1_heads: AtomicBool,
+    /// A real `101` is being, or has been, handed to hyper.
+    switched: AtomicBool,
+    /// Its splice, until the connection's task takes it.
+    splice: std::sync::Mutex<Option<Splice>>,
 }
 
 impl Activity {
@@ -808,7 +863,23 @@ impl Activity {
             last_request_ms: AtomicU64::new(now),
             in_flight: AtomicU32::new(0),
             http1_heads: AtomicBool::new(true),
+            switched: AtomicBool::new(false),
+            splice: std::sync::Mutex::new(None),
         }
+    }
+
+    /// Arms the switch: from the next read on, the framing guard lets the bytes through, and
+    /// once hyper is done the connection's task runs `splice`.
+    fn switch_to(&self, splice: Splice) {
+        *self.splice.lock().unwrap_or_else(PoisonError::into_inner) = Some(splice);
+        self.switched.store(true, Ordering::Release);
+    }
+
+    fn take_splice(&self) -> Option<Splice> {
+        self.splice
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
     }
 
     fn touch(&self) {
@@ -887,6 +958,13 @@ impl InFlight {
     }
 }
 
+impl InFlight {
+    /// The connection this request came on.
+    fn connection(&self) -> &Activity {
+        &self.0
+    }
+}
+
 impl Drop for InFlight {
     // Also on cancellation: a request whose client went away no longer counts.
     fn drop(&mut self) {
@@ -898,7 +976,8 @@ impl Drop for InFlight {
 }
 
 /// A socket that records its activity for the idle watchdog, including whether its framing
-/// guard still expects HTTP/1 heads.
+/// guard still expects HTTP/1 heads, and that tells the guard when the connection has
+/// switched to WebSocket (the only way the guard learns it).
 struct Tracked<S> {
     inner: FramingGuard<S>,
     activity: Arc<Activity>,
@@ -910,6 +989,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for Tracked<S> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        if self.activity.switched.load(Ordering::Acquire) {
+            self.inner.step_aside();
+        }
         let before = buf.filled().len();
         let result = Pin::new(&mut self.inner).poll_read(cx, buf);
         if matches!(result, Poll::Ready(Ok(()))) && buf.filled().len() > before {
