@@ -246,9 +246,10 @@ impl UpstreamPool {
         if from_h2 && !self.config.http2 {
             headers::join_cookies(headers);
         }
-        // Room for what is added below (X-Forwarded-*, Host, and the upgrade pair) in one
-        // growth of the map hyper sized for the parsed fields, instead of one per insert.
-        headers.reserve(6);
+        // Room for what is added below (X-Forwarded-*, X-Real-IP, Host, and the upgrade pair)
+        // in one growth of the map hyper sized for the parsed fields, instead of one per
+        // insert.
+        headers.reserve(7);
         headers::add_forwarded(headers, &fwd.forwarded);
         // An HTTP/1.0 request may name no host; HTTP/1.1 upstream needs one: the origin's.
         let host = match fwd.forwarded.host {
