@@ -381,8 +381,20 @@ async fn readiness_follows(
     );
 
     admin_db.batch_execute(break_sql).await.expect("break");
-    // A session made before the change may still work once; the next one does not.
-    let _ = get(&client, &proxy.url("/api")).await;
+    // A session made before the change may still work for a moment (pg_terminate_backend
+    // does not wait for the backend to exit); then every decision fails.
+    let failing = until_status(
+        &client,
+        &proxy.url("/api"),
+        StatusCode::SERVICE_UNAVAILABLE,
+        Duration::from_secs(3),
+    )
+    .await;
+    assert_eq!(
+        failing,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{what}: decisions fail"
+    );
     assert_eq!(
         decision_and_ready(&client, &proxy, admin).await,
         (503, 503),

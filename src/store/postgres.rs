@@ -70,6 +70,11 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Upper bound on one `initialize`/`migrate` run. Waiting for another instance's migration is
 /// part of it. Past it the attempt counts as unreachable and can be retried.
 const INIT_TIMEOUT: Duration = Duration::from_secs(60);
+/// Server-side bound on how long a start-up transaction may sit idle waiting for tollgate's
+/// next statement (microseconds, normally). It ends the session of a run whose client
+/// vanished mid-transaction (a network black hole: the server sees no close) instead of
+/// letting it hold the migration lock, and so stall every later start-up, for hours.
+const INIT_IDLE_IN_TRANSACTION: Duration = Duration::from_secs(10);
 /// Server-side bound on one sweep batch, so a batch abandoned by the client does not go on
 /// deleting on the server.
 const SWEEP_STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -459,6 +464,8 @@ pub struct PostgresStore {
     health: Health,
     last_connect_error: LastConnectError,
     failures: FailureLog,
+    /// Held by the one readiness probe in flight.
+    probe_gate: tokio::sync::Mutex<()>,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -511,6 +518,7 @@ impl PostgresStore {
             health: Health::new(),
             last_connect_error,
             failures,
+            probe_gate: tokio::sync::Mutex::new(()),
         }))
     }
 
@@ -598,7 +606,18 @@ impl PostgresStore {
             Some(false) => Err(StoreError::Unavailable(
                 "recent decisions failed".to_owned(),
             )),
-            None => self.probe_increment().await,
+            None => {
+                // One readiness probe at a time: a burst of /readyz calls must not take the
+                // pool's connections from decisions. The others get the last outcome.
+                let Ok(_probing) = self.probe_gate.try_lock() else {
+                    return if self.health.ok.load(Ordering::Acquire) {
+                        Ok(())
+                    } else {
+                        Err(StoreError::Unavailable("the last probe failed".to_owned()))
+                    };
+                };
+                self.probe_increment().await
+            }
         }
     }
 
@@ -1213,9 +1232,10 @@ fn query_error(e: tokio_postgres::Error) -> StoreError {
 /// (a pooler would hand it to other clients).
 async fn own_timeouts(tx: &tokio_postgres::Transaction<'_>) -> Result<(), tokio_postgres::Error> {
     let ms = INIT_TIMEOUT.as_millis();
+    let idle = INIT_IDLE_IN_TRANSACTION.as_millis();
     tx.batch_execute(&format!(
         "SET LOCAL statement_timeout = {ms}; SET LOCAL lock_timeout = {ms}; \
-         SET LOCAL idle_in_transaction_session_timeout = {ms}"
+         SET LOCAL idle_in_transaction_session_timeout = {idle}"
     ))
     .await
 }
@@ -1428,10 +1448,33 @@ mod tests {
         );
         assert_eq!(pg.get_connect_timeout(), Some(&CONNECT_TIMEOUT));
         assert_eq!(pg.get_application_name(), Some("tollgate"));
+        // A connection attempt may try both hosts, each within the connect timeout.
+        assert_eq!(connect_deadline(&pg), CONNECT_TIMEOUT * 2);
+        let log = FailureLog::new(&pg);
+        assert_eq!(
+            (log.host.as_str(), log.port.as_str(), log.dbname.as_str()),
+            ("h1,h2", "5432,5433", "db")
+        );
 
         let pg = connection_config(&cfg("host=h connect_timeout=2", true)).expect("parses");
         assert_eq!(pg.get_options(), None);
         assert_eq!(pg.get_connect_timeout(), Some(&Duration::from_secs(2)));
+    }
+
+    #[test]
+    fn health_answers_only_while_fresh() {
+        let health = Health::new();
+        assert_eq!(
+            health.recent(Duration::from_secs(60)),
+            None,
+            "no outcome yet"
+        );
+        health.set(false);
+        assert_eq!(health.recent(Duration::from_secs(60)), Some(false));
+        health.set(true);
+        assert_eq!(health.recent(Duration::from_secs(60)), Some(true));
+        std::thread::sleep(Duration::from_millis(5));
+        assert_eq!(health.recent(Duration::from_millis(1)), None, "stale");
     }
 
     #[test]
