@@ -305,10 +305,13 @@ async fn database_hung_after_start_does_not_keep_decisions_failing() {
     let text = limits_config(&store, "", &ip_route());
     let proxy = Proxy::start(config_from(&text, upstream.addr, &[])).await;
     let url = proxy.url("/api");
-    assert_eq!(
-        get(&client, &url).await.status,
-        StatusCode::SERVICE_UNAVAILABLE
-    );
+    // Long enough for the background initialisation's first retry (after 250 ms) to connect
+    // into the hole.
+    for _ in 0..6 {
+        let status = get(&client, &url).await.status;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     hole.open();
     let status = until_status(&client, &url, StatusCode::OK, Duration::from_secs(5)).await;
     assert_eq!(
