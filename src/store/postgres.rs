@@ -1462,6 +1462,27 @@ mod tests {
     }
 
     #[test]
+    fn every_cause_has_a_slot_in_the_failure_log() {
+        // FailureLog indexes its slots by `cause as usize`.
+        assert_eq!(Cause::Database as usize + 1, Cause::ALL);
+        let log = FailureLog::new(&tokio_postgres::Config::new());
+        assert_eq!(
+            (log.host.as_str(), log.port.as_str(), log.dbname.as_str()),
+            ("", "5432", "postgres")
+        );
+        for _ in 0..3 {
+            log.note(Cause::Database, "x");
+        }
+        let slots = log.slots.lock().expect("lock");
+        assert_eq!(slots[Cause::Database as usize].1, 2, "two left out");
+        assert_eq!(
+            slots[Cause::Refused as usize],
+            (None, 0),
+            "causes are counted apart"
+        );
+    }
+
+    #[test]
     fn health_answers_only_while_fresh() {
         let health = Health::new();
         assert_eq!(
