@@ -537,7 +537,7 @@ impl PostgresStore {
                     tracing::info!(applied = ?applied, "applied database migrations");
                 }
             } else {
-                check_schema(&client).await?;
+                check_schema(&mut client).await?;
             }
             let change = settle_fingerprint(&mut client, fingerprint, false).await?;
             if change == FingerprintChange::Written {
@@ -1161,7 +1161,8 @@ fn count_from(count: i32) -> Result<u32, StoreError> {
 /// Whether an error is the database being (temporarily) out of reach rather than wrong:
 /// network and connect errors, a closed connection, and the server-side codes that mean
 /// "not now" (connection exceptions, insufficient resources, shutdown or start-up in
-/// progress). Authentication failures, a missing database, permissions and TLS
+/// progress, a statement or lock timeout: tollgate sets its own, but a timeout is never a
+/// reason to give up for good). Authentication failures, a missing database, permissions and TLS
 /// misconfiguration are not: retrying would not help.
 fn is_transient(e: &tokio_postgres::Error) -> bool {
     if e.is_closed() {
@@ -1171,7 +1172,10 @@ fn is_transient(e: &tokio_postgres::Error) -> bool {
         let code = db.code().code();
         return code.starts_with("08")
             || code.starts_with("53")
-            || matches!(code, "57P01" | "57P02" | "57P03" | "25006");
+            || matches!(
+                code,
+                "57P01" | "57P02" | "57P03" | "25006" | "57014" | "55P03"
+            );
     }
     // Connect errors (refused, timed out, "database does not allow writes" from
     // target_session_attrs=read-write) carry an io::Error somewhere in their chain.
@@ -1300,8 +1304,12 @@ async fn apply_migrations(client: &mut Client) -> Result<Vec<&'static str>, Init
 /// With `store.migrate = false`: refuses to count against a schema that lacks a migration
 /// this binary relies on. Versions the binary does not know (a newer tollgate migrated) are
 /// fine: migrations only add.
-async fn check_schema(client: &Client) -> Result<(), InitError> {
+async fn check_schema(client: &mut Client) -> Result<(), InitError> {
     let db_err = |e: tokio_postgres::Error| classify(&e, InitError::Database);
+    // A transaction only for its own timeouts (a role's lock_timeout must not fail start-up
+    // while a migration job holds a lock); it writes nothing.
+    let client = client.transaction().await.map_err(db_err)?;
+    own_timeouts(&client).await.map_err(db_err)?;
     let exists: bool = client
         .query_one(
             "SELECT to_regclass('public.tollgate_migrations') IS NOT NULL",
@@ -1323,6 +1331,7 @@ async fn check_schema(client: &Client) -> Result<(), InitError> {
     } else {
         HashSet::new()
     };
+    client.rollback().await.map_err(db_err)?;
     match MIGRATIONS.iter().find(|m| !recorded.contains(&m.version)) {
         Some(m) => Err(InitError::SchemaBehind { missing: m.name }),
         None => Ok(()),
