@@ -11,7 +11,10 @@
 -- Target schema: public. No system schema is read or written.
 -- ============================================================================
 
-SET search_path = public;
+-- SET LOCAL: tollgate runs each migration in a transaction of its own, and the
+-- setting must end with it (a session SET would stay on the connection, and a
+-- pooler hands that connection to other clients).
+SET LOCAL search_path = public;
 
 CREATE TABLE public.tollgate_settings (
   name       text        PRIMARY KEY,

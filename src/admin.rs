@@ -1,6 +1,7 @@
-//! The admin listener (SPEC section 7): `/healthz` (the process serves), `/readyz` (the counter
-//! store answers) and `/metrics` (Prometheus text). It is a separate listener so that it can be
-//! bound to loopback or an internal network while the proxy faces the world.
+//! The admin listener (SPEC section 7): `/healthz` (the process serves), `/readyz` (decisions
+//! succeed: the outcome of recent decisions, or when there were none a probe that runs the
+//! store's real statement) and `/metrics` (Prometheus text). It is a separate listener so
+//! that it can be bound to loopback or an internal network while the proxy faces the world.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -64,11 +65,13 @@ async fn answer(
     match req.uri().path() {
         "/healthz" => text(StatusCode::OK, "ok\n"),
         "/readyz" => {
-            // A real round trip: a store that recovered is seen as ready even with no traffic.
+            // Recent decisions, else a round trip with the real statement: a dropped table, a
+            // revoked privilege or a read-only database is not ready, and a store that
+            // recovered is seen as ready even with no traffic.
             if store.probe().await.is_ok() {
                 text(StatusCode::OK, "ready\n")
             } else {
-                text(StatusCode::SERVICE_UNAVAILABLE, "store not answering\n")
+                text(StatusCode::SERVICE_UNAVAILABLE, "decisions are failing\n")
             }
         }
         "/metrics" => {

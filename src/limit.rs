@@ -5,7 +5,9 @@
 //! batch. The store's answer is bounded by `store.timeout`; when the store fails, the caller
 //! applies the route's failure policy, and a [`Breaker`] stops paying a full timeout per
 //! request while the store stays down: after a run of failures it fails fast for a moment,
-//! then lets one probe through, and closes again as soon as a call succeeds.
+//! then lets one probe through, and closes again as soon as a call succeeds. A probe whose
+//! request is cancelled frees its place for the next request, so the breaker always recovers.
+//! Every decision's outcome is reported to the store, so that readiness follows decisions.
 //!
 //! Once a bucket is known to be over its limit, [`Exhausted`] remembers it until its window
 //! ends and later requests are denied without asking the store. Counts only grow within a
@@ -108,9 +110,12 @@ impl Limiter {
         if let Some(denied) = self.exhausted.deny(plans) {
             return denied;
         }
-        if !self.breaker.should_try() {
+        // The permit is held across the store call: if this request is cancelled while it
+        // probes a failing store, dropping the permit lets the next request probe.
+        let Some(attempt) = self.breaker.attempt() else {
+            self.store.decision_outcome(false);
             return Verdict::StoreFailed;
-        }
+        };
         let batch: Vec<Increment> = plans
             .iter()
             .map(|p| Increment {
@@ -129,15 +134,17 @@ impl Limiter {
             .observe(started.elapsed().as_secs_f64());
         let counted = match answer {
             Ok(counted) if counted.len() == plans.len() => {
-                self.breaker.record_success();
+                attempt.succeeded();
+                self.store.decision_outcome(true);
                 counted
             }
             Ok(_) => {
-                self.on_store_error(&StoreError::Query("store answered a short batch".into()));
+                let err = StoreError::Query("store answered a short batch".into());
+                self.on_store_error(attempt, &err);
                 return Verdict::StoreFailed;
             }
             Err(err) => {
-                self.on_store_error(&err);
+                self.on_store_error(attempt, &err);
                 return Verdict::StoreFailed;
             }
         };
@@ -165,9 +172,12 @@ impl Limiter {
         judge(outcomes)
     }
 
-    fn on_store_error(&self, err: &StoreError) {
+    /// The store's own log line names the cause and the database (at most once a second
+    /// per cause); this one only says when the breaker starts skipping the store.
+    fn on_store_error(&self, attempt: Attempt<'_>, err: &StoreError) {
         self.metrics.store_errors.inc();
-        if self.breaker.record_failure() {
+        self.store.decision_outcome(false);
+        if attempt.failed() {
             tracing::warn!(error = %err, "rate-limit store failing: skipping it for a moment");
         } else {
             tracing::debug!(error = %err, "rate-limit store call failed");
@@ -289,6 +299,11 @@ pub fn judge(outcomes: Vec<LimitOutcome>) -> Verdict {
 /// Fails fast while the store is down. Closed: every call goes to the store. After
 /// [`Breaker::THRESHOLD`] consecutive failures it opens for [`Breaker::COOL_DOWN`]; then one
 /// call at a time probes the store until one succeeds.
+///
+/// A call holds an [`Attempt`] while it waits for the store. The probe's permit is released
+/// when the attempt is dropped without an outcome (the request was cancelled: client gone,
+/// stream reset, idle close, shutdown), so a cancelled probe never leaves the breaker open
+/// for good (SPEC 5: it always recovers by itself).
 pub struct Breaker {
     base: Instant,
     consecutive_failures: AtomicU32,
@@ -300,6 +315,38 @@ pub struct Breaker {
 impl Default for Breaker {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// Leave to call the store, from [`Breaker::attempt`]; report how the call ended with
+/// [`Attempt::succeeded`] or [`Attempt::failed`]. Dropping it without either (a cancelled
+/// call) tells the breaker nothing about the store, but frees the probe it may hold.
+#[must_use = "an attempt reports how the store call ended"]
+pub struct Attempt<'a> {
+    breaker: &'a Breaker,
+    /// This call is the one probe after a cool-down.
+    probe: bool,
+}
+
+impl Attempt<'_> {
+    pub fn succeeded(mut self) {
+        self.probe = false;
+        self.breaker.record_success();
+    }
+
+    /// Returns true when this failure opened the breaker (it was closed until now).
+    pub fn failed(mut self) -> bool {
+        self.probe = false;
+        self.breaker.record_failure()
+    }
+}
+
+impl Drop for Attempt<'_> {
+    fn drop(&mut self) {
+        if self.probe {
+            // The cool-down is over, so the next call probes at once.
+            self.breaker.probing.store(false, Ordering::Release);
+        }
     }
 }
 
@@ -320,34 +367,41 @@ impl Breaker {
         self.base.elapsed().as_millis() as u64
     }
 
-    pub fn should_try(&self) -> bool {
+    /// Leave to call the store now, or `None` while the breaker skips it.
+    pub fn attempt(&self) -> Option<Attempt<'_>> {
         let until = self.open_until_ms.load(Ordering::Acquire);
         if until == 0 {
-            return true;
+            return Some(Attempt {
+                breaker: self,
+                probe: false,
+            });
         }
         if self.now_ms() < until {
-            return false;
+            return None;
         }
         // Cool-down over: exactly one caller probes.
         self.probing
             .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
+            .ok()
+            .map(|_| Attempt {
+                breaker: self,
+                probe: true,
+            })
     }
 
-    pub fn record_success(&self) {
+    fn record_success(&self) {
         self.consecutive_failures.store(0, Ordering::Release);
         self.open_until_ms.store(0, Ordering::Release);
         self.probing.store(false, Ordering::Release);
     }
 
-    /// Returns true when this failure (re)opened the breaker.
-    pub fn record_failure(&self) -> bool {
+    fn record_failure(&self) -> bool {
         let failures = self.consecutive_failures.fetch_add(1, Ordering::AcqRel) + 1;
         let was_probing = self.probing.swap(false, Ordering::AcqRel);
         if failures >= Self::THRESHOLD || was_probing {
             let until = self.now_ms() + Self::COOL_DOWN.as_millis() as u64;
-            self.open_until_ms.store(until.max(1), Ordering::Release);
-            return true;
+            let before = self.open_until_ms.swap(until.max(1), Ordering::AcqRel);
+            return before == 0;
         }
         false
     }
@@ -415,15 +469,34 @@ mod tests {
     fn breaker_opens_and_probes() {
         let b = Breaker::new();
         for _ in 0..Breaker::THRESHOLD - 1 {
-            assert!(!b.record_failure());
-            assert!(b.should_try());
+            assert!(!b.attempt().expect("closed").failed());
         }
-        assert!(b.record_failure());
-        assert!(!b.should_try());
+        assert!(b.attempt().expect("closed").failed(), "opens");
+        assert!(b.attempt().is_none());
         std::thread::sleep(Breaker::COOL_DOWN + Duration::from_millis(20));
-        assert!(b.should_try(), "one probe after the cool-down");
-        assert!(!b.should_try(), "only one probe at a time");
-        b.record_success();
-        assert!(b.should_try());
+        let probe = b.attempt().expect("one probe after the cool-down");
+        assert!(b.attempt().is_none(), "only one probe at a time");
+        assert!(!probe.failed(), "a failed probe re-opens, no new warning");
+        assert!(b.attempt().is_none());
+        std::thread::sleep(Breaker::COOL_DOWN + Duration::from_millis(20));
+        b.attempt().expect("probe").succeeded();
+        assert!(b.attempt().is_some());
+    }
+
+    #[test]
+    fn a_dropped_probe_lets_the_next_call_probe() {
+        let b = Breaker::new();
+        for _ in 0..Breaker::THRESHOLD {
+            let _ = b.attempt().expect("closed").failed();
+        }
+        std::thread::sleep(Breaker::COOL_DOWN + Duration::from_millis(20));
+        let probe = b.attempt().expect("probe");
+        assert!(b.attempt().is_none());
+        drop(probe);
+        let next = b
+            .attempt()
+            .expect("the cancelled probe's place goes to the next call");
+        next.succeeded();
+        assert!(b.attempt().is_some(), "closed again");
     }
 }

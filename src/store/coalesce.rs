@@ -84,6 +84,10 @@ impl Store for CoalescingStore {
         self.inner.probe()
     }
 
+    fn decision_outcome(&self, succeeded: bool) {
+        self.inner.decision_outcome(succeeded)
+    }
+
     fn kind(&self) -> &'static str {
         self.inner.kind()
     }

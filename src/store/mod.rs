@@ -67,8 +67,14 @@ pub trait Store: Send + Sync + 'static {
     /// Whether the last call to the store succeeded (cheap; no round trip).
     fn ready(&self) -> bool;
 
-    /// Asks the store whether it answers now, with one cheap round trip (for `/readyz`).
+    /// Whether decisions succeed now (for `/readyz`, SPEC 7): the outcome of recent decisions
+    /// when there are some, else a round trip that exercises what a decision needs (for
+    /// Postgres: the real increment, rolled back).
     fn probe(&self) -> StoreFuture<'_, ()>;
+
+    /// How a decision that used this store ended, as the limiter saw it (its own timeout and
+    /// the breaker included), so that [`Store::probe`] can follow real decisions.
+    fn decision_outcome(&self, _succeeded: bool) {}
 
     /// A short name for logs: `memory` or `postgres`.
     fn kind(&self) -> &'static str;

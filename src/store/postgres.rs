@@ -15,6 +15,17 @@
 //!   different one refuses to start, `tollgate migrate --accept-new-key` replaces it.
 //! - **The sweep** (SPEC 6): expired rows deleted in bounded batches through
 //!   `rate_limits_expires_idx`, by one instance at a time.
+//! - **Readiness** (SPEC 7): [`PostgresStore::ping`] answers from the outcome of recent
+//!   decisions, and with no recent traffic runs the real increment inside a transaction that
+//!   is rolled back, so a missing table, a revoked privilege or a read-only database is "not
+//!   ready" (a `SELECT 1` would answer).
+//! - **Failure log** (SPEC 5): every failed call is classified (refused, timeout, read-only,
+//!   authentication, missing table, permission, ...; by SQLSTATE or I/O error kind) and
+//!   logged with the database's host, port and name, at most one line per cause a second,
+//!   with a count of the lines left out.
+//! - **Bounds on waiting**: a call waits at most `store.timeout` (pool wait included); a
+//!   connection attempt, start-up exchange included, at most its connect timeout per host;
+//!   start-up statements carry their own `SET LOCAL` timeouts, whatever the role's are.
 //!
 //! Construction never touches the database: SPEC 1 says a database that is down at start must
 //! not stop tollgate. Until [`PostgresStore::initialize`] has succeeded the store answers
@@ -27,7 +38,7 @@ use std::collections::{HashMap, HashSet};
 use std::error::Error as _;
 use std::fmt;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -59,11 +70,25 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Upper bound on one `initialize`/`migrate` run. Waiting for another instance's migration is
 /// part of it. Past it the attempt counts as unreachable and can be retried.
 const INIT_TIMEOUT: Duration = Duration::from_secs(60);
+/// Server-side bound on how long a start-up transaction may sit idle waiting for tollgate's
+/// next statement (microseconds, normally). It ends the session of a run whose client
+/// vanished mid-transaction (a network black hole: the server sees no close) instead of
+/// letting it hold the migration lock, and so stall every later start-up, for hours.
+const INIT_IDLE_IN_TRANSACTION: Duration = Duration::from_secs(10);
 /// Server-side bound on one sweep batch, so a batch abandoned by the client does not go on
 /// deleting on the server.
 const SWEEP_STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a background connection error explains a timeout (see [`PostgresStore::pool_error`]).
 const CONNECT_ERROR_RELEVANCE: Duration = Duration::from_secs(10);
+
+/// How long the outcome of recent decisions answers `/readyz` without a round trip; past it
+/// (no traffic) the readiness probe runs the real statement.
+const READINESS_FRESH: Duration = Duration::from_secs(1);
+/// The bucket of the readiness probe: not of the form `<scope>:<label>:<digest>` nor
+/// `<scope>:global` that client buckets have, and rolled back anyway.
+const PROBE_BUCKET: &str = "tollgate readiness probe";
+/// At most one warning per cause in this interval; the next one counts what was left out.
+const FAILURE_LOG_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The settings row holding the key fingerprint.
 const FINGERPRINT_SETTING: &str = "key_fingerprint";
@@ -233,11 +258,22 @@ impl fmt::Display for MigrateReport {
     }
 }
 
+/// Why the pool could not make a connection.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    #[error(transparent)]
+    Postgres(#[from] tokio_postgres::Error),
+    /// The whole attempt (TCP connect, TLS, start-up and authentication) took longer than its
+    /// deadline: the server (or something in between) accepted the connection and went quiet.
+    #[error("no connection within {0:?}: the server accepted but did not complete the start-up exchange")]
+    Deadline(Duration),
+}
+
 /// Remembers the last background connection error, so that a pool timeout can say why.
 /// bb8 keeps connection errors to itself (a `get` only ever times out); this sink is how they
 /// come out. Only tokio-postgres' message is kept, which never contains the URL.
 #[derive(Clone, Default)]
-struct LastConnectError(Arc<Mutex<Option<(Instant, String)>>>);
+struct LastConnectError(Arc<Mutex<Option<(Instant, Cause, String)>>>);
 
 impl fmt::Debug for LastConnectError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -245,24 +281,26 @@ impl fmt::Debug for LastConnectError {
     }
 }
 
-impl ErrorSink<tokio_postgres::Error> for LastConnectError {
-    fn sink(&self, error: tokio_postgres::Error) {
+impl ErrorSink<PoolError> for LastConnectError {
+    fn sink(&self, error: PoolError) {
         tracing::debug!(error = %error, "store connection attempt failed");
         if let Ok(mut last) = self.0.lock() {
-            *last = Some((Instant::now(), error.to_string()));
+            *last = Some((Instant::now(), pool_cause(&error), describe_pool(&error)));
         }
     }
 
-    fn boxed_clone(&self) -> Box<dyn ErrorSink<tokio_postgres::Error>> {
+    fn boxed_clone(&self) -> Box<dyn ErrorSink<PoolError>> {
         Box::new(self.clone())
     }
 }
 
 impl LastConnectError {
-    fn recent(&self) -> Option<String> {
+    fn recent(&self) -> Option<(Cause, String)> {
         let last = self.0.lock().ok()?;
         match &*last {
-            Some((at, msg)) if at.elapsed() < CONNECT_ERROR_RELEVANCE => Some(msg.clone()),
+            Some((at, cause, msg)) if at.elapsed() < CONNECT_ERROR_RELEVANCE => {
+                Some((*cause, msg.clone()))
+            }
             _ => None,
         }
     }
@@ -308,12 +346,48 @@ impl PooledClient {
         let result = statement.await;
         self.in_flight.store(false, Ordering::Release);
         if let Err(err) = &result {
-            if err.code() == Some(&tokio_postgres::error::SqlState::READ_ONLY_SQL_TRANSACTION) {
-                tracing::warn!(
-                    "the database answered read-only (a failover?): dropping this connection"
-                );
-                self.read_only.store(true, Ordering::Release);
-            }
+            self.note_read_only(err);
+        }
+        result
+    }
+
+    /// A server that answered "read-only transaction" is not used again (logged by the
+    /// store's failure log, cause `read-only`).
+    fn note_read_only(&self, err: &tokio_postgres::Error) {
+        if err.code() == Some(&tokio_postgres::error::SqlState::READ_ONLY_SQL_TRANSACTION) {
+            tracing::debug!(
+                "the database answered read-only (a failover?): dropping this connection"
+            );
+            self.read_only.store(true, Ordering::Release);
+        }
+    }
+
+    /// [`INCREMENT_SQL`] on [`PROBE_BUCKET`] in a transaction that is rolled back. A probe cut
+    /// off midway leaves the connection marked in flight, so it is not reused with a
+    /// transaction open.
+    async fn probe_increment(&mut self) -> Result<(), tokio_postgres::Error> {
+        self.in_flight.store(true, Ordering::Release);
+        let client = &mut self.client;
+        let result = async {
+            let tx = client.transaction().await?;
+            let buckets = [PROBE_BUCKET];
+            let windows = [1i64];
+            let amounts = [1i64];
+            tx.query_typed(
+                INCREMENT_SQL,
+                &[
+                    (&&buckets[..], Type::TEXT_ARRAY),
+                    (&&windows[..], Type::INT8_ARRAY),
+                    (&&amounts[..], Type::INT8_ARRAY),
+                ],
+            )
+            .await?;
+            tx.rollback().await
+        }
+        .await;
+        self.in_flight.store(false, Ordering::Release);
+        if let Err(err) = &result {
+            self.note_read_only(err);
         }
         result
     }
@@ -339,16 +413,29 @@ impl PooledClient {
     }
 }
 
-/// bb8-postgres' manager, with [`PooledClient`]'s idea of a broken connection.
-pub struct Manager(PostgresConnectionManager<NoTls>);
+/// bb8-postgres' manager, with [`PooledClient`]'s idea of a broken connection and a deadline
+/// on the whole connection attempt.
+///
+/// tokio-postgres' `connect_timeout` bounds only the TCP connect of each host. A server that
+/// accepts and then goes quiet (hung, or a network black hole after the SYN) held the start-up
+/// exchange for good; bb8 counts a connection being made against `pool_size` and starts
+/// another only when more callers wait than connections are being made, so a few such
+/// attempts starved the pool long after the database came back (issue 14, item 7).
+pub struct Manager {
+    inner: PostgresConnectionManager<NoTls>,
+    /// Bound on one whole attempt: the connect timeout for every host it may try.
+    deadline: Duration,
+}
 
 #[async_trait::async_trait]
 impl bb8::ManageConnection for Manager {
     type Connection = PooledClient;
-    type Error = tokio_postgres::Error;
+    type Error = PoolError;
 
-    async fn connect(&self) -> Result<PooledClient, tokio_postgres::Error> {
-        let client = self.0.connect().await?;
+    async fn connect(&self) -> Result<PooledClient, PoolError> {
+        let client = tokio::time::timeout(self.deadline, self.inner.connect())
+            .await
+            .map_err(|_| PoolError::Deadline(self.deadline))??;
         Ok(PooledClient {
             client,
             in_flight: AtomicBool::new(false),
@@ -357,8 +444,8 @@ impl bb8::ManageConnection for Manager {
         })
     }
 
-    async fn is_valid(&self, conn: &mut PooledClient) -> Result<(), tokio_postgres::Error> {
-        self.0.is_valid(&mut conn.client).await
+    async fn is_valid(&self, conn: &mut PooledClient) -> Result<(), PoolError> {
+        Ok(self.inner.is_valid(&mut conn.client).await?)
     }
 
     fn has_broken(&self, conn: &mut PooledClient) -> bool {
@@ -373,9 +460,12 @@ pub struct PostgresStore {
     timeout: Duration,
     /// Set once migrations and the fingerprint check have passed.
     initialized: AtomicBool,
-    /// Whether the last increment, peek or ping succeeded.
-    healthy: AtomicBool,
+    /// Whether the last increment, peek, probe or decision succeeded, and when.
+    health: Health,
     last_connect_error: LastConnectError,
+    failures: FailureLog,
+    /// Held by the one readiness probe in flight.
+    probe_gate: tokio::sync::Mutex<()>,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -384,7 +474,7 @@ impl fmt::Debug for PostgresStore {
         f.debug_struct("PostgresStore")
             .field("timeout", &self.timeout)
             .field("initialized", &self.initialized.load(Ordering::Relaxed))
-            .field("healthy", &self.healthy.load(Ordering::Relaxed))
+            .field("healthy", &self.health.ok.load(Ordering::Relaxed))
             .finish_non_exhaustive()
     }
 }
@@ -409,20 +499,26 @@ impl PostgresStore {
         // the round trips; a broken connection shows up as a failed statement instead).
         // bb8 asserts both sizes are non-zero, so guard against a config that slipped through.
         let last_connect_error = LastConnectError::default();
+        let failures = FailureLog::new(&pg);
         let timeout = cfg.timeout.max(Duration::from_millis(1));
         let pool = Pool::builder()
             .max_size(cfg.pool_size.max(1))
             .connection_timeout(timeout)
             .test_on_check_out(false)
             .error_sink(Box::new(last_connect_error.clone()))
-            .build_unchecked(Manager(PostgresConnectionManager::new(pg, NoTls)));
+            .build_unchecked(Manager {
+                deadline: connect_deadline(&pg),
+                inner: PostgresConnectionManager::new(pg, NoTls),
+            });
 
         Ok(Arc::new(PostgresStore {
             pool,
             timeout,
             initialized: AtomicBool::new(false),
-            healthy: AtomicBool::new(false),
+            health: Health::new(),
             last_connect_error,
+            failures,
+            probe_gate: tokio::sync::Mutex::new(()),
         }))
     }
 
@@ -441,7 +537,7 @@ impl PostgresStore {
                     tracing::info!(applied = ?applied, "applied database migrations");
                 }
             } else {
-                check_schema(&client).await?;
+                check_schema(&mut client).await?;
             }
             let change = settle_fingerprint(&mut client, fingerprint, false).await?;
             if change == FingerprintChange::Written {
@@ -458,7 +554,7 @@ impl PostgresStore {
             });
         if result.is_ok() {
             self.initialized.store(true, Ordering::Release);
-            self.healthy.store(true, Ordering::Release);
+            self.health.set(true);
         }
         result
     }
@@ -489,7 +585,7 @@ impl PostgresStore {
             });
         if result.is_ok() {
             self.initialized.store(true, Ordering::Release);
-            self.healthy.store(true, Ordering::Release);
+            self.health.set(true);
         }
         result
     }
@@ -499,18 +595,42 @@ impl PostgresStore {
         self.initialized.load(Ordering::Acquire)
     }
 
-    /// A cheap round trip (`SELECT 1`) under `store.timeout`, for a readiness probe that
-    /// wants a fresh answer; updates [`Store::ready`]. Fails with `Unavailable` before
-    /// initialization.
+    /// Whether decisions succeed now (SPEC 7, `/readyz`): the outcome of the decisions of the
+    /// last [`READINESS_FRESH`] if there were any, else [`PostgresStore::probe_increment`].
+    /// A `SELECT 1` would answer while the table is gone, INSERT is revoked or the database
+    /// is read-only; the real statement does not.
     pub async fn ping(&self) -> Result<(), StoreError> {
+        self.require_initialized()?;
+        match self.health.recent(READINESS_FRESH) {
+            Some(true) => Ok(()),
+            Some(false) => Err(StoreError::Unavailable(
+                "recent decisions failed".to_owned(),
+            )),
+            None => {
+                // One readiness probe at a time: a burst of /readyz calls must not take the
+                // pool's connections from decisions. The others get the last outcome.
+                let Ok(_probing) = self.probe_gate.try_lock() else {
+                    return if self.health.ok.load(Ordering::Acquire) {
+                        Ok(())
+                    } else {
+                        Err(StoreError::Unavailable("the last probe failed".to_owned()))
+                    };
+                };
+                self.probe_increment().await
+            }
+        }
+    }
+
+    /// The real increment on a bucket no client can have, inside a transaction that is rolled
+    /// back, under `store.timeout`: it checks the table, the INSERT and UPDATE privileges and
+    /// that the database is writable, and leaves no row. One transaction, so it works through
+    /// a pooler in transaction mode. Updates [`Store::ready`].
+    pub async fn probe_increment(&self) -> Result<(), StoreError> {
         self.require_initialized()?;
         let result = self
             .bounded(async {
-                let conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
-                conn.run(conn.simple_query("SELECT 1"))
-                    .await
-                    .map_err(query_error)?;
-                Ok(())
+                let mut conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
+                conn.probe_increment().await.map_err(|e| self.fail(&e))
             })
             .await;
         self.record(&result);
@@ -575,14 +695,15 @@ impl PostgresStore {
 
     /// A connection of its own (not from the pool) for initialization: it can wait on the
     /// migration lock far longer than `store.timeout`, and the real connect error (refused,
-    /// authentication, ...) comes back instead of a pool timeout. It is closed when dropped,
-    /// which also discards the `SET search_path` the migrations do.
+    /// authentication, ...) comes back instead of a pool timeout. It is closed when dropped.
+    /// Nothing tollgate sets stays on it (`SET LOCAL` only), so through a pooler the server
+    /// session goes back to the pool as it came.
     async fn connect_for_init(&self) -> Result<Client, InitError> {
-        self.pool
-            .dedicated_connection()
-            .await
-            .map(|pooled| pooled.client)
-            .map_err(|e| classify(&e, InitError::Database))
+        match self.pool.dedicated_connection().await {
+            Ok(pooled) => Ok(pooled.client),
+            Err(PoolError::Postgres(e)) => Err(classify(&e, InitError::Database)),
+            Err(deadline) => Err(InitError::Unreachable(deadline.to_string())),
+        }
     }
 
     fn require_initialized(&self) -> Result<(), StoreError> {
@@ -608,23 +729,47 @@ impl PostgresStore {
     }
 
     /// A timeout while connections are failing in the background is really "unavailable":
-    /// say so, with the reason, instead of a bare timeout.
+    /// say so, with the reason, instead of a bare timeout. Logged like every failure.
     fn timeout_error(&self) -> StoreError {
         match self.last_connect_error.recent() {
-            Some(msg) => StoreError::Unavailable(msg),
-            None => StoreError::Timeout,
+            Some((cause, msg)) => {
+                self.failures.note(cause, &msg);
+                StoreError::Unavailable(msg)
+            }
+            None => {
+                self.failures
+                    .note(Cause::Timeout, "no answer within store.timeout");
+                StoreError::Timeout
+            }
         }
     }
 
-    fn pool_error(&self, e: RunError<tokio_postgres::Error>) -> StoreError {
+    fn pool_error(&self, e: RunError<PoolError>) -> StoreError {
         match e {
-            RunError::User(e) => query_error(e),
+            RunError::User(PoolError::Postgres(e)) => self.fail(&e),
+            RunError::User(e @ PoolError::Deadline(_)) => {
+                let msg = e.to_string();
+                self.failures.note(Cause::Timeout, &msg);
+                StoreError::Unavailable(msg)
+            }
             RunError::TimedOut => self.timeout_error(),
         }
     }
 
+    /// A failed statement: logged with its cause (at most once a second per cause) and
+    /// mapped to a [`StoreError`].
+    fn fail(&self, e: &tokio_postgres::Error) -> StoreError {
+        let message = describe(e);
+        self.failures.note(cause(e), &message);
+        if is_transient(e) {
+            StoreError::Unavailable(message)
+        } else {
+            StoreError::Query(message)
+        }
+    }
+
     fn record<T>(&self, result: &Result<T, StoreError>) {
-        self.healthy.store(result.is_ok(), Ordering::Release);
+        self.health.set(result.is_ok());
     }
 
     async fn run_increment(&self, batch: &[Increment]) -> Result<Vec<Counted>, StoreError> {
@@ -638,10 +783,13 @@ impl PostgresStore {
         let result = self
             .bounded(async {
                 let conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
-                let statement = conn.increment_statement().await.map_err(query_error)?;
+                let statement = conn
+                    .increment_statement()
+                    .await
+                    .map_err(|e| self.fail(&e))?;
                 conn.run(conn.query(statement, &params))
                     .await
-                    .map_err(query_error)
+                    .map_err(|e| self.fail(&e))
             })
             .await
             .and_then(|rows| {
@@ -685,7 +833,7 @@ impl PostgresStore {
                 let conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
                 conn.run(conn.query_typed(PEEK_SQL, &params))
                     .await
-                    .map_err(query_error)
+                    .map_err(|e| self.fail(&e))
             })
             .await
             .and_then(|rows| {
@@ -725,11 +873,229 @@ impl Store for PostgresStore {
     }
 
     fn ready(&self) -> bool {
-        self.is_initialized() && self.healthy.load(Ordering::Acquire)
+        self.is_initialized() && self.health.ok.load(Ordering::Acquire)
+    }
+
+    fn decision_outcome(&self, succeeded: bool) {
+        if self.is_initialized() {
+            self.health.set(succeeded);
+        }
     }
 
     fn kind(&self) -> &'static str {
         "postgres"
+    }
+}
+
+/// The outcome of the last call that used the store, and when it came.
+struct Health {
+    ok: AtomicBool,
+    base: Instant,
+    /// Milliseconds after `base` of the last outcome; 0 = none yet.
+    at_ms: AtomicU64,
+}
+
+impl Health {
+    fn new() -> Health {
+        Health {
+            ok: AtomicBool::new(false),
+            base: Instant::now(),
+            at_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn set(&self, ok: bool) {
+        self.ok.store(ok, Ordering::Release);
+        let now = self.base.elapsed().as_millis() as u64;
+        self.at_ms.store(now.max(1), Ordering::Release);
+    }
+
+    /// The last outcome if it is younger than `fresh`.
+    fn recent(&self, fresh: Duration) -> Option<bool> {
+        let at = self.at_ms.load(Ordering::Acquire);
+        let now = self.base.elapsed().as_millis() as u64;
+        (at != 0 && now.saturating_sub(at) < fresh.as_millis() as u64)
+            .then(|| self.ok.load(Ordering::Acquire))
+    }
+}
+
+/// Why a call to the database failed, in the words an operator searches for (SPEC 5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cause {
+    Refused,
+    Timeout,
+    ReadOnly,
+    Authentication,
+    MissingTable,
+    MissingDatabase,
+    Permission,
+    TooManyConnections,
+    ShuttingDown,
+    ConnectionLost,
+    Tls,
+    Network,
+    Database,
+}
+
+impl Cause {
+    const ALL: usize = 13;
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Cause::Refused => "refused",
+            Cause::Timeout => "timeout",
+            Cause::ReadOnly => "read-only",
+            Cause::Authentication => "authentication",
+            Cause::MissingTable => "missing table",
+            Cause::MissingDatabase => "missing database",
+            Cause::Permission => "permission",
+            Cause::TooManyConnections => "too many connections",
+            Cause::ShuttingDown => "shutting down",
+            Cause::ConnectionLost => "connection lost",
+            Cause::Tls => "tls",
+            Cause::Network => "network",
+            Cause::Database => "database error",
+        }
+    }
+}
+
+/// Classifies a tokio-postgres error: by SQLSTATE for the server's errors, by the kind of
+/// the I/O error in the chain for connection errors.
+fn cause(e: &tokio_postgres::Error) -> Cause {
+    if let Some(db) = e.as_db_error() {
+        let code = db.code().code();
+        return match code {
+            "25006" => Cause::ReadOnly,
+            "28000" | "28P01" => Cause::Authentication,
+            "3D000" => Cause::MissingDatabase,
+            "42P01" | "3F000" => Cause::MissingTable,
+            "42501" => Cause::Permission,
+            "53300" | "53400" => Cause::TooManyConnections,
+            "57P01" | "57P02" | "57P03" => Cause::ShuttingDown,
+            "57014" => Cause::Timeout,
+            _ if code.starts_with("08") => Cause::ConnectionLost,
+            _ => Cause::Database,
+        };
+    }
+    let mut source = e.source();
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            return match io.kind() {
+                std::io::ErrorKind::ConnectionRefused => Cause::Refused,
+                std::io::ErrorKind::TimedOut => Cause::Timeout,
+                // target_session_attrs=read-write found only servers that refuse writes.
+                std::io::ErrorKind::PermissionDenied => Cause::ReadOnly,
+                std::io::ErrorKind::ConnectionReset
+                | std::io::ErrorKind::ConnectionAborted
+                | std::io::ErrorKind::BrokenPipe
+                | std::io::ErrorKind::UnexpectedEof => Cause::ConnectionLost,
+                _ => Cause::Network,
+            };
+        }
+        if s.is::<rustls::Error>() {
+            return Cause::Tls;
+        }
+        source = s.source();
+    }
+    if e.is_closed() {
+        Cause::ConnectionLost
+    } else {
+        Cause::Database
+    }
+}
+
+fn pool_cause(e: &PoolError) -> Cause {
+    match e {
+        PoolError::Postgres(e) => cause(e),
+        PoolError::Deadline(_) => Cause::Timeout,
+    }
+}
+
+fn describe_pool(e: &PoolError) -> String {
+    match e {
+        PoolError::Postgres(e) => describe(e),
+        deadline => deadline.to_string(),
+    }
+}
+
+/// A whole connection attempt may try every host of the URL, each within its connect
+/// timeout.
+fn connect_deadline(pg: &tokio_postgres::Config) -> Duration {
+    let per_host = pg.get_connect_timeout().copied().unwrap_or(CONNECT_TIMEOUT);
+    let hosts = pg.get_hosts().len().max(pg.get_hostaddrs().len()).max(1);
+    per_host.saturating_mul(u32::try_from(hosts).unwrap_or(u32::MAX))
+}
+
+/// Warnings about failing store calls, naming the cause and the database (host, port and
+/// name from the URL, never its password nor the URL itself), at most one line per cause
+/// every [`FAILURE_LOG_INTERVAL`]; the next line says how many were left out.
+struct FailureLog {
+    host: String,
+    port: String,
+    dbname: String,
+    /// Per cause: when it was last logged and how many have been left out since.
+    slots: Mutex<[(Option<Instant>, u64); Cause::ALL]>,
+}
+
+impl FailureLog {
+    fn new(pg: &tokio_postgres::Config) -> FailureLog {
+        let host = pg
+            .get_hosts()
+            .iter()
+            .map(|h| match h {
+                tokio_postgres::config::Host::Tcp(name) => name.clone(),
+                #[cfg(unix)]
+                tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
+            })
+            .chain(pg.get_hostaddrs().iter().map(|a| a.to_string()))
+            .take(pg.get_hosts().len().max(pg.get_hostaddrs().len()))
+            .collect::<Vec<_>>()
+            .join(",");
+        let port = match pg.get_ports() {
+            [] => "5432".to_owned(),
+            ports => ports
+                .iter()
+                .map(u16::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+        };
+        // libpq's default database is the user's name.
+        let dbname = pg
+            .get_dbname()
+            .or(pg.get_user())
+            .unwrap_or("postgres")
+            .to_owned();
+        FailureLog {
+            host,
+            port,
+            dbname,
+            slots: Mutex::new([(None, 0); Cause::ALL]),
+        }
+    }
+
+    fn note(&self, cause: Cause, detail: &str) {
+        let suppressed = {
+            let Ok(mut slots) = self.slots.lock() else {
+                return;
+            };
+            let (last, left_out) = &mut slots[cause as usize];
+            let now = Instant::now();
+            if last.is_some_and(|at| now.duration_since(at) < FAILURE_LOG_INTERVAL) {
+                *left_out += 1;
+                return;
+            }
+            *last = Some(now);
+            std::mem::take(left_out)
+        };
+        tracing::warn!(
+            cause = cause.as_str(),
+            host = %self.host,
+            port = %self.port,
+            dbname = %self.dbname,
+            suppressed,
+            error = %detail,
+            "rate-limit store call failed"
+        );
     }
 }
 
@@ -795,7 +1161,8 @@ fn count_from(count: i32) -> Result<u32, StoreError> {
 /// Whether an error is the database being (temporarily) out of reach rather than wrong:
 /// network and connect errors, a closed connection, and the server-side codes that mean
 /// "not now" (connection exceptions, insufficient resources, shutdown or start-up in
-/// progress). Authentication failures, a missing database, permissions and TLS
+/// progress, a statement or lock timeout: tollgate sets its own, but a timeout is never a
+/// reason to give up for good). Authentication failures, a missing database, permissions and TLS
 /// misconfiguration are not: retrying would not help.
 fn is_transient(e: &tokio_postgres::Error) -> bool {
     if e.is_closed() {
@@ -805,7 +1172,10 @@ fn is_transient(e: &tokio_postgres::Error) -> bool {
         let code = db.code().code();
         return code.starts_with("08")
             || code.starts_with("53")
-            || matches!(code, "57P01" | "57P02" | "57P03" | "25006");
+            || matches!(
+                code,
+                "57P01" | "57P02" | "57P03" | "25006" | "57014" | "55P03"
+            );
     }
     // Connect errors (refused, timed out, "database does not allow writes" from
     // target_session_attrs=read-write) carry an io::Error somewhere in their chain.
@@ -858,6 +1228,22 @@ fn query_error(e: tokio_postgres::Error) -> StoreError {
     }
 }
 
+/// Sets the timeouts of tollgate's own start-up statements for this transaction only (SPEC 6):
+/// a role's `statement_timeout` or `lock_timeout` (say 50 ms) would otherwise cancel the
+/// wait for another instance's migration and fail start-up. [`INIT_TIMEOUT`] bounds the
+/// whole run on the client; the same bound on the server keeps a run whose client went away
+/// from waiting on. `SET LOCAL` ends with the transaction, so nothing stays on the session
+/// (a pooler would hand it to other clients).
+async fn own_timeouts(tx: &tokio_postgres::Transaction<'_>) -> Result<(), tokio_postgres::Error> {
+    let ms = INIT_TIMEOUT.as_millis();
+    let idle = INIT_IDLE_IN_TRANSACTION.as_millis();
+    tx.batch_execute(&format!(
+        "SET LOCAL statement_timeout = {ms}; SET LOCAL lock_timeout = {ms}; \
+         SET LOCAL idle_in_transaction_session_timeout = {idle}"
+    ))
+    .await
+}
+
 /// Applies every embedded migration the database has not recorded, each in its own
 /// transaction holding the migration advisory lock, and returns the names applied.
 ///
@@ -870,6 +1256,7 @@ async fn apply_migrations(client: &mut Client) -> Result<Vec<&'static str>, Init
     for migration in MIGRATIONS {
         let db_err = |e: tokio_postgres::Error| classify(&e, InitError::Database);
         let tx = client.transaction().await.map_err(db_err)?;
+        own_timeouts(&tx).await.map_err(db_err)?;
         tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
             .await
             .map_err(db_err)?;
@@ -917,8 +1304,12 @@ async fn apply_migrations(client: &mut Client) -> Result<Vec<&'static str>, Init
 /// With `store.migrate = false`: refuses to count against a schema that lacks a migration
 /// this binary relies on. Versions the binary does not know (a newer tollgate migrated) are
 /// fine: migrations only add.
-async fn check_schema(client: &Client) -> Result<(), InitError> {
+async fn check_schema(client: &mut Client) -> Result<(), InitError> {
     let db_err = |e: tokio_postgres::Error| classify(&e, InitError::Database);
+    // A transaction only for its own timeouts (a role's lock_timeout must not fail start-up
+    // while a migration job holds a lock); it writes nothing.
+    let client = client.transaction().await.map_err(db_err)?;
+    own_timeouts(&client).await.map_err(db_err)?;
     let exists: bool = client
         .query_one(
             "SELECT to_regclass('public.tollgate_migrations') IS NOT NULL",
@@ -940,6 +1331,7 @@ async fn check_schema(client: &Client) -> Result<(), InitError> {
     } else {
         HashSet::new()
     };
+    client.rollback().await.map_err(db_err)?;
     match MIGRATIONS.iter().find(|m| !recorded.contains(&m.version)) {
         Some(m) => Err(InitError::SchemaBehind { missing: m.name }),
         None => Ok(()),
@@ -957,6 +1349,7 @@ async fn settle_fingerprint(
 ) -> Result<FingerprintChange, InitError> {
     let db_err = |e: tokio_postgres::Error| classify(&e, InitError::Database);
     let tx = client.transaction().await.map_err(db_err)?;
+    own_timeouts(&tx).await.map_err(db_err)?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
         .await
         .map_err(db_err)?;
@@ -1064,10 +1457,54 @@ mod tests {
         );
         assert_eq!(pg.get_connect_timeout(), Some(&CONNECT_TIMEOUT));
         assert_eq!(pg.get_application_name(), Some("tollgate"));
+        // A connection attempt may try both hosts, each within the connect timeout.
+        assert_eq!(connect_deadline(&pg), CONNECT_TIMEOUT * 2);
+        let log = FailureLog::new(&pg);
+        assert_eq!(
+            (log.host.as_str(), log.port.as_str(), log.dbname.as_str()),
+            ("h1,h2", "5432,5433", "db")
+        );
 
         let pg = connection_config(&cfg("host=h connect_timeout=2", true)).expect("parses");
         assert_eq!(pg.get_options(), None);
         assert_eq!(pg.get_connect_timeout(), Some(&Duration::from_secs(2)));
+    }
+
+    #[test]
+    fn every_cause_has_a_slot_in_the_failure_log() {
+        // FailureLog indexes its slots by `cause as usize`.
+        assert_eq!(Cause::Database as usize + 1, Cause::ALL);
+        let log = FailureLog::new(&tokio_postgres::Config::new());
+        assert_eq!(
+            (log.host.as_str(), log.port.as_str(), log.dbname.as_str()),
+            ("", "5432", "postgres")
+        );
+        for _ in 0..3 {
+            log.note(Cause::Database, "x");
+        }
+        let slots = log.slots.lock().expect("lock");
+        assert_eq!(slots[Cause::Database as usize].1, 2, "two left out");
+        assert_eq!(
+            slots[Cause::Refused as usize],
+            (None, 0),
+            "causes are counted apart"
+        );
+    }
+
+    #[test]
+    fn health_answers_only_while_fresh() {
+        let health = Health::new();
+        assert_eq!(
+            health.recent(Duration::from_secs(60)),
+            None,
+            "no outcome yet"
+        );
+        health.set(false);
+        assert_eq!(health.recent(Duration::from_secs(60)), Some(false));
+        health.set(true);
+        assert_eq!(health.recent(Duration::from_secs(60)), Some(true));
+        std::thread::sleep(Duration::from_millis(5));
+        assert_eq!(health.recent(Duration::from_millis(1)), None, "stale");
     }
 
     #[test]
