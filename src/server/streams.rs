@@ -23,6 +23,11 @@
 //!   per piece: a response that moves by less than 16 KiB per `idle_timeout` counts as stalled
 //!   (at the default 60 s, under 273 bytes a second). Slicing a `Bytes` copies nothing, and
 //!   HTTP/2 sends at most 16 KiB per DATA frame by default anyway.
+//! - What the rule cannot tell apart: a stream that waits its turn for the connection's window
+//!   behind other streams of the same client counts as held too (h2 hands the connection
+//!   window out first come, first served). A client with many large responses in flight that
+//!   reads all of them slower than about (streams × 64 KiB) per `idle_timeout` can see some
+//!   of them reset.
 //!
 //! The mechanism: hyper's h2 server spawns one future per stream on the executor it is given
 //! (`hyper/src/proto/h2/server.rs`, `Serving::poll_server`: `service.call(req)`, then
