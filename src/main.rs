@@ -147,6 +147,9 @@ fn init_logging() {
 }
 
 async fn run(config: Config, path: PathBuf) -> ExitCode {
+    // Before anything is bound: every connection and upstream request needs a descriptor
+    // (SPEC 9). It logs the figure, or why it could not.
+    let _ = tollgate::server::raise_open_file_limit();
     let mut server = match Server::start(config).await {
         Ok(server) => server,
         Err(err) => {

@@ -5,9 +5,10 @@
 //! - Connections are served by `server.workers` worker threads, each with its own
 //!   single-threaded runtime (see [`start_workers`]); worker 0 is the caller's runtime, which
 //!   also runs the store, the admin listener, the sweep and reloads.
-//! - The accept loop survives errors (EMFILE and friends are logged, then it backs off) and
-//!   holds one permit of a `max_connections` semaphore per open connection: beyond the limit,
-//!   accept simply waits.
+//! - The accept loop survives errors (EMFILE and friends): it backs off, and the failures are
+//!   logged at most once a second across all workers, with a count of those not logged
+//!   ([`open_files`], which also raises the open-file limit at start). It holds one permit of a
+//!   `max_connections` semaphore per open connection: beyond the limit, accept simply waits.
 //! - Each connection runs in its own task: on TLS listeners the handshake first, under
 //!   `header_read_timeout`, so a stalled handshake blocks nobody; then hyper-util's auto builder
 //!   (HTTP/1.1, or HTTP/2 by ALPN or prior knowledge), and a watchdog that closes a connection
@@ -18,12 +19,22 @@
 //!   the same watchdog (bytes rule only) and the same shutdown, still holding its
 //!   `max_connections` permit and its place in the open-connections gauge. Until it closes it
 //!   counts as in flight, so a drain waits for it up to `shutdown_timeout`.
+//! - HTTP/2: at most [`H2_MAX_STREAMS`] streams in flight per connection, and a stream whose
+//!   response the client does not take (its flow-control window kept closed) is reset after
+//!   `idle_timeout`, which also drops its upstream request ([`streams`] has the rule). Pings
+//!   answered on such a connection do not keep it open: once its streams are reset, no request
+//!   is in progress and the watchdog closes it.
 //! - The counter store is started without waiting for the database: a database that is down
 //!   at start must not take the edge down with it (SPEC 1). Until it answers, the failure
 //!   policy applies; a background task keeps trying, then migrates and checks the key
 //!   fingerprint.
 //! - Stop: listeners close, connections are asked to finish (HTTP/1.1 after the current
 //!   response, HTTP/2 with GOAWAY), and after `shutdown_timeout` whatever is left is dropped.
+
+mod open_files;
+mod streams;
+
+pub use open_files::{raise_open_file_limit, OpenFileLimit};
 
 use std::convert::Infallible;
 use std::io;
@@ -37,7 +48,7 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
@@ -58,6 +69,8 @@ use crate::store::coalesce::CoalescingStore;
 use crate::store::memory::MemoryStore;
 use crate::store::postgres::PostgresStore;
 use crate::store::Store;
+use open_files::AcceptErrors;
+use streams::{NewStreams, StreamExecutor, StreamProgress};
 
 /// How long `start` waits for the database before serving without it: long enough for
 /// migrations on a healthy database, short enough that a database that hangs does not keep
@@ -74,7 +87,9 @@ const MAX_STATEMENTS_IN_FLIGHT: usize = 2;
 const SWEEP_BATCH: i64 = 1000;
 /// HTTP/2 keep-alive pings: a peer that stops answering is dropped.
 const H2_KEEPALIVE: Duration = Duration::from_secs(20);
-const H2_MAX_STREAMS: u32 = 256;
+/// HTTP/2 streams in flight per connection (SPEC 5): with a stalled stream reset after
+/// `idle_timeout`, what one client connection can hold upstream at once.
+const H2_MAX_STREAMS: u32 = 100;
 /// Back-off after a failed accept (e.g. out of file descriptors).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
@@ -200,6 +215,7 @@ impl Server {
             permits: permits.clone(),
             phase: phase_rx.clone(),
             metrics: metrics.clone(),
+            accept_errors: Arc::new(AcceptErrors::default()),
         };
         let workers = start_workers(config.server.worker_count(), &shared, &shared_with_workers)?;
         // Every worker holds its own duplicate of each listening socket; the originals close
@@ -499,6 +515,8 @@ struct SharedWithWorkers {
     permits: Arc<Semaphore>,
     phase: watch::Receiver<Phase>,
     metrics: Arc<Metrics>,
+    /// One rate limit for the accept-failure log line of every worker and listener.
+    accept_errors: Arc<AcceptErrors>,
 }
 
 type SharedListener = (
@@ -620,6 +638,7 @@ async fn accept_loop(
         permits,
         phase,
         metrics,
+        accept_errors,
     } = shared;
     let mut stop = stopped(phase.clone());
     loop {
@@ -638,7 +657,7 @@ async fn accept_loop(
             Ok(pair) => pair,
             Err(err) => {
                 // EMFILE, ENFILE, ECONNABORTED...: the listener is fine, try again shortly.
-                tracing::warn!(error = %err, "accept failed; backing off");
+                accept_errors.note(&err);
                 drop(permit);
                 tokio::time::sleep(ACCEPT_BACKOFF).await;
                 continue;
@@ -696,10 +715,13 @@ async fn serve_connection<S>(
     });
     let requests = activity.clone();
     let peer_port = info.peer.port();
+    let new_streams = Arc::new(NewStreams::default());
+    let streams = new_streams.clone();
     let service = service_fn(move |req| {
         let proxy = proxy.clone();
         let info = info.clone();
         let in_flight = InFlight::start(requests.clone());
+        let progress = (req.version() == http::Version::HTTP_2).then(|| streams.start());
         async move {
             let mut response = proxy.handle(req, info).await;
             if response.status() == http::StatusCode::SWITCHING_PROTOCOLS {
@@ -714,6 +736,7 @@ async fn serve_connection<S>(
             Ok::<_, Infallible>(response.map(|body| CountedBody {
                 body,
                 _in_flight: in_flight,
+                progress,
             }))
         }
     });
@@ -722,7 +745,10 @@ async fn serve_connection<S>(
     let h2_ping = H2_KEEPALIVE
         .min(settings.idle_timeout / 2)
         .max(Duration::from_millis(100));
-    let mut builder = auto::Builder::new(TokioExecutor::new());
+    // Each HTTP/2 stream's task runs under a watch that resets it once the client has not
+    // taken its response for `idle_timeout` (see `streams`).
+    let executor = StreamExecutor::new(new_streams, settings.idle_timeout);
+    let mut builder = auto::Builder::new(executor);
     // hyper's own header-read timer is off: it arms a boxed timer and reads the clock for
     // every request (about 1,300 instructions each), where the watchdog below enforces
     // `header_read_timeout` from the activity it already keeps.
@@ -922,10 +948,12 @@ impl Activity {
 /// One request in progress on a connection, from its headers until its response body is done.
 struct InFlight(Arc<Activity>);
 
-/// A response body that keeps its request counted as in progress until hyper drops it.
+/// A response body that keeps its request counted as in progress until hyper drops it; on
+/// HTTP/2 it also reports to its stream's watch.
 struct CountedBody {
     body: ProxyBody,
     _in_flight: InFlight,
+    progress: Option<StreamProgress>,
 }
 
 impl http_body::Body for CountedBody {
@@ -933,18 +961,25 @@ impl http_body::Body for CountedBody {
     type Error = hyper::Error;
 
     fn poll_frame(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, hyper::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
+        let this = self.get_mut();
+        match &mut this.progress {
+            Some(progress) => progress.poll_frame(Pin::new(&mut this.body), cx),
+            None => Pin::new(&mut this.body).poll_frame(cx),
+        }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        self.body.is_end_stream() && self.progress.as_ref().is_none_or(|p| p.is_drained())
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
-        self.body.size_hint()
+        match &self.progress {
+            Some(progress) => progress.size_hint(self.body.size_hint()),
+            None => self.body.size_hint(),
+        }
     }
 }
 

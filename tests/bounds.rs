@@ -143,7 +143,7 @@ async fn many_h2_streams_on_one_connection_are_queued_not_failed() {
     let upstream = Upstream::start().await;
     let proxy = Proxy::start(config_from(&server_with(""), upstream.addr, &[])).await;
     let client = h2c_client();
-    // 600 concurrent slow requests on one connection: the server's stream limit (256) makes
+    // 600 concurrent slow requests on one connection: the server's stream limit (100) makes
     // the client queue the rest; all complete, none fail.
     let mut tasks = Vec::new();
     for _ in 0..600 {
