@@ -175,6 +175,16 @@ impl Limiter {
     }
 }
 
+impl Limiter {
+    /// Exhausted buckets remembered at most (see [`Exhausted`]).
+    pub const CACHED_DENIALS_MAX: usize = Exhausted::SHARDS * Exhausted::PER_SHARD;
+
+    /// Exhausted buckets remembered now, ended windows not yet dropped included.
+    pub fn cached_denials(&self) -> usize {
+        self.exhausted.len()
+    }
+}
+
 /// Bucket -> (end of its window, last count seen).
 type ExhaustedShard = HashMap<Arc<str>, (Instant, u32), RandomState>;
 
@@ -201,6 +211,18 @@ impl Exhausted {
             shards: (0..Self::SHARDS).map(|_| Mutex::default()).collect(),
             hasher: RandomState::default(),
         }
+    }
+
+    /// Entries held, in every shard.
+    pub fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().map_or(0, |shard| shard.len()))
+            .sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     fn shard(&self, bucket: &str) -> &Mutex<ExhaustedShard> {
