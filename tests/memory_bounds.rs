@@ -507,3 +507,68 @@ async fn endless_trailers_are_not_buffered() {
         "4 MiB of trailer fields were read on"
     );
 }
+
+/// The per-worker cache of `ip` bucket names (key.rs) holds 4096 addresses at most and starts
+/// again empty past it. Seen from outside, that bound costs a rebuild, never a wrong bucket:
+/// with one worker and 6000 distinct client addresses between two requests of one client
+/// (more than the bound, so the cache was cleared in between), that client's count goes on
+/// in the same bucket and its limit holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ip_name_cache_bound_never_changes_a_bucket() {
+    let upstream = Upstream::start().await;
+    let text = limits_config(
+        "",
+        "workers = 1\ntrusted_proxies = [\"127.0.0.1/32\"]",
+        r#"
+[[routes]]
+name = "per-ip"
+path_prefix = "/ip"
+upstream = "app"
+
+  [[routes.limits]]
+  key = "ip"
+  requests = 2
+  window = "1h"
+"#,
+    );
+    let proxy = Proxy::start(config_from(&text, upstream.addr, &[])).await;
+    let url = proxy.url("/ip");
+    let from = |addr: String| {
+        Request::get(&url)
+            .header("x-forwarded-for", addr)
+            .body(Full::new(Bytes::new()))
+            .expect("request")
+    };
+    let client = h1_client();
+    let regular = "198.51.100.7".to_string();
+    assert_eq!(
+        send(&client, from(regular.clone())).await.status,
+        StatusCode::OK
+    );
+    let mut tasks = Vec::new();
+    for part in 0..6u32 {
+        let client = client.clone();
+        let requests: Vec<_> = (0..1000u32)
+            .map(|i| from(std::net::Ipv4Addr::from(0x0a00_0000 + part * 1000 + i).to_string()))
+            .collect();
+        tasks.push(tokio::spawn(async move {
+            for request in requests {
+                assert_eq!(send(&client, request).await.status, StatusCode::OK);
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("churn");
+    }
+    assert_eq!(
+        send(&client, from(regular.clone())).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        send(&client, from(regular)).await.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "the regular client got a new bucket after the cache was cleared"
+    );
+    let metrics = proxy.server().metrics().render();
+    assert_eq!(metric(&metrics, "tollgate_memory_buckets "), Some(6001.0));
+}
