@@ -12,7 +12,9 @@
 //! Once a bucket is known to be over its limit, [`Exhausted`] remembers it until its window
 //! ends and later requests are denied without asking the store. Counts only grow within a
 //! window, so this is exact; it is what keeps a flooded key from costing a statement per
-//! request.
+//! request. Such a denial lists every enforced limit of the request in its rate-limit fields,
+//! as a store-decided one does (see [`Exhausted::deny`] for what it can say of the limits it
+//! did not count). The cache is bounded; past its bound the store decides.
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
@@ -185,12 +187,25 @@ impl Limiter {
     }
 }
 
+impl Limiter {
+    /// Exhausted buckets remembered at most (see [`Exhausted`]).
+    pub const CACHED_DENIALS_MAX: usize = Exhausted::SHARDS * Exhausted::PER_SHARD;
+
+    /// Exhausted buckets remembered now, ended windows not yet dropped included.
+    pub fn cached_denials(&self) -> usize {
+        self.exhausted.len()
+    }
+}
+
 /// Bucket -> (end of its window, last count seen).
 type ExhaustedShard = HashMap<Arc<str>, (Instant, u32), RandomState>;
 
 /// Buckets over their limit, with the instant their window ends. Sharded so that concurrent
 /// requests rarely meet on one lock; bounded so that a flood of distinct keys cannot grow it
-/// without limit (past the bound, entries are simply not cached and the store decides).
+/// without limit: at most [`Exhausted::PER_SHARD`] entries in each of [`Exhausted::SHARDS`]
+/// shards. A full shard first drops the entries whose window has ended; if it is still full,
+/// the new entry is simply not cached and that bucket's requests keep going to the store,
+/// which decides them exactly (it only costs the round trip the cache would have saved).
 pub struct Exhausted {
     shards: Vec<Mutex<ExhaustedShard>>,
     hasher: RandomState,
@@ -213,6 +228,18 @@ impl Exhausted {
         }
     }
 
+    /// Entries held, in every shard.
+    pub fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().map_or(0, |shard| shard.len()))
+            .sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     fn shard(&self, bucket: &str) -> &Mutex<ExhaustedShard> {
         let index = self.hasher.hash_one(bucket) as usize % Self::SHARDS;
         &self.shards[index]
@@ -232,39 +259,85 @@ impl Exhausted {
         shard.insert(bucket.clone(), (until, count));
     }
 
-    /// A denial for `plans` if an enforced limit among them is known to be exhausted.
+    /// A denial for `plans` if an enforced limit among them is known to be exhausted, without
+    /// a store round trip.
+    ///
+    /// Like a denial decided by the store, it has an outcome for every enforced limit that
+    /// applies, in plan order, so the rate-limit fields list them all (SPEC 5). For an exhausted
+    /// limit the cache knows the count it last saw and when the window ends. A limit that is
+    /// not exhausted was not counted (this request never reached the store), and the cache
+    /// does not know its count: its outcome has count 0, so `r` says the most it can honestly
+    /// promise, the limit's quota, while this denial's own member says 0; its `t` is the end of
+    /// its current epoch-aligned window by this process's clock (exact on the memory store,
+    /// off by the clock skew to the database on Postgres). Shadow limits are left out: they
+    /// are not counted here either, and never appear in the fields.
     pub fn deny(&self, plans: &[PlannedLimit]) -> Option<Verdict> {
         let now = Instant::now();
-        let mut outcomes = Vec::new();
-        for plan in plans.iter().filter(|p| !p.shadow) {
-            let Ok(mut shard) = self.shard(&plan.bucket).lock() else {
-                continue;
-            };
-            let Some(&(until, count)) = shard.get(&*plan.bucket) else {
-                continue;
-            };
-            if until <= now {
-                shard.remove(&*plan.bucket);
-                continue;
-            }
-            // A reload may have raised the limit above the remembered count.
-            if count > plan.requests {
-                outcomes.push(LimitOutcome {
+        // Most requests are not denied: find out before building anything.
+        if !plans
+            .iter()
+            .any(|plan| !plan.shadow && self.exhausted(plan, now).is_some())
+        {
+            return None;
+        }
+        let unix_ms = unix_now_ms();
+        let outcomes = plans
+            .iter()
+            .filter(|plan| !plan.shadow)
+            .map(|plan| {
+                let (count, reset_secs) = self
+                    .exhausted(plan, now)
+                    .unwrap_or_else(|| (0, window_left_secs(unix_ms, plan.window_secs)));
+                LimitOutcome {
                     policy: plan.policy.clone(),
                     requests: plan.requests,
                     window_secs: plan.window_secs,
                     count,
-                    reset_secs: (until - now).as_millis().div_ceil(1000).max(1) as u64,
+                    reset_secs,
                     shadow: false,
-                });
-            }
-        }
-        if outcomes.is_empty() {
-            None
-        } else {
-            Some(judge(outcomes))
+                }
+            })
+            .collect();
+        // Between the two passes the one exhausted entry may have ended: then no denial.
+        match judge(outcomes) {
+            denied @ Verdict::Deny { .. } => Some(denied),
+            _ => None,
         }
     }
+
+    /// The count remembered for `plan`'s bucket and the whole seconds left in its window, if
+    /// it is exhausted under `plan`'s limit now. An entry whose window has ended is dropped.
+    fn exhausted(&self, plan: &PlannedLimit, now: Instant) -> Option<(u32, u64)> {
+        let Ok(mut shard) = self.shard(&plan.bucket).lock() else {
+            return None;
+        };
+        let &(until, count) = shard.get(&*plan.bucket)?;
+        if until <= now {
+            shard.remove(&*plan.bucket);
+            return None;
+        }
+        // A reload may have raised the limit above the remembered count.
+        (count > plan.requests).then(|| {
+            let reset_secs = (until - now).as_millis().div_ceil(1000).max(1) as u64;
+            (count, reset_secs)
+        })
+    }
+}
+
+/// Unix time in milliseconds by the system clock (negative before 1970).
+fn unix_now_ms() -> i64 {
+    match std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
+        Err(e) => i64::try_from(e.duration().as_millis()).map_or(i64::MIN, |ms| -ms),
+    }
+}
+
+/// Whole seconds from `unix_ms` to the end of the epoch-aligned window of `window_secs`
+/// containing it (at least 1).
+fn window_left_secs(unix_ms: i64, window_secs: u32) -> u64 {
+    let len_ms = i64::from(window_secs.max(1)) * 1000;
+    let end_ms = (unix_ms.div_euclid(len_ms) + 1).saturating_mul(len_ms);
+    seconds_until(unix_ms, end_ms)
 }
 
 /// Whole seconds from `now_ms` until `end_ms`, rounded up, at least 1.
@@ -463,6 +536,60 @@ mod tests {
         assert_eq!(seconds_until(0, 1000), 1);
         assert_eq!(seconds_until(0, 1001), 2);
         assert_eq!(seconds_until(5000, 1000), 1);
+    }
+
+    fn plan(policy: &str, requests: u32, window_secs: u32, shadow: bool) -> PlannedLimit {
+        PlannedLimit {
+            policy: Arc::from(policy),
+            bucket: Arc::from(format!("{policy}:bucket")),
+            requests,
+            window_secs,
+            shadow,
+        }
+    }
+
+    #[test]
+    fn a_cached_denial_has_an_outcome_for_every_enforced_limit() {
+        let cache = Exhausted::new();
+        let plans = [
+            plan("a:ip", 5, 60, false),
+            plan("s:ip", 1, 60, true),
+            plan("b:ip", 100, 86_400, false),
+        ];
+        assert!(cache.deny(&plans).is_none(), "nothing exhausted yet");
+        cache.insert(
+            &plans[2].bucket,
+            Instant::now() + Duration::from_secs(30),
+            101,
+        );
+        let Some(Verdict::Deny {
+            outcomes,
+            retry_after,
+            violated,
+        }) = cache.deny(&plans)
+        else {
+            panic!("expected a cached denial");
+        };
+        let names: Vec<&str> = outcomes.iter().map(|o| &*o.policy).collect();
+        assert_eq!(names, ["a:ip", "b:ip"], "plan order, shadow left out");
+        // Not counted: its quota, and its own window's end.
+        assert_eq!(outcomes[0].remaining(), 5);
+        assert!((1..=60).contains(&outcomes[0].reset_secs));
+        assert_eq!((outcomes[1].count, outcomes[1].remaining()), (101, 0));
+        assert_eq!(retry_after, 30);
+        assert_eq!(violated, [Arc::<str>::from("b:ip")]);
+        // A reload that raised the limit above the remembered count: no cached denial.
+        let raised = [plan("b:ip", 200, 86_400, false)];
+        assert!(cache.deny(&raised).is_none());
+    }
+
+    #[test]
+    fn window_left_is_up_to_the_epoch_aligned_end() {
+        assert_eq!(window_left_secs(60_000, 60), 60);
+        assert_eq!(window_left_secs(60_001, 60), 60);
+        assert_eq!(window_left_secs(119_000, 60), 1);
+        assert_eq!(window_left_secs(119_999, 60), 1);
+        assert_eq!(window_left_secs(-1, 60), 1);
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! environment, installs signal handlers or exits the process; everything else is in the
 //! library so that tests can run it in process.
 //!
-//! Exit codes: 0 success; 2 invalid configuration or usage; 1 any other failure.
+//! Exit codes: 0 success; 2 invalid configuration or usage; 1 any other failure. Output whose
+//! reader has gone (a closed pipe) is dropped without changing the exit code.
 
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -18,6 +19,29 @@ use tollgate::key::{self, BucketHasher, RequestIdentity};
 use tollgate::store::postgres::PostgresStore;
 use tollgate::store::{Increment, Store};
 use tollgate::{normalise, route, Server};
+
+/// `println!` for a command's output (`check`, `migrate`, `explain`), through [`say_line`].
+macro_rules! say {
+    ($($arg:tt)*) => {
+        say_line(format_args!($($arg)*))
+    };
+}
+
+/// Writes one line to stdout. A reader that has gone away (`tollgate check | head -1`) ends
+/// the output, not the command: the line is dropped (as is every later one: the pipe stays
+/// closed) and the command finishes with its usual exit code, where `println!` would panic
+/// (exit 101). Any other failure to write is reported, and the command exits 1.
+fn say_line(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    match writeln!(std::io::stdout().lock(), "{line}") {
+        Ok(()) => {}
+        Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => {}
+        Err(err) => {
+            eprintln!("tollgate: cannot write the output: {err}");
+            std::process::exit(1);
+        }
+    }
+}
 
 #[derive(Parser)]
 #[command(
@@ -200,26 +224,26 @@ impl Signals {
 }
 
 fn print_check(config: &Config) {
-    println!("{}: configuration OK", config.source.display());
+    say!("{}: configuration OK", config.source.display());
     for addr in &config.server.listen {
-        println!("listen      {addr}");
+        say!("listen      {addr}");
     }
     for addr in &config.server.tls_listen {
-        println!("tls_listen  {addr}");
+        say!("tls_listen  {addr}");
     }
     if let Some(admin) = &config.admin {
-        println!("admin       {}", admin.listen);
+        say!("admin       {}", admin.listen);
     }
     match &config.store.url {
-        Some(_) => println!(
+        Some(_) => say!(
             "store       postgres (on_error = {:?})",
             config.store.on_error
         ),
-        None => println!("store       memory (counters not shared between instances)"),
+        None => say!("store       memory (counters not shared between instances)"),
     }
     for upstream in &config.upstreams {
         let urls: Vec<String> = upstream.urls.iter().map(|u| u.to_string()).collect();
-        println!("upstream    {} -> {}", upstream.name, urls.join(", "));
+        say!("upstream    {} -> {}", upstream.name, urls.join(", "));
     }
     for route in &config.routes {
         let host = match &route.host {
@@ -232,7 +256,7 @@ fn print_check(config: &Config) {
             .as_ref()
             .map(|m| m.iter().map(|m| m.as_str()).collect::<Vec<_>>().join(","))
             .unwrap_or_else(|| "any".to_string());
-        println!(
+        say!(
             "route       {}: host {} path {} methods {} -> {}{}",
             route.name,
             host,
@@ -242,7 +266,7 @@ fn print_check(config: &Config) {
             if route.shadow { " (shadow)" } else { "" }
         );
         for limit in &route.limits {
-            println!(
+            say!(
                 "  limit     {} {} per {}s{}",
                 limit.policy_name(),
                 limit.requests,
@@ -271,7 +295,7 @@ async fn migrate(config: Config, accept_new_key: bool) -> ExitCode {
     };
     match store.migrate(&hasher.fingerprint(), accept_new_key).await {
         Ok(report) => {
-            println!("{report}");
+            say!("{report}");
             ExitCode::SUCCESS
         }
         Err(err) => {
@@ -319,21 +343,21 @@ async fn explain(
         Ok(p) => p,
         Err(e) => return usage(e.to_string()),
     };
-    println!("request     {method} {authority}{path} from {ip}");
+    say!("request     {method} {authority}{path} from {ip}");
     let host = normalise::host_without_port(authority.as_str());
     let routing_path = normalise::routing_path(&path);
     let Some(index) = route::find(&config.routes, Some(host), &routing_path, &method) else {
-        println!("route       none: the request would get 404 and not be forwarded");
+        say!("route       none: the request would get 404 and not be forwarded");
         return ExitCode::SUCCESS;
     };
     let route = &config.routes[index];
-    println!(
+    say!(
         "route       {} -> upstream {}",
         route.name,
         config.upstream(route).name
     );
     if route.limits.is_empty() {
-        println!("limits      none: the request would be forwarded");
+        say!("limits      none: the request would be forwarded");
         return ExitCode::SUCCESS;
     }
     let hasher = BucketHasher::new(config.keys.secret.as_deref());
@@ -361,7 +385,7 @@ async fn explain(
             pg
         }
         None => {
-            println!("store       memory: counts live inside the running process; shown as 0 here");
+            say!("store       memory: counts live inside the running process; shown as 0 here");
             Arc::new(tollgate::store::memory::MemoryStore::new())
         }
     };
@@ -378,7 +402,7 @@ async fn explain(
                     _ => None,
                 })
                 .collect();
-            println!(
+            say!(
                 "limit       {}: does not apply (no {} header)",
                 limit.policy_name(),
                 missing.join("/")
@@ -406,7 +430,7 @@ async fn explain(
         if !fits && !shadow {
             would_allow = false;
         }
-        println!(
+        say!(
             "limit       {}{}: {} per {}s, bucket {}, count {}, window resets in {}s -> {}",
             limit.policy_name(),
             if shadow { " (shadow)" } else { "" },
@@ -418,7 +442,7 @@ async fn explain(
             if fits { "within" } else { "exceeded" }
         );
     }
-    println!(
+    say!(
         "decision    {}",
         if would_allow {
             "allowed"

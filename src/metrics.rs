@@ -55,6 +55,17 @@ fn latency_buckets() -> impl Iterator<Item = f64> {
     .into_iter()
 }
 
+/// The memory store's own series (SPEC 7 and 9). Handles share their values with the
+/// registry, so the store counts directly into what `/metrics` shows; a store built without
+/// a registry (tests, `tollgate explain`) gets handles of its own.
+#[derive(Clone, Debug, Default)]
+pub struct MemoryStoreMetrics {
+    /// Live buckets forgotten to stay within `store.memory_buckets`.
+    pub evictions: Counter,
+    /// Buckets held now.
+    pub buckets: Gauge,
+}
+
 pub struct Metrics {
     registry: Registry,
     pub decisions: Family<DecisionLabels, Counter>,
@@ -66,6 +77,7 @@ pub struct Metrics {
     pub sweep_deleted_rows: Counter,
     pub config_reloads: Family<ResultLabels, Counter>,
     pub open_connections: Gauge,
+    pub memory: MemoryStoreMetrics,
 }
 
 impl Default for Metrics {
@@ -88,6 +100,7 @@ impl Metrics {
         let sweep_deleted_rows = Counter::default();
         let config_reloads = Family::<ResultLabels, Counter>::default();
         let open_connections = Gauge::default();
+        let memory = MemoryStoreMetrics::default();
         registry.register(
             "decisions",
             "Rate-limit decisions by route and outcome",
@@ -133,6 +146,16 @@ impl Metrics {
             "Client connections currently open",
             open_connections.clone(),
         );
+        registry.register(
+            "memory_evictions",
+            "Live buckets the memory store forgot, least recently used first, to stay within store.memory_buckets (0 on the Postgres store)",
+            memory.evictions.clone(),
+        );
+        registry.register(
+            "memory_buckets",
+            "Buckets the memory store holds now, at most store.memory_buckets (0 on the Postgres store)",
+            memory.buckets.clone(),
+        );
         Metrics {
             registry,
             decisions,
@@ -144,6 +167,7 @@ impl Metrics {
             sweep_deleted_rows,
             config_reloads,
             open_connections,
+            memory,
         }
     }
 

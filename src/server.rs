@@ -276,7 +276,10 @@ async fn start_store(
             "store: in-process memory; counters are not shared, so each instance enforces \
              its limits separately (run one instance, or set store.url)"
         );
-        let memory = Arc::new(MemoryStore::new());
+        let memory = Arc::new(MemoryStore::bounded(
+            config.store.memory_buckets,
+            metrics.memory.clone(),
+        ));
         background.push(tokio::spawn(sweep_memory(
             memory.clone(),
             config.store.sweep_interval,
@@ -284,6 +287,11 @@ async fn start_store(
         )));
         return Ok(memory);
     };
+    if config.store.memory_buckets.get() != config::DEFAULT_MEMORY_BUCKETS {
+        tracing::warn!(
+            "store.memory_buckets applies only to the memory store; ignored with a database"
+        );
+    }
     let pg = PostgresStore::new(&config.store).map_err(|e| StartupError::Store(e.to_string()))?;
     let fingerprint = hasher.fingerprint();
     let migrate = config.store.migrate;

@@ -22,6 +22,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::num::NonZeroUsize;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -37,7 +38,7 @@ use toml_edit::{ImDocument, Item, Table, TableLike, Value};
 use super::{
     AdminConfig, CertConfig, Config, HostPattern, KeyPart, KeySpec, KeysConfig, LimitConfig,
     RateLimitHeaders, RejectConfig, RouteConfig, ServerConfig, StoreConfig, StoreErrorPolicy,
-    UpstreamConfig,
+    UpstreamConfig, DEFAULT_MEMORY_BUCKETS, MAX_MEMORY_BUCKETS,
 };
 
 /// The environment lookup the caller provides (`std::env::var(..).ok()` in `main`).
@@ -159,7 +160,8 @@ pub fn load_file(
 /// - `[admin]`: no admin listener.
 /// - `store.url`: none (memory store) unless `TOLLGATE_DATABASE_URL` is set and non-empty;
 ///   `store.pool_size`: 16; `store.timeout`: 100ms; `store.on_error`: `"allow"`;
-///   `store.migrate`: true; `store.sweep_interval`: 60s; `store.synchronous_commit`: `"off"`.
+///   `store.migrate`: true; `store.sweep_interval`: 60s; `store.synchronous_commit`: `"off"`;
+///   `store.memory_buckets`: 1,000,000.
 /// - `keys.secret`: none (plain SHA-256 digests).
 /// - upstreams: `connect_timeout` 2s, `response_timeout` 30s, `preserve_host` true,
 ///   `ca_file` none, `http2` false, `max_idle_connections` 128.
@@ -757,6 +759,7 @@ const STORE_KEYS: &[&str] = &[
     "migrate",
     "sweep_interval",
     "synchronous_commit",
+    "memory_buckets",
 ];
 const KEYS_KEYS: &[&str] = &["secret"];
 const UPSTREAM_KEYS: &[&str] = &[
@@ -1033,6 +1036,15 @@ fn read_store(cx: &mut Cx<'_>, node: Option<Node<'_>>) -> Option<StoreConfig> {
         Some(n) => cx.choice(&n, &[("on", true), ("off", false)]),
         None => Some(false),
     };
+    // Accepted with a database URL too (SPEC 2 shows both in one file, and the same file may
+    // serve a memory-store instance elsewhere); the server warns at start that it is ignored.
+    let memory_buckets = match t.get("memory_buckets") {
+        Some(n) => cx
+            .integer(&n, 1, MAX_MEMORY_BUCKETS as i64)
+            .and_then(|i| usize::try_from(i).ok())
+            .and_then(NonZeroUsize::new),
+        None => NonZeroUsize::new(DEFAULT_MEMORY_BUCKETS),
+    };
     t.finish(cx);
 
     Some(StoreConfig {
@@ -1043,6 +1055,7 @@ fn read_store(cx: &mut Cx<'_>, node: Option<Node<'_>>) -> Option<StoreConfig> {
         migrate: migrate?,
         sweep_interval: sweep_interval?,
         synchronous_commit: synchronous_commit?,
+        memory_buckets: memory_buckets?,
     })
 }
 

@@ -13,6 +13,7 @@ pub use load::{load_file, load_str, ConfigError, ConfigErrors};
 
 use std::fmt;
 use std::net::SocketAddr;
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -100,7 +101,16 @@ pub struct StoreConfig {
     pub migrate: bool,
     pub sweep_interval: Duration,
     pub synchronous_commit: bool,
+    /// Memory store only: live buckets kept at most (SPEC 9); past it, the least recently
+    /// used one is forgotten. [`DEFAULT_MEMORY_BUCKETS`] unless the file says otherwise.
+    pub memory_buckets: NonZeroUsize,
 }
+
+/// `store.memory_buckets` when the file does not set it (SPEC 2).
+pub const DEFAULT_MEMORY_BUCKETS: usize = 1_000_000;
+
+/// The largest `store.memory_buckets` accepted: the store numbers its slots with 32 bits.
+pub const MAX_MEMORY_BUCKETS: usize = u32::MAX as usize;
 
 impl fmt::Debug for StoreConfig {
     // The URL may carry a password: never print it.
@@ -113,6 +123,7 @@ impl fmt::Debug for StoreConfig {
             .field("migrate", &self.migrate)
             .field("sweep_interval", &self.sweep_interval)
             .field("synchronous_commit", &self.synchronous_commit)
+            .field("memory_buckets", &self.memory_buckets)
             .finish()
     }
 }

@@ -1,4 +1,5 @@
-//! The in-process counter store (SPEC section 2, `store.url` absent; section 3 for windows).
+//! The in-process counter store (SPEC section 2, `store.url` absent; section 3 for windows;
+//! section 9 for its bound).
 //!
 //! Same semantics as the Postgres store, with the process clock instead of the database's:
 //! fixed windows aligned on the Unix epoch (`window_start = floor(now / window) * window`),
@@ -7,18 +8,40 @@
 //! store for a single instance.
 //!
 //! A bucket keeps only its current window (an ended window is never read again; in the seed's
-//! terms its row would only be waiting for the sweep), so memory is bounded by the buckets that
-//! are live. Ended windows are dropped by [`MemoryStore::sweep`] and, without anyone calling
-//! it, by an amortised cleanup each shard runs when it has doubled in size.
+//! terms its row would only be waiting for the sweep). Ended windows are dropped by
+//! [`MemoryStore::sweep`] and, without anyone calling it, by an amortised cleanup each shard
+//! runs once it has taken in as many new buckets as it held live after the last one.
+//!
+//! Bounded, whatever clients send (SPEC 9): the store holds at most `store.memory_buckets`
+//! buckets. Like an nginx `limit_req` zone, a full store forgets the bucket used least
+//! recently to make room, and counts it in `tollgate_memory_evictions_total`; that client's
+//! next request starts a new count, which can let it through early. A bucket in use keeps its
+//! place: each increment makes it the most recently used. (A client already over its limit
+//! stays denied in any case while the exhausted-bucket cache in `limit.rs` remembers it.)
+//!
+//! Sharding and the bound: the buckets are split over up to [`MAX_SHARDS`] shards, each with
+//! its own lock, least-recently-used list and an equal part of the bound (the parts add up to
+//! exactly `memory_buckets`). A shard is made only per [`MIN_SHARD_BUCKETS`] of the bound, so
+//! a small bound is one shard and exactly least-recently-used across the store; a large one
+//! (the default 1,000,000 is 16 shards of 62,500) evicts the least recently used bucket *of
+//! the full shard*, which may happen while another shard still has a little room (random
+//! hashing spreads buckets within a few percent of evenly).
+//!
+//! Memory: about 210 bytes per bucket with an 80-byte name (measured: the name, its window,
+//! two list links and an index entry), flat however many keys churn through; the default
+//! bound is about 210 MB at most.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::BuildHasher;
+use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::{Counted, Increment, Peeked, Store, StoreError, StoreFuture};
+use crate::config::DEFAULT_MEMORY_BUCKETS;
+use crate::metrics::MemoryStoreMetrics;
 
 /// Buckets are hashed on every request, twice (shard, then map), and SipHash over an
 /// 80-byte bucket name cost more than the rest of the lookup. foldhash is seeded per
@@ -29,11 +52,19 @@ type RandomState = foldhash::fast::RandomState;
 /// Counts saturate here, like the Postgres `integer` column.
 const COUNT_MAX: u32 = i32::MAX as u32;
 
-/// Shards, so that requests on different buckets rarely wait on one lock.
-const SHARDS: usize = 16;
+/// Shards at most, so that requests on different buckets rarely wait on one lock.
+pub const MAX_SHARDS: usize = 16;
 
-/// A shard is not cleaned below this many entries (cleanup would cost more than it frees).
+/// One shard per this many buckets of the bound (and at least one): below it, a shard's part
+/// of the bound would be small enough for the split to distort which bucket is evicted.
+pub const MIN_SHARD_BUCKETS: usize = 4096;
+
+/// A shard is not cleaned more often than once per this many new buckets (cleanup would cost
+/// more than it frees).
 const MIN_CLEANUP_LEN: usize = 1024;
+
+/// "No slot": the end of a least-recently-used list.
+const NIL: u32 = u32::MAX;
 
 /// The clock: Unix time in milliseconds.
 type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
@@ -46,32 +77,177 @@ struct Window {
     count: u32,
 }
 
+/// A bucket in its shard's least-recently-used list.
+struct Slot {
+    bucket: Arc<str>,
+    window: Window,
+    /// Towards the most recently used end.
+    newer: u32,
+    /// Towards the least recently used end.
+    older: u32,
+}
+
+/// What making room for a new bucket cost.
+enum Made {
+    /// The shard had room.
+    Room,
+    /// A live bucket was forgotten.
+    Evicted,
+    /// A bucket whose window had ended was dropped (no loss).
+    Dropped,
+}
+
+/// A bounded map from bucket to window, in least-recently-used order. Slots live in one
+/// vector (dense: a removed slot is filled by the last one), linked by index; the index maps
+/// a name to its slot.
 struct Shard {
-    windows: HashMap<Arc<str>, Window, RandomState>,
-    /// Size at which the next opportunistic cleanup runs: twice the live size after the last
-    /// one, so cleanup is amortised O(1) per insert and the map never exceeds twice its live
-    /// buckets (plus [`MIN_CLEANUP_LEN`]).
-    cleanup_at: usize,
+    index: HashMap<Arc<str>, u32, RandomState>,
+    slots: Vec<Slot>,
+    /// Most recently used slot, or [`NIL`].
+    newest: u32,
+    /// Least recently used slot, or [`NIL`]: the one evicted next.
+    oldest: u32,
+    /// This shard's part of `memory_buckets`; at least 1, at most `u32::MAX`.
+    capacity: usize,
+    /// New buckets taken in since the last cleanup of ended windows.
+    new_since_cleanup: usize,
+    /// New buckets after which the next cleanup runs: as many as were live after the last
+    /// one, so cleanup is amortised O(1) per new bucket and a shard below its bound holds at
+    /// most about twice its live buckets (plus [`MIN_CLEANUP_LEN`]).
+    cleanup_every: usize,
 }
 
 impl Shard {
-    fn new() -> Self {
+    fn new(capacity: usize, hasher: RandomState) -> Self {
         Shard {
-            windows: HashMap::default(),
-            cleanup_at: MIN_CLEANUP_LEN,
+            index: HashMap::with_hasher(hasher),
+            slots: Vec::new(),
+            newest: NIL,
+            oldest: NIL,
+            capacity,
+            new_since_cleanup: 0,
+            cleanup_every: MIN_CLEANUP_LEN,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Takes slot `i` out of the list (it stays in `slots`).
+    fn unlink(&mut self, i: u32) {
+        let (newer, older) = {
+            let slot = &self.slots[i as usize];
+            (slot.newer, slot.older)
+        };
+        match newer {
+            NIL => self.newest = older,
+            n => self.slots[n as usize].older = older,
+        }
+        match older {
+            NIL => self.oldest = newer,
+            o => self.slots[o as usize].newer = newer,
+        }
+    }
+
+    /// Puts slot `i` (not in the list) at the most recently used end.
+    fn link_newest(&mut self, i: u32) {
+        let previous = self.newest;
+        {
+            let slot = &mut self.slots[i as usize];
+            slot.newer = NIL;
+            slot.older = previous;
+        }
+        match previous {
+            NIL => self.oldest = i,
+            p => self.slots[p as usize].newer = i,
+        }
+        self.newest = i;
+    }
+
+    /// Marks slot `i` as just used.
+    fn touch(&mut self, i: u32) {
+        if self.newest != i {
+            self.unlink(i);
+            self.link_newest(i);
+        }
+    }
+
+    /// Removes slot `i` entirely; the last slot moves into its place.
+    fn remove(&mut self, i: u32) {
+        self.unlink(i);
+        let removed = self.slots.swap_remove(i as usize);
+        self.index.remove(&removed.bucket);
+        if (i as usize) < self.slots.len() {
+            // The former last slot is now at `i`: repoint its neighbours and its index entry.
+            let (newer, older) = {
+                let moved = &self.slots[i as usize];
+                (moved.newer, moved.older)
+            };
+            match newer {
+                NIL => self.newest = i,
+                n => self.slots[n as usize].older = i,
+            }
+            match older {
+                NIL => self.oldest = i,
+                o => self.slots[o as usize].newer = i,
+            }
+            if let Some(entry) = self.index.get_mut(&self.slots[i as usize].bucket) {
+                *entry = i;
+            }
         }
     }
 
     /// Drops ended windows; returns how many.
     fn remove_ended(&mut self, now_ms: i64) -> u64 {
-        let before = self.windows.len();
-        self.windows.retain(|_, w| w.end_ms > now_ms);
-        self.cleanup_at = (self.windows.len() * 2).max(MIN_CLEANUP_LEN);
-        (before - self.windows.len()) as u64
+        let before = self.len();
+        let mut i = 0;
+        while i < self.slots.len() {
+            if self.slots[i].window.end_ms <= now_ms {
+                // `i` now holds the slot that was last: look at it again.
+                self.remove(i as u32);
+            } else {
+                i += 1;
+            }
+        }
+        self.new_since_cleanup = 0;
+        self.cleanup_every = self.len().max(MIN_CLEANUP_LEN);
+        (before - self.len()) as u64
+    }
+
+    /// Adds `bucket` at the most recently used end, making room first if the shard is full;
+    /// returns its slot and what making room cost.
+    fn insert(&mut self, bucket: &Arc<str>, window: Window, now_ms: i64) -> (u32, Made) {
+        let made = if self.len() < self.capacity {
+            Made::Room
+        } else {
+            // Full: forget the least recently used bucket and reuse its slot.
+            let i = self.oldest;
+            let ended = self.slots[i as usize].window.end_ms <= now_ms;
+            self.unlink(i);
+            let slot = &mut self.slots[i as usize];
+            let old = std::mem::replace(&mut slot.bucket, Arc::clone(bucket));
+            slot.window = window;
+            self.index.remove(&old);
+            self.index.insert(Arc::clone(bucket), i);
+            self.link_newest(i);
+            let made = if ended { Made::Dropped } else { Made::Evicted };
+            return (i, made);
+        };
+        let i = self.slots.len() as u32;
+        self.slots.push(Slot {
+            bucket: Arc::clone(bucket),
+            window,
+            newer: NIL,
+            older: NIL,
+        });
+        self.index.insert(Arc::clone(bucket), i);
+        self.link_newest(i);
+        (i, made)
     }
 }
 
-/// Fixed-window counters in this process.
+/// Fixed-window counters in this process, at most `memory_buckets` of them.
 pub struct MemoryStore {
     shards: Vec<Mutex<Shard>>,
     /// Picks a bucket's shard. A per-process random hasher is fine here: nothing it produces
@@ -80,12 +256,14 @@ pub struct MemoryStore {
     clock: Clock,
     /// Windows dropped so far, by sweeps and cleanups (for metrics).
     removed: AtomicU64,
+    metrics: MemoryStoreMetrics,
 }
 
 impl fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MemoryStore")
             .field("buckets", &self.len())
+            .field("capacity", &self.capacity())
             .finish_non_exhaustive()
     }
 }
@@ -97,7 +275,7 @@ impl Default for MemoryStore {
 }
 
 impl MemoryStore {
-    /// A store on the system clock.
+    /// A store on the system clock, of the default bound, counting into metrics of its own.
     pub fn new() -> Self {
         Self::with_clock(system_now_ms)
     }
@@ -105,43 +283,97 @@ impl MemoryStore {
     /// A store on a clock of the caller's (Unix milliseconds), so tests can cross window
     /// boundaries without sleeping.
     pub fn with_clock(clock: impl Fn() -> i64 + Send + Sync + 'static) -> Self {
+        let default = NonZeroUsize::new(DEFAULT_MEMORY_BUCKETS).unwrap_or(NonZeroUsize::MIN);
+        Self::bounded_with_clock(default, MemoryStoreMetrics::default(), clock)
+    }
+
+    /// A store on the system clock holding at most `buckets` buckets (`store.memory_buckets`),
+    /// reporting evictions and its size into `metrics`.
+    pub fn bounded(buckets: NonZeroUsize, metrics: MemoryStoreMetrics) -> Self {
+        Self::bounded_with_clock(buckets, metrics, system_now_ms)
+    }
+
+    /// [`MemoryStore::bounded`] on a clock of the caller's.
+    pub fn bounded_with_clock(
+        buckets: NonZeroUsize,
+        metrics: MemoryStoreMetrics,
+        clock: impl Fn() -> i64 + Send + Sync + 'static,
+    ) -> Self {
+        let buckets = buckets.get();
+        let count = (buckets / MIN_SHARD_BUCKETS).clamp(1, MAX_SHARDS);
+        let hasher = RandomState::default();
+        let shards = (0..count)
+            .map(|i| {
+                // The first `buckets % count` shards take one more, so the parts add up.
+                let part = buckets / count + usize::from(i < buckets % count);
+                let part = part.min(u32::MAX as usize - 1);
+                Mutex::new(Shard::new(part, hasher.clone()))
+            })
+            .collect();
         MemoryStore {
-            shards: (0..SHARDS).map(|_| Mutex::new(Shard::new())).collect(),
-            hasher: RandomState::default(),
+            shards,
+            hasher,
             clock: Arc::new(clock),
             removed: AtomicU64::new(0),
+            metrics,
         }
     }
 
     /// Drops every window that has ended; returns how many. Run it on `store.sweep_interval`.
     pub fn sweep(&self) -> u64 {
         let now_ms = (self.clock)();
-        let removed: u64 = (0..SHARDS).map(|i| self.lock(i).remove_ended(now_ms)).sum();
-        self.removed.fetch_add(removed, Ordering::Relaxed);
+        let removed: u64 = (0..self.shards.len())
+            .map(|i| self.lock(i).remove_ended(now_ms))
+            .sum();
+        self.forgot(removed);
         removed
     }
 
     /// Buckets held, live or not yet cleaned up.
     pub fn len(&self) -> usize {
-        (0..SHARDS).map(|i| self.lock(i).windows.len()).sum()
+        (0..self.shards.len()).map(|i| self.lock(i).len()).sum()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// Windows dropped so far by sweeps and cleanups.
+    /// Buckets held at most: `memory_buckets`.
+    pub fn capacity(&self) -> usize {
+        (0..self.shards.len()).map(|i| self.lock(i).capacity).sum()
+    }
+
+    /// Windows dropped so far by sweeps and cleanups (ended windows; evictions not included).
     pub fn removed_total(&self) -> u64 {
         self.removed.load(Ordering::Relaxed)
     }
 
+    /// Live buckets forgotten so far to stay within the bound.
+    pub fn evictions_total(&self) -> u64 {
+        self.metrics.evictions.get()
+    }
+
+    /// Counts `n` ended windows dropped.
+    fn forgot(&self, n: u64) {
+        if n > 0 {
+            self.removed.fetch_add(n, Ordering::Relaxed);
+            self.metrics
+                .buckets
+                .dec_by(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
     fn shard_of(&self, bucket: &str) -> usize {
-        (self.hasher.hash_one(bucket) % SHARDS as u64) as usize
+        match self.shards.len() {
+            1 => 0,
+            n => (self.hasher.hash_one(bucket) % n as u64) as usize,
+        }
     }
 
     fn lock(&self, shard: usize) -> MutexGuard<'_, Shard> {
-        // A panic while holding a shard cannot leave a window half-written (every update is
-        // a single assignment), so a poisoned lock is still safe to use.
+        // A panic while holding a shard cannot leave it half-written in a way that breaks
+        // counting: every window update is a single assignment, and the list and index are
+        // only changed by the short functions above, which do not panic on valid slots.
         self.shards[shard]
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -154,14 +386,33 @@ impl MemoryStore {
             .map(|inc| {
                 let current = window_at(now_ms, inc.window_secs)?;
                 let mut shard = self.lock(self.shard_of(&inc.bucket));
-                if shard.windows.len() >= shard.cleanup_at {
-                    let removed = shard.remove_ended(now_ms);
-                    self.removed.fetch_add(removed, Ordering::Relaxed);
-                }
-                let window = shard
-                    .windows
-                    .entry(Arc::clone(&inc.bucket))
-                    .or_insert(current);
+                let slot = match shard.index.get(&inc.bucket) {
+                    Some(&i) => {
+                        shard.touch(i);
+                        i
+                    }
+                    None => {
+                        if shard.new_since_cleanup >= shard.cleanup_every {
+                            let removed = shard.remove_ended(now_ms);
+                            self.forgot(removed);
+                        }
+                        shard.new_since_cleanup += 1;
+                        let (i, made) = shard.insert(&inc.bucket, current, now_ms);
+                        match made {
+                            Made::Room => {
+                                self.metrics.buckets.inc();
+                            }
+                            Made::Evicted => {
+                                self.metrics.evictions.inc();
+                            }
+                            Made::Dropped => {
+                                self.removed.fetch_add(1, Ordering::Relaxed);
+                            }
+                        }
+                        i
+                    }
+                };
+                let window = &mut shard.slots[slot as usize].window;
                 // A newer window starts from zero, like a new row in Postgres. An entry whose
                 // window is *later* than ours (the clock stepped back) keeps counting: resetting
                 // it would forget requests already allowed.
@@ -178,6 +429,8 @@ impl MemoryStore {
             .collect()
     }
 
+    /// Reads without touching: a read (`tollgate explain`) is not a use, so it does not keep a
+    /// bucket from being evicted.
     fn read(&self, batch: &[Increment]) -> Result<Vec<Peeked>, StoreError> {
         let now_ms = (self.clock)();
         batch
@@ -185,7 +438,11 @@ impl MemoryStore {
             .map(|inc| {
                 let current = window_at(now_ms, inc.window_secs)?;
                 let shard = self.lock(self.shard_of(&inc.bucket));
-                let peeked = match shard.windows.get(&inc.bucket) {
+                let held = shard
+                    .index
+                    .get(&inc.bucket)
+                    .map(|&i| shard.slots[i as usize].window);
+                let peeked = match held {
                     Some(w) if w.end_ms > now_ms && w.start_ms >= current.start_ms => Peeked {
                         count: w.count,
                         window_end_ms: w.end_ms,
@@ -247,5 +504,132 @@ fn system_now_ms() -> i64 {
     match SystemTime::now().duration_since(UNIX_EPOCH) {
         Ok(d) => i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
         Err(e) => i64::try_from(e.duration().as_millis()).map_or(i64::MIN, |ms| -ms),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicI64;
+
+    fn inc(bucket: &str, window_secs: u32) -> Increment {
+        Increment {
+            bucket: Arc::from(bucket),
+            window_secs,
+            by: 1,
+        }
+    }
+
+    fn bounded(n: usize, now: &Arc<AtomicI64>) -> MemoryStore {
+        let clock = Arc::clone(now);
+        MemoryStore::bounded_with_clock(
+            NonZeroUsize::new(n).expect("non-zero"),
+            MemoryStoreMetrics::default(),
+            move || clock.load(Ordering::SeqCst),
+        )
+    }
+
+    /// Walks a shard's list both ways and checks it against the index.
+    fn check_links(shard: &Shard) {
+        let mut seen = 0;
+        let mut i = shard.newest;
+        let mut newer = NIL;
+        while i != NIL {
+            let slot = &shard.slots[i as usize];
+            assert_eq!(slot.newer, newer);
+            assert_eq!(shard.index.get(&slot.bucket), Some(&i));
+            newer = i;
+            i = slot.older;
+            seen += 1;
+        }
+        assert_eq!(shard.oldest, newer);
+        assert_eq!(seen, shard.slots.len());
+        assert_eq!(shard.index.len(), shard.slots.len());
+    }
+
+    #[test]
+    fn the_parts_of_the_bound_add_up_and_small_bounds_are_one_shard() {
+        let now = Arc::new(AtomicI64::new(0));
+        for n in [1, 7, 100, 4095, 4096, 8191, 65_537, 1_000_000, 1_000_003] {
+            let store = bounded(n, &now);
+            assert_eq!(store.capacity(), n, "{n}");
+            let expect = (n / MIN_SHARD_BUCKETS).clamp(1, MAX_SHARDS);
+            assert_eq!(store.shards.len(), expect, "{n}");
+        }
+    }
+
+    #[test]
+    fn a_sharded_store_never_holds_more_than_its_bound() {
+        let now = Arc::new(AtomicI64::new(1_000));
+        let store = bounded(40_000, &now);
+        assert_eq!(store.shards.len(), 9);
+        let batch: Vec<Increment> = (0..60_000).map(|i| inc(&format!("b{i}"), 60)).collect();
+        store.count(&batch).expect("count");
+        assert_eq!(store.len(), 40_000);
+        assert_eq!(store.evictions_total(), 20_000);
+        assert_eq!(store.metrics.buckets.get(), 40_000);
+        for i in 0..store.shards.len() {
+            check_links(&store.lock(i));
+        }
+    }
+
+    #[test]
+    fn the_least_recently_used_bucket_goes_first_and_ended_windows_are_not_evictions() {
+        let now = Arc::new(AtomicI64::new(1_000));
+        let store = bounded(3, &now);
+        for b in ["a", "b", "c"] {
+            store.count(&[inc(b, 3600)]).expect("count");
+        }
+        // "a" used again: "b" is now the least recently used.
+        assert_eq!(store.count(&[inc("a", 3600)]).expect("a")[0].count, 2);
+        store.count(&[inc("d", 3600)]).expect("d");
+        assert_eq!(store.evictions_total(), 1);
+        let counts: Vec<u32> = store
+            .read(&[
+                inc("a", 3600),
+                inc("b", 3600),
+                inc("c", 3600),
+                inc("d", 3600),
+            ])
+            .expect("read")
+            .iter()
+            .map(|p| p.count)
+            .collect();
+        assert_eq!(counts, [2, 0, 1, 1]);
+        // A read is not a use: "c" stays the oldest and goes next.
+        store.count(&[inc("e", 1)]).expect("e");
+        assert_eq!(store.evictions_total(), 2);
+        check_links(&store.lock(0));
+
+        // "e" (a 1 s window) ends; after "a" and "d" are used it is the oldest, and making
+        // room by dropping it loses nothing: no eviction.
+        now.fetch_add(2_000, Ordering::SeqCst);
+        store
+            .count(&[inc("a", 3600), inc("d", 3600)])
+            .expect("a, d");
+        store.count(&[inc("f", 3600)]).expect("f");
+        assert_eq!(store.evictions_total(), 2);
+        assert_eq!(store.removed_total(), 1);
+        assert_eq!(store.len(), 3);
+        check_links(&store.lock(0));
+    }
+
+    #[test]
+    fn sweeping_keeps_the_list_whole() {
+        let now = Arc::new(AtomicI64::new(1_000));
+        let store = bounded(1000, &now);
+        // Interleave short and long windows so removals happen all over the list.
+        let batch: Vec<Increment> = (0..600)
+            .map(|i| inc(&format!("b{i}"), if i % 3 == 0 { 3600 } else { 1 }))
+            .collect();
+        store.count(&batch).expect("count");
+        now.fetch_add(5_000, Ordering::SeqCst);
+        assert_eq!(store.sweep(), 400);
+        assert_eq!(store.len(), 200);
+        assert_eq!(store.metrics.buckets.get(), 200);
+        check_links(&store.lock(0));
+        // The survivors still count on.
+        assert_eq!(store.count(&[inc("b3", 3600)]).expect("b3")[0].count, 2);
+        check_links(&store.lock(0));
     }
 }

@@ -1436,6 +1436,7 @@ mod tests {
             migrate: true,
             sweep_interval: Duration::from_secs(60),
             synchronous_commit,
+            memory_buckets: std::num::NonZeroUsize::MIN,
         }
     }
 

@@ -73,6 +73,7 @@ impl TestDb {
             migrate: true,
             sweep_interval: Duration::from_secs(60),
             synchronous_commit: false,
+            memory_buckets: std::num::NonZeroUsize::MIN,
         }
     }
 
