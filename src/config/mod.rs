@@ -100,6 +100,9 @@ pub struct StoreConfig {
     pub migrate: bool,
     pub sweep_interval: Duration,
     pub synchronous_commit: bool,
+    /// Trust root for TLS to the database (`store.ca_file`, resolved against the config
+    /// file's directory); `sslrootcert` in the URL is the other way to give one.
+    pub ca_file: Option<PathBuf>,
 }
 
 impl fmt::Debug for StoreConfig {
@@ -113,6 +116,7 @@ impl fmt::Debug for StoreConfig {
             .field("migrate", &self.migrate)
             .field("sweep_interval", &self.sweep_interval)
             .field("synchronous_commit", &self.synchronous_commit)
+            .field("ca_file", &self.ca_file)
             .finish()
     }
 }

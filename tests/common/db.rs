@@ -73,6 +73,7 @@ impl TestDb {
             migrate: true,
             sweep_interval: Duration::from_secs(60),
             synchronous_commit: false,
+            ca_file: None,
         }
     }
 
@@ -292,7 +293,7 @@ fn start_throwaway(rt: &tokio::runtime::Runtime) -> Result<String, String> {
 }
 
 /// A PostgreSQL program from PATH, or from Debian's versioned directories.
-fn find_tool(name: &str) -> Result<String, String> {
+pub fn find_tool(name: &str) -> Result<String, String> {
     if let Some(path) = std::env::var_os("PATH") {
         for dir in std::env::split_paths(&path) {
             let candidate = dir.join(name);
@@ -318,7 +319,7 @@ fn find_tool(name: &str) -> Result<String, String> {
 }
 
 /// Runs a command to completion; its stdout, or an error with its stderr.
-fn run_output(command: &mut Command) -> Result<String, String> {
+pub fn run_output(command: &mut Command) -> Result<String, String> {
     let output = command
         .stdin(Stdio::null())
         .output()
