@@ -532,7 +532,7 @@ impl PostgresStore {
     /// policy and calls this again later (SPEC 1); on the others it stops.
     pub async fn initialize(&self, fingerprint: &str, migrate: bool) -> Result<(), InitError> {
         let run = async {
-            let mut client = self.connect_for_init().await?;
+            let mut client = self.connect_for_init(true).await?;
             if migrate {
                 let applied = apply_migrations(&mut client).await?;
                 if !applied.is_empty() {
@@ -570,7 +570,7 @@ impl PostgresStore {
         accept_new_key: bool,
     ) -> Result<MigrateReport, InitError> {
         let run = async {
-            let mut client = self.connect_for_init().await?;
+            let mut client = self.connect_for_init(false).await?;
             let applied = apply_migrations(&mut client).await?;
             let fingerprint = settle_fingerprint(&mut client, fingerprint, accept_new_key).await?;
             Ok(MigrateReport {
@@ -700,13 +700,17 @@ impl PostgresStore {
     /// authentication, ...) comes back instead of a pool timeout. It is closed when dropped.
     /// Nothing tollgate sets stays on it (`SET LOCAL` only), so through a pooler the server
     /// session goes back to the pool as it came.
-    async fn connect_for_init(&self) -> Result<Client, InitError> {
-        // Failures go to the failure log too: a background start-up that keeps failing
-        // (a TLS certificate that is not trusted, say) must say so, not only at debug level.
+    ///
+    /// With `log`, a failure also goes to the failure log: a background start-up that keeps
+    /// failing (a TLS certificate that is not trusted, say) must say so at warning level, not
+    /// only at debug. `tollgate migrate` reports its one error itself.
+    async fn connect_for_init(&self, log: bool) -> Result<Client, InitError> {
         match self.pool.dedicated_connection().await {
             Ok(pooled) => Ok(pooled.client),
             Err(PoolError::Postgres(e)) => {
-                self.failures.note(cause(&e), &describe(&e));
+                if log {
+                    self.failures.note(cause(&e), &describe(&e));
+                }
                 let at = self.failures.location();
                 Err(match classify(&e, InitError::Database) {
                     InitError::Unreachable(m) => InitError::Unreachable(format!("{m} ({at})")),
@@ -715,7 +719,9 @@ impl PostgresStore {
                 })
             }
             Err(deadline) => {
-                self.failures.note(Cause::Timeout, &deadline.to_string());
+                if log {
+                    self.failures.note(Cause::Timeout, &deadline.to_string());
+                }
                 Err(InitError::Unreachable(deadline.to_string()))
             }
         }
