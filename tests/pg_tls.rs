@@ -378,3 +378,46 @@ fn shared_free_ca(dir: &Path) -> std::path::PathBuf {
     std::fs::write(&path, ca.pem()).expect("write");
     path
 }
+
+/// `verify-ca` checks the chain only; `verify-full` checks the name too. Connecting to the
+/// cluster's address under a name its certificate does not carry (`hostaddr` is where to
+/// connect, `host` the name to check): `verify-full` is refused with a message that says what
+/// to change, `verify-ca` counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_ca_accepts_a_name_that_verify_full_refuses() {
+    let db = database("names").await;
+    let store_for = |mode: &str| {
+        let url = format!(
+            "host=db.invalid hostaddr=127.0.0.1 port={} dbname={db} user=postgres sslmode={mode} sslrootcert={}",
+            shared().cluster.port,
+            shared().pki.ca_file.display()
+        );
+        tollgate::config::StoreConfig {
+            url: Some(url),
+            pool_size: 2,
+            timeout: Duration::from_secs(5),
+            on_error: tollgate::config::StoreErrorPolicy::Deny,
+            migrate: true,
+            sweep_interval: Duration::from_secs(60),
+            synchronous_commit: false,
+            ca_file: None,
+        }
+    };
+    let full =
+        tollgate::store::postgres::PostgresStore::new(&store_for("verify-full")).expect("store");
+    let err = full
+        .initialize("fp", true)
+        .await
+        .expect_err("the name is not in the certificate");
+    let message = err.to_string();
+    assert!(
+        message.contains("does not match the host name") && message.contains("verify-ca"),
+        "{message}"
+    );
+    assert!(err.is_retryable(), "not ready, not fatal: {message}");
+
+    let ca = tollgate::store::postgres::PostgresStore::new(&store_for("verify-ca")).expect("store");
+    ca.initialize("fp", true)
+        .await
+        .expect("verify-ca does not check the name");
+}

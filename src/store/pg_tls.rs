@@ -175,6 +175,8 @@ pub fn parse(
         }
     }
 
+    // `sslrootcert=system` is explicit too: libpq allows it only with verification.
+    let explicit_root = rootcert.is_some() || ca_file.is_some();
     let root = match (rootcert, ca_file) {
         (Some(_), Some(_)) => {
             return Err(
@@ -192,7 +194,6 @@ pub fn parse(
         },
         (None, None) => TrustRoot::Bundled,
     };
-    let explicit_root = matches!(root, TrustRoot::File { .. });
     let mode = mode.unwrap_or(SslMode::Prefer);
     if explicit_root && !mode.verifies() {
         return Err(format!(
@@ -592,8 +593,9 @@ pub enum PgTlsError {
     BadName,
     #[error(transparent)]
     Handshake(rustls::Error),
-    #[error("connection failed during the TLS handshake: {0}")]
-    Io(io::Error),
+    /// The connection failed mid-handshake (a network failure, classified by its I/O error).
+    #[error("connection failed during the TLS handshake")]
+    Io(#[source] io::Error),
 }
 
 impl PgTlsError {
@@ -797,6 +799,7 @@ mod tests {
             settings("host=/run/postgresql").is_ok(),
             "prefer falls back"
         );
+        assert!(settings("host=h sslmode=require sslrootcert=system").is_err());
         assert!(
             settings("host=10.0.0.1 sslmode=verify-full").is_ok(),
             "IP SANs"
