@@ -22,7 +22,11 @@ use common::tls::TestPki;
 use common::*;
 
 /// TCP connections must be TLS (`hostssl`); the Unix socket is for the test's own client.
-const HBA: &str = "local all all trust\nhostssl all all 127.0.0.1/32 trust\n";
+/// Role `tollgate_scram` must give a password (SCRAM-SHA-256, as managed services ask). The
+/// cluster is this process's own, so fixed role names collide with no one.
+const HBA: &str = "local all all trust\n\
+                   hostssl all tollgate_scram 127.0.0.1/32 scram-sha-256\n\
+                   hostssl all all 127.0.0.1/32 trust\n";
 
 struct Shared {
     cluster: Cluster,
@@ -392,16 +396,7 @@ async fn verify_ca_accepts_a_name_that_verify_full_refuses() {
             shared().cluster.port,
             shared().pki.ca_file.display()
         );
-        tollgate::config::StoreConfig {
-            url: Some(url),
-            pool_size: 2,
-            timeout: Duration::from_secs(5),
-            on_error: tollgate::config::StoreErrorPolicy::Deny,
-            migrate: true,
-            sweep_interval: Duration::from_secs(60),
-            synchronous_commit: false,
-            ca_file: None,
-        }
+        common::db::TestDb::store_config_for(url)
     };
     let full =
         tollgate::store::postgres::PostgresStore::new(&store_for("verify-full")).expect("store");
@@ -420,4 +415,41 @@ async fn verify_ca_accepts_a_name_that_verify_full_refuses() {
     ca.initialize("fp", true)
         .await
         .expect("verify-ca does not check the name");
+}
+
+/// Managed services authenticate with a password: SCRAM-SHA-256 over tollgate's TLS (the
+/// server offers SCRAM-SHA-256-PLUS; tollgate, which offers no channel binding, must be let
+/// in with plain SCRAM), through migrations and a counted decision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scram_password_over_tls() {
+    let db = database("scram").await;
+    let role = "tollgate_scram";
+    let admin = shared().cluster.admin("postgres").await;
+    admin
+        .batch_execute(&format!(
+            "DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN PASSWORD 'tls-test-pw'; \
+             ALTER DATABASE \"{db}\" OWNER TO {role}"
+        ))
+        .await
+        .expect("role");
+    let upstream = Upstream::start().await;
+    let url = format!(
+        "host=localhost port={} dbname={db} user={role} password=tls-test-pw sslmode=verify-full sslrootcert={}",
+        shared().cluster.port,
+        shared().pki.ca_file.display()
+    );
+    // The password is really checked (the SCRAM line applies, not the trust line).
+    let mut wrong = common::db::TestDb::store_config_for(url.replace("tls-test-pw", "wrong"));
+    wrong.timeout = Duration::from_secs(5);
+    let err = tollgate::store::postgres::PostgresStore::new(&wrong)
+        .expect("store")
+        .initialize("fp", true)
+        .await
+        .expect_err("a wrong password is refused");
+    assert!(err.to_string().contains("28P01"), "{err}");
+
+    let mut proxy = proxy(&upstream, &store(&url, "")).await;
+    counted(&h1_client(), &proxy, "a").await;
+    assert_encrypted(&db).await;
+    proxy.shutdown().await;
 }

@@ -65,8 +65,13 @@ impl TestDb {
     /// A store configuration for this database, generous enough not to flake on a busy
     /// machine; tests that are about time limits set their own `timeout`.
     pub fn store_config(&self) -> StoreConfig {
+        Self::store_config_for(self.url.clone())
+    }
+
+    /// The same for any connection string (another server, a relay).
+    pub fn store_config_for(url: String) -> StoreConfig {
         StoreConfig {
-            url: Some(self.url.clone()),
+            url: Some(url),
             pool_size: 4,
             timeout: Duration::from_secs(10),
             on_error: StoreErrorPolicy::Allow,
