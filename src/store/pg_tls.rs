@@ -25,8 +25,9 @@
 //! - **Explains TLS failures** ([`tls_problem`]) in the words of what to change, for the
 //!   store's failure log (cause `tls`).
 //!
-//! No channel binding is offered (SCRAM without `-PLUS`), which every server accepts unless
-//! the URL says `channel_binding=require`.
+//! With a password, SCRAM uses channel binding (`tls-server-end-point`, RFC 5929) when the
+//! server's certificate says which hash to use, so a man in the middle cannot relay the
+//! authentication even under `require`; otherwise plain SCRAM, as libpq does.
 
 use std::fmt;
 use std::future::Future;
@@ -661,8 +662,83 @@ impl AsyncWrite for RustlsStream {
 
 impl TlsStream for RustlsStream {
     fn channel_binding(&self) -> ChannelBinding {
-        ChannelBinding::none()
+        let (_, session) = self.0.get_ref();
+        session
+            .peer_certificates()
+            .and_then(|chain| chain.first())
+            .and_then(|leaf| tls_server_end_point(leaf.as_ref()))
+            .map(ChannelBinding::tls_server_end_point)
+            .unwrap_or_else(ChannelBinding::none)
     }
+}
+
+/// RFC 5929 `tls-server-end-point`: the hash of the server's certificate, with the hash of its
+/// signature algorithm (SHA-256 in place of MD5 and SHA-1). `None` when the algorithm names
+/// no hash of its own (RSA-PSS carries it in parameters, Ed25519 has none): then there is no
+/// binding, and PostgreSQL computes none either.
+fn tls_server_end_point(cert: &[u8]) -> Option<Vec<u8>> {
+    use sha2::Digest as _;
+    // Certificate ::= SEQUENCE { tbsCertificate, signatureAlgorithm, signatureValue }
+    let (certificate, _) = der_element(cert, 0x30)?;
+    let (_, after_tbs) = der_element(certificate, 0x30)?;
+    let (algorithm, _) = der_element(after_tbs, 0x30)?;
+    let (oid, _) = der_element(algorithm, 0x06)?;
+    const RSA: &[u8] = &[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01];
+    const ECDSA_SHA2: &[u8] = &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x04, 0x03];
+    const ECDSA_SHA1: &[u8] = &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x04, 0x01];
+    enum Hash {
+        Sha256,
+        Sha384,
+        Sha512,
+    }
+    let hash = if let Some(last) = oid.strip_prefix(RSA) {
+        match last {
+            // md5WithRSAEncryption, sha1WithRSAEncryption, sha256WithRSAEncryption
+            [0x04] | [0x05] | [0x0b] => Hash::Sha256,
+            [0x0c] => Hash::Sha384,
+            [0x0d] => Hash::Sha512,
+            _ => return None,
+        }
+    } else if let Some(last) = oid.strip_prefix(ECDSA_SHA2) {
+        match last {
+            [0x02] => Hash::Sha256,
+            [0x03] => Hash::Sha384,
+            [0x04] => Hash::Sha512,
+            _ => return None,
+        }
+    } else if oid == ECDSA_SHA1 {
+        Hash::Sha256
+    } else {
+        return None;
+    };
+    Some(match hash {
+        Hash::Sha256 => sha2::Sha256::digest(cert).to_vec(),
+        Hash::Sha384 => sha2::Sha384::digest(cert).to_vec(),
+        Hash::Sha512 => sha2::Sha512::digest(cert).to_vec(),
+    })
+}
+
+/// The contents of the DER element at the start of `input` if its tag is `tag`, and what
+/// follows it.
+fn der_element(input: &[u8], tag: u8) -> Option<(&[u8], &[u8])> {
+    let (&found, rest) = input.split_first()?;
+    if found != tag {
+        return None;
+    }
+    let (&first, rest) = rest.split_first()?;
+    let (len, rest) = if first < 0x80 {
+        (usize::from(first), rest)
+    } else {
+        let n = usize::from(first & 0x7f);
+        if n == 0 || n > 4 || rest.len() < n {
+            return None;
+        }
+        let len = rest[..n]
+            .iter()
+            .fold(0usize, |acc, b| (acc << 8) | usize::from(*b));
+        (len, &rest[n..])
+    };
+    (rest.len() >= len).then(|| rest.split_at(len))
 }
 
 /// When `e` is a TLS failure (the server declined TLS, or the handshake failed), what went
@@ -823,6 +899,31 @@ mod tests {
         assert!(!err.contains("hunter2"), "{err}");
         let err = settings("host=h port=x password=hunter2").expect_err("port");
         assert!(err.contains("`port`") && !err.contains("hunter2"), "{err}");
+    }
+
+    #[test]
+    fn end_point_hash_follows_the_signature_algorithm() {
+        use sha2::Digest as _;
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384).expect("key");
+        let cert = rcgen::CertificateParams::new(vec!["db".to_owned()])
+            .expect("params")
+            .self_signed(&key)
+            .expect("cert");
+        assert_eq!(
+            tls_server_end_point(cert.der()),
+            Some(sha2::Sha384::digest(cert.der()).to_vec())
+        );
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).expect("key");
+        let cert = rcgen::CertificateParams::new(vec!["db".to_owned()])
+            .expect("params")
+            .self_signed(&key)
+            .expect("cert");
+        assert_eq!(
+            tls_server_end_point(cert.der()),
+            None,
+            "Ed25519 names no hash"
+        );
+        assert_eq!(tls_server_end_point(b"\x30\x82\xff"), None, "truncated");
     }
 
     #[test]
