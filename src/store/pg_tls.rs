@@ -243,8 +243,9 @@ pub fn parse(
 }
 
 /// tokio-postgres' parse error, reduced to what is safe to repeat: "invalid value for option
-/// `name`" (fixed option names) and "unknown option `name`" for the TLS-looking names of
-/// libpq. Other messages quote characters of the input.
+/// `name`" (its option names are fixed strings). Other messages, "unknown option" included,
+/// quote characters of the input, which may be a password; the TLS options of libpq never
+/// get here (see [`UNSUPPORTED`]).
 fn safe_parse_error(e: tokio_postgres::Error) -> String {
     let detail = std::error::Error::source(&e)
         .map(ToString::to_string)
