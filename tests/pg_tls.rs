@@ -454,3 +454,44 @@ async fn scram_password_over_tls() {
     assert_encrypted(&db).await;
     proxy.shutdown().await;
 }
+
+/// The same through the binary: before TLS support `tollgate check` said "configuration OK"
+/// for `sslmode=require` and then every connection failed; now a URL it cannot honour exits
+/// 2 with one line naming `store.url`, and a good one passes.
+#[test]
+fn tollgate_check_exits_2_on_verify_full_over_a_unix_socket() {
+    let dir = std::env::temp_dir().join(format!("tollgate-pg-tls-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let run = |url: &str| {
+        let path = dir.join("proxy.toml");
+        std::fs::write(
+            &path,
+            format!(
+                "[store]\nurl = \"{url}\"\n[upstreams.a]\nurl = \"http://127.0.0.1:9\"\n\
+                 [[routes]]\nname = \"r\"\nupstream = \"a\"\n"
+            ),
+        )
+        .expect("write");
+        std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(["check", "--config"])
+            .arg(&path)
+            .env_remove("TOLLGATE_DATABASE_URL")
+            .output()
+            .expect("run tollgate check")
+    };
+    let out = run("host=/var/run/postgresql dbname=x sslmode=verify-full");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("store.url") && stderr.contains("verify-full"),
+        "{stderr}"
+    );
+    let out = run("postgres://tollgate@db.internal/x?sslmode=require");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
