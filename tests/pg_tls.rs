@@ -39,12 +39,13 @@ fn shared() -> &'static Shared {
     static SHARED: OnceLock<Shared> = OnceLock::new();
     SHARED.get_or_init(|| {
         let pki = TestPki::new();
+        let other_pki = TestPki::new();
         let cert = pki.issue("pg-server", &["localhost", "127.0.0.1"]);
-        let cluster = Cluster::start_tls(&cert, HBA);
+        let cluster = Cluster::start_tls(&cert, HBA, &[&pki.dir, &other_pki.dir]);
         Shared {
             cluster,
             pki,
-            other_pki: TestPki::new(),
+            other_pki,
         }
     })
 }

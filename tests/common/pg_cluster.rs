@@ -43,8 +43,14 @@ impl Drop for Cluster {
 impl Cluster {
     /// Starts a cluster with `ssl = on`, the server certificate and key of `cert` (copied so
     /// that the server's user owns the key, which PostgreSQL insists on), and `hba` as its
-    /// whole `pg_hba.conf`. Panics with the reason if it cannot.
-    pub fn start_tls(cert: &tollgate::config::CertConfig, hba: &str) -> Cluster {
+    /// whole `pg_hba.conf`. `leftovers` are removed with the cluster's directory when the
+    /// process exits (the test PKI of a cluster kept in a `static`, which is never dropped).
+    /// Panics with the reason if it cannot.
+    pub fn start_tls(
+        cert: &tollgate::config::CertConfig,
+        hba: &str,
+        leftovers: &[&Path],
+    ) -> Cluster {
         let initdb = find_tool("initdb").unwrap_or_else(|e| panic!("{e}"));
         let pg_ctl = find_tool("pg_ctl").unwrap_or_else(|e| panic!("{e}"));
         let as_root = run_output(Command::new("id").arg("-u"))
@@ -107,15 +113,23 @@ impl Cluster {
         )
         .unwrap_or_else(|e| panic!("the TLS cluster did not start: {e}"));
 
-        // The watchdog: stops the cluster when this process exits (EOF on its stdin).
-        let watchdog = cluster
-            .command("sh")
+        // The watchdog: stops the cluster when this process exits (EOF on its stdin). It runs
+        // as this process's user (the leftovers are its files), pg_ctl as the server's.
+        let stop = if as_root {
+            "runuser -u postgres -- \"$0\""
+        } else {
+            "\"$0\""
+        };
+        let watchdog = Command::new("sh")
             .args([
                 "-c",
-                "cat >/dev/null; \"$0\" -D \"$1/data\" -m immediate stop >/dev/null 2>&1; rm -rf \"$1\"",
+                &format!(
+                    "cat >/dev/null; {stop} -D \"$1/data\" -m immediate stop >/dev/null 2>&1; rm -rf \"$@\""
+                ),
             ])
             .arg(&pg_ctl)
             .arg(&cluster.socket_dir)
+            .args(leftovers)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
