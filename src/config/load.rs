@@ -753,6 +753,7 @@ const CERT_KEYS: &[&str] = &["cert", "key"];
 const ADMIN_KEYS: &[&str] = &["listen"];
 const STORE_KEYS: &[&str] = &[
     "url",
+    "ca_file",
     "pool_size",
     "timeout",
     "on_error",
@@ -998,10 +999,30 @@ fn read_admin(cx: &mut Cx<'_>, node: Option<Node<'_>>) -> Option<Option<AdminCon
 fn read_store(cx: &mut Cx<'_>, node: Option<Node<'_>>) -> Option<StoreConfig> {
     let t = TableReader::open(cx, node.as_ref(), "store", STORE_KEYS)?;
 
+    // The trust root for TLS to the database must hold PEM certificates: a file that does
+    // not would fail every connection attempt, long after `check` said OK.
+    let ca_file = match t.get("ca_file") {
+        Some(n) => {
+            cx.readable_file(&n)
+                .and_then(|path| match crate::store::pg_tls::read_roots(&path) {
+                    Ok(_) => Some(Some(path)),
+                    Err(m) => {
+                        cx.error(&n.span, &n.path, m);
+                        None
+                    }
+                })
+        }
+        None => Some(None),
+    };
+    // An unreadable ca_file is reported on its own line; the URL is then checked as if
+    // there were none.
+    let ca_path = ca_file.clone().flatten();
+    let check_url = |url: &str| check_postgres_url(url, ca_path.as_deref());
+
     // The file's URL is checked even when the environment overrides it, so a file that
     // passes `check` on one machine is valid everywhere.
     let url = match t.get("url") {
-        Some(n) => cx.string(&n).and_then(|u| match check_postgres_url(&u) {
+        Some(n) => cx.string(&n).and_then(|u| match check_url(&u) {
             Ok(()) => Some(Some(u)),
             Err(m) => {
                 cx.error(&n.span, &n.path, m);
@@ -1011,7 +1032,7 @@ fn read_store(cx: &mut Cx<'_>, node: Option<Node<'_>>) -> Option<StoreConfig> {
         None => Some(None),
     };
     let url = match (cx.env)(DATABASE_URL_ENV).filter(|u| !u.is_empty()) {
-        Some(env_url) => match check_postgres_url(&env_url) {
+        Some(env_url) => match check_url(&env_url) {
             Ok(()) => url.map(|_| Some(env_url)),
             Err(m) => {
                 cx.error_unplaced("store.url", format!("{DATABASE_URL_ENV}: {m}"));
@@ -1056,30 +1077,21 @@ fn read_store(cx: &mut Cx<'_>, node: Option<Node<'_>>) -> Option<StoreConfig> {
         sweep_interval: sweep_interval?,
         synchronous_commit: synchronous_commit?,
         memory_buckets: memory_buckets?,
+        ca_file: ca_file?,
     })
 }
 
-/// Ok when tokio-postgres accepts `url`. The message never contains the URL or any part of
-/// it: it may carry a password.
-fn check_postgres_url(url: &str) -> Result<(), String> {
+/// Ok when the store can be built from `url` and `ca_file` (`store.ca_file`): tokio-postgres
+/// accepts the URL, its TLS options (`sslmode`, `sslrootcert`) make sense together and the
+/// trust root holds certificates (SPEC 6). The message never contains the URL or any part of
+/// it but option names: it may carry a password.
+fn check_postgres_url(url: &str, ca_file: Option<&Path>) -> Result<(), String> {
     if url.is_empty() {
         return Err("must not be empty (remove it to use the memory store)".to_string());
     }
-    match tokio_postgres::Config::from_str(url) {
-        Ok(_) => Ok(()),
-        Err(e) => {
-            // Only "invalid value for option `name`" is safe to repeat: its option names are
-            // fixed strings. Other parse errors quote characters of the input.
-            let detail = std::error::Error::source(&e)
-                .map(ToString::to_string)
-                .filter(|d| d.starts_with("invalid value for option"))
-                .map(|d| format!(" ({d})"))
-                .unwrap_or_default();
-            Err(format!(
-                "not a valid PostgreSQL connection string{detail}; expected a postgres:// URL or key=value pairs (the value is not shown: it may contain a password)"
-            ))
-        }
-    }
+    let (_, tls) = crate::store::pg_tls::parse(url, ca_file)?;
+    // Reads an `sslrootcert` file; a `store.ca_file` was read above, and is again here.
+    tls.connector().map(|_| ())
 }
 
 /// `[keys]`.

@@ -104,6 +104,9 @@ pub struct StoreConfig {
     /// Memory store only: live buckets kept at most (SPEC 9); past it, the least recently
     /// used one is forgotten. [`DEFAULT_MEMORY_BUCKETS`] unless the file says otherwise.
     pub memory_buckets: NonZeroUsize,
+    /// Trust root for TLS to the database (`store.ca_file`, resolved against the config
+    /// file's directory); `sslrootcert` in the URL is the other way to give one.
+    pub ca_file: Option<PathBuf>,
 }
 
 /// `store.memory_buckets` when the file does not set it (SPEC 2).
@@ -124,6 +127,7 @@ impl fmt::Debug for StoreConfig {
             .field("sweep_interval", &self.sweep_interval)
             .field("synchronous_commit", &self.synchronous_commit)
             .field("memory_buckets", &self.memory_buckets)
+            .field("ca_file", &self.ca_file)
             .finish()
     }
 }

@@ -7,6 +7,7 @@
 
 pub mod coalesce;
 pub mod memory;
+pub mod pg_tls;
 pub mod postgres;
 
 use std::future::Future;

@@ -19,10 +19,12 @@
 //!   decisions, and with no recent traffic runs the real increment inside a transaction that
 //!   is rolled back, so a missing table, a revoked privilege or a read-only database is "not
 //!   ready" (a `SELECT 1` would answer).
-//! - **Failure log** (SPEC 5): every failed call is classified (refused, timeout, read-only,
-//!   authentication, missing table, permission, ...; by SQLSTATE or I/O error kind) and
-//!   logged with the database's host, port and name, at most one line per cause a second,
-//!   with a count of the lines left out.
+//! - **Failure log** (SPEC 5): every failed call, and every failed start-up connection, is
+//!   classified (refused, timeout, read-only, authentication, missing table, permission, tls,
+//!   ...; by SQLSTATE, I/O error kind or TLS error) and logged with the database's host, port
+//!   and name, at most one line per cause a second, with a count of the lines left out.
+//! - **TLS** (SPEC 6): connections go through [`super::pg_tls`]'s rustls connector, which
+//!   also reads `sslmode` and `sslrootcert` out of the URL before tokio-postgres parses it.
 //! - **Bounds on waiting**: a call waits at most `store.timeout` (pool wait included); a
 //!   connection attempt, start-up exchange included, at most its connect timeout per host;
 //!   start-up statements carry their own `SET LOCAL` timeouts, whatever the role's are.
@@ -37,7 +39,6 @@
 use std::collections::{HashMap, HashSet};
 use std::error::Error as _;
 use std::fmt;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -45,8 +46,9 @@ use std::time::{Duration, Instant};
 use bb8::{ErrorSink, Pool, RunError};
 use bb8_postgres::PostgresConnectionManager;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
+use super::pg_tls::{self, MakeRustls};
 use super::{Counted, Increment, Peeked, Store, StoreError, StoreFuture};
 use crate::config::StoreConfig;
 
@@ -422,7 +424,7 @@ impl PooledClient {
 /// another only when more callers wait than connections are being made, so a few such
 /// attempts starved the pool long after the database came back (issue 14, item 7).
 pub struct Manager {
-    inner: PostgresConnectionManager<NoTls>,
+    inner: PostgresConnectionManager<MakeRustls>,
     /// Bound on one whole attempt: the connect timeout for every host it may try.
     deadline: Duration,
 }
@@ -487,7 +489,7 @@ impl PostgresStore {
     /// Every session runs with `synchronous_commit = off` unless `cfg.synchronous_commit`
     /// (appended to any `options` the URL carries, so the URL's own settings still apply).
     pub fn new(cfg: &StoreConfig) -> Result<Arc<Self>, StoreError> {
-        let pg = connection_config(cfg)?;
+        let (pg, tls) = connection_config(cfg)?;
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(StoreError::Unavailable(
                 "the Postgres store must be created inside a tokio runtime".to_owned(),
@@ -508,7 +510,7 @@ impl PostgresStore {
             .error_sink(Box::new(last_connect_error.clone()))
             .build_unchecked(Manager {
                 deadline: connect_deadline(&pg),
-                inner: PostgresConnectionManager::new(pg, NoTls),
+                inner: PostgresConnectionManager::new(pg, tls),
             });
 
         Ok(Arc::new(PostgresStore {
@@ -530,7 +532,7 @@ impl PostgresStore {
     /// policy and calls this again later (SPEC 1); on the others it stops.
     pub async fn initialize(&self, fingerprint: &str, migrate: bool) -> Result<(), InitError> {
         let run = async {
-            let mut client = self.connect_for_init().await?;
+            let mut client = self.connect_for_init(true).await?;
             if migrate {
                 let applied = apply_migrations(&mut client).await?;
                 if !applied.is_empty() {
@@ -568,7 +570,7 @@ impl PostgresStore {
         accept_new_key: bool,
     ) -> Result<MigrateReport, InitError> {
         let run = async {
-            let mut client = self.connect_for_init().await?;
+            let mut client = self.connect_for_init(false).await?;
             let applied = apply_migrations(&mut client).await?;
             let fingerprint = settle_fingerprint(&mut client, fingerprint, accept_new_key).await?;
             Ok(MigrateReport {
@@ -698,11 +700,30 @@ impl PostgresStore {
     /// authentication, ...) comes back instead of a pool timeout. It is closed when dropped.
     /// Nothing tollgate sets stays on it (`SET LOCAL` only), so through a pooler the server
     /// session goes back to the pool as it came.
-    async fn connect_for_init(&self) -> Result<Client, InitError> {
+    ///
+    /// With `log`, a failure also goes to the failure log: a background start-up that keeps
+    /// failing (a TLS certificate that is not trusted, say) must say so at warning level, not
+    /// only at debug. `tollgate migrate` reports its one error itself.
+    async fn connect_for_init(&self, log: bool) -> Result<Client, InitError> {
         match self.pool.dedicated_connection().await {
             Ok(pooled) => Ok(pooled.client),
-            Err(PoolError::Postgres(e)) => Err(classify(&e, InitError::Database)),
-            Err(deadline) => Err(InitError::Unreachable(deadline.to_string())),
+            Err(PoolError::Postgres(e)) => {
+                if log {
+                    self.failures.note(cause(&e), &describe(&e));
+                }
+                let at = self.failures.location();
+                Err(match classify(&e, InitError::Database) {
+                    InitError::Unreachable(m) => InitError::Unreachable(format!("{m} ({at})")),
+                    InitError::Database(m) => InitError::Database(format!("{m} ({at})")),
+                    other => other,
+                })
+            }
+            Err(deadline) => {
+                if log {
+                    self.failures.note(Cause::Timeout, &deadline.to_string());
+                }
+                Err(InitError::Unreachable(deadline.to_string()))
+            }
         }
     }
 
@@ -977,6 +998,9 @@ fn cause(e: &tokio_postgres::Error) -> Cause {
             _ => Cause::Database,
         };
     }
+    if pg_tls::tls_problem(e).is_some() {
+        return Cause::Tls;
+    }
     let mut source = e.source();
     while let Some(s) = source {
         if let Some(io) = s.downcast_ref::<std::io::Error>() {
@@ -1073,6 +1097,14 @@ impl FailureLog {
         }
     }
 
+    /// "host H, port P, database D", for messages.
+    fn location(&self) -> String {
+        format!(
+            "host {}, port {}, database {}",
+            self.host, self.port, self.dbname
+        )
+    }
+
     fn note(&self, cause: Cause, detail: &str) {
         let suppressed = {
             let Ok(mut slots) = self.slots.lock() else {
@@ -1099,17 +1131,23 @@ impl FailureLog {
     }
 }
 
-/// The tokio-postgres configuration for `cfg`: its URL plus tollgate's session defaults.
-fn connection_config(cfg: &StoreConfig) -> Result<tokio_postgres::Config, StoreError> {
+/// The tokio-postgres configuration for `cfg` (its URL plus tollgate's session defaults) and
+/// the TLS connector for its `sslmode` and trust root ([`pg_tls`]).
+fn connection_config(
+    cfg: &StoreConfig,
+) -> Result<(tokio_postgres::Config, MakeRustls), StoreError> {
     let url = cfg
         .url
         .as_deref()
         .ok_or_else(|| StoreError::Unavailable("store.url is not set".to_owned()))?;
     // tokio-postgres' parser accepts both URL and key=value forms, several hosts and
-    // target_session_attrs=read-write (SPEC 6). Its messages name the bad option, not
-    // the URL, so they are safe to return.
-    let mut pg = tokio_postgres::Config::from_str(url)
+    // target_session_attrs=read-write (SPEC 6); pg_tls takes the TLS options out first.
+    // Its messages name the bad option, never the URL, so they are safe to return.
+    let (mut pg, tls) = pg_tls::parse(url, cfg.ca_file.as_deref())
         .map_err(|e| StoreError::Unavailable(format!("invalid store.url: {e}")))?;
+    let tls = tls
+        .connector()
+        .map_err(|e| StoreError::Unavailable(format!("TLS to the database: {e}")))?;
     if !cfg.synchronous_commit {
         let options = match pg.get_options() {
             Some(existing) if !existing.trim().is_empty() => {
@@ -1127,7 +1165,7 @@ fn connection_config(cfg: &StoreConfig) -> Result<tokio_postgres::Config, StoreE
         pg.application_name("tollgate");
     }
 
-    Ok(pg)
+    Ok((pg, tls))
 }
 
 /// Splits a batch into the statement's array parameters, refusing what the statement cannot
@@ -1168,6 +1206,13 @@ fn is_transient(e: &tokio_postgres::Error) -> bool {
     if e.is_closed() {
         return true;
     }
+    // TLS failures (the server declines TLS, its certificate is not trusted) are
+    // configuration, but on either side: the server's may be fixed (ssl = on, a renewed
+    // certificate) while tollgate waits. So tollgate keeps serving under its failure policy,
+    // not ready, and says why in the failure log (issue 15), rather than exiting.
+    if pg_tls::tls_problem(e).is_some() {
+        return true;
+    }
     if let Some(db) = e.as_db_error() {
         let code = db.code().code();
         return code.starts_with("08")
@@ -1192,6 +1237,9 @@ fn is_transient(e: &tokio_postgres::Error) -> bool {
 /// A message for a tokio-postgres error: the server's code and message for database errors
 /// (tokio-postgres' Display says only "db error"), its own text otherwise.
 fn describe(e: &tokio_postgres::Error) -> String {
+    if let Some(problem) = pg_tls::tls_problem(e) {
+        return problem;
+    }
     match e.as_db_error() {
         Some(db) => format!("{} ({})", db.message(), db.code().code()),
         None => {
@@ -1437,12 +1485,13 @@ mod tests {
             sweep_interval: Duration::from_secs(60),
             synchronous_commit,
             memory_buckets: std::num::NonZeroUsize::MIN,
+            ca_file: None,
         }
     }
 
     #[test]
     fn synchronous_commit_off_is_appended_to_the_url_options() {
-        let pg = connection_config(&cfg(
+        let (pg, _) = connection_config(&cfg(
             "postgres://u:secret@h1:5432,h2:5433/db?target_session_attrs=read-write&options=-c%20statement_timeout%3D5000",
             false,
         ))
@@ -1466,7 +1515,7 @@ mod tests {
             ("h1,h2", "5432,5433", "db")
         );
 
-        let pg = connection_config(&cfg("host=h connect_timeout=2", true)).expect("parses");
+        let (pg, _) = connection_config(&cfg("host=h connect_timeout=2", true)).expect("parses");
         assert_eq!(pg.get_options(), None);
         assert_eq!(pg.get_connect_timeout(), Some(&Duration::from_secs(2)));
     }

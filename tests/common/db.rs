@@ -65,8 +65,13 @@ impl TestDb {
     /// A store configuration for this database, generous enough not to flake on a busy
     /// machine; tests that are about time limits set their own `timeout`.
     pub fn store_config(&self) -> StoreConfig {
+        Self::store_config_for(self.url.clone())
+    }
+
+    /// The same for any connection string (another server, a relay).
+    pub fn store_config_for(url: String) -> StoreConfig {
         StoreConfig {
-            url: Some(self.url.clone()),
+            url: Some(url),
             pool_size: 4,
             timeout: Duration::from_secs(10),
             on_error: StoreErrorPolicy::Allow,
@@ -74,6 +79,7 @@ impl TestDb {
             sweep_interval: Duration::from_secs(60),
             synchronous_commit: false,
             memory_buckets: std::num::NonZeroUsize::MIN,
+            ca_file: None,
         }
     }
 
@@ -293,7 +299,7 @@ fn start_throwaway(rt: &tokio::runtime::Runtime) -> Result<String, String> {
 }
 
 /// A PostgreSQL program from PATH, or from Debian's versioned directories.
-fn find_tool(name: &str) -> Result<String, String> {
+pub fn find_tool(name: &str) -> Result<String, String> {
     if let Some(path) = std::env::var_os("PATH") {
         for dir in std::env::split_paths(&path) {
             let candidate = dir.join(name);
@@ -319,7 +325,7 @@ fn find_tool(name: &str) -> Result<String, String> {
 }
 
 /// Runs a command to completion; its stdout, or an error with its stderr.
-fn run_output(command: &mut Command) -> Result<String, String> {
+pub fn run_output(command: &mut Command) -> Result<String, String> {
     let output = command
         .stdin(Stdio::null())
         .output()

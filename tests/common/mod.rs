@@ -488,3 +488,5 @@ pub async fn raw_exchange(addr: SocketAddr, bytes: &[u8], within: Duration) -> S
     let _ = tokio::time::timeout(within, stream.read_to_end(&mut out)).await;
     String::from_utf8_lossy(&out).to_string()
 }
+
+pub mod pg_cluster;
