@@ -465,7 +465,9 @@ fn parse_chunk_size(line: &[u8]) -> Result<u64, Refusal> {
         Some(at) => &line[..at],
         None => line,
     };
-    let size = trim(size);
+    // RFC 9112 7.1: whitespace may follow the size (BWS before an extension), never precede
+    // it; hyper refuses the leading kind, so accepting it would make the two disagree.
+    let size = trim_end(size);
     if size.is_empty() || size.len() > 16 || !size.iter().all(u8::is_ascii_hexdigit) {
         return Err(Refusal::BadChunk);
     }
@@ -473,6 +475,13 @@ fn parse_chunk_size(line: &[u8]) -> Result<u64, Refusal> {
         .ok()
         .and_then(|s| u64::from_str_radix(s, 16).ok())
         .ok_or(Refusal::BadChunk)
+}
+
+fn trim_end(mut v: &[u8]) -> &[u8] {
+    while let [rest @ .., b' ' | b'\t'] = v {
+        v = rest;
+    }
+    v
 }
 
 fn trim(mut v: &[u8]) -> &[u8] {

@@ -7,10 +7,14 @@
 //! this module's functions: nothing here implements `Debug` or `Display` for a subject, and
 //! only the digest leaves.
 //!
-//! A keyed header must come once: with two `X-Api-Key` fields the limiter would count one
-//! copy while the upstream may read the other, so the client would choose its own bucket.
-//! [`keyed_headers`] lists the names a route's limits read, made once per route, and
-//! [`repeated_keyed_header`] checks exactly those per request (SPEC 3: such a request gets 400).
+//! A keyed header must be read alike by the limiter and the upstream, or the client chooses its
+//! own bucket: it must come once (with two `X-Api-Key` fields the limiter would count one copy
+//! while the upstream may read the other; SPEC 3), with a value of visible ASCII and no padding
+//! (HTTP/2 passes `"k "` through while every HTTP/1.1 parser upstream strips it to `k`;
+//! RFC 9113 8.2.1 calls it malformed), and, where names with `_` are forwarded, without an
+//! underscore twin (`X_Api_Key`, which CGI and WSGI read as `X-Api-Key`). [`keyed_headers`]
+//! lists the names a route's limits read, made once per route, and [`keyed_header_problem`]
+//! checks exactly those per request; the proxy answers 400.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -219,16 +223,58 @@ pub fn keyed_headers(limits: &[LimitConfig]) -> Vec<HeaderName> {
     names
 }
 
-/// The first of `names` that the request carries more than once, if any. Only the named
-/// headers are looked up (most routes name none or one), so this costs a hashed lookup per
-/// keyed header, not a pass over the request's fields.
-pub fn repeated_keyed_header<'a>(
+/// Why the request's keyed headers cannot be counted as the upstream will read them, if they
+/// cannot (see the module docs). Only the named headers are looked up (most routes name none
+/// or one), so this costs a hashed lookup and a pass over the value per keyed header; the
+/// request's other names are looked at only when `underscores_forwarded`.
+pub fn keyed_header_problem(
     headers: &HeaderMap,
-    names: &'a [HeaderName],
-) -> Option<&'a HeaderName> {
-    names
-        .iter()
-        .find(|name| headers.get_all(*name).iter().nth(1).is_some())
+    names: &[HeaderName],
+    underscores_forwarded: bool,
+) -> Option<&'static str> {
+    for name in names {
+        let mut values = headers.get_all(name).iter();
+        let Some(value) = values.next() else {
+            continue;
+        };
+        if values.next().is_some() {
+            return Some("a header a limit keys on was sent more than once");
+        }
+        if !is_plain_value(value.as_bytes()) {
+            return Some("a header a limit keys on is padded or not visible ASCII");
+        }
+    }
+    if underscores_forwarded && !names.is_empty() {
+        let twin = headers
+            .keys()
+            .any(|sent| names.iter().any(|keyed| is_underscore_twin(keyed, sent)));
+        if twin {
+            return Some("a header a limit keys on was also sent with _ for -");
+        }
+    }
+    None
+}
+
+/// Visible ASCII with spaces and tabs inside, none at either end: a value that every parser
+/// reads as these exact bytes.
+fn is_plain_value(value: &[u8]) -> bool {
+    let padded = |b: Option<&u8>| matches!(b, Some(b' ' | b'\t'));
+    !padded(value.first())
+        && !padded(value.last())
+        && value
+            .iter()
+            .all(|&b| b == b' ' || b == b'\t' || (0x21..=0x7e).contains(&b))
+}
+
+/// Whether `sent` is another spelling of `keyed` with `_` and `-` swapped somewhere.
+fn is_underscore_twin(keyed: &HeaderName, sent: &HeaderName) -> bool {
+    let (keyed, sent) = (keyed.as_str().as_bytes(), sent.as_str().as_bytes());
+    keyed != sent
+        && keyed.len() == sent.len()
+        && keyed
+            .iter()
+            .zip(sent)
+            .all(|(k, s)| k == s || matches!((k, s), (b'-', b'_') | (b'_', b'-')))
 }
 
 /// What a request looks like to the key derivation: its attributed address and its headers.
@@ -514,10 +560,28 @@ mod tests {
         h.append("x-other", HeaderValue::from_static("1"));
         h.append("x-other", HeaderValue::from_static("2"));
         h.append("x-api-key", HeaderValue::from_static("a"));
-        assert_eq!(repeated_keyed_header(&h, &names), None);
+        assert_eq!(keyed_header_problem(&h, &names, false), None);
+        h.append("x_api-key", HeaderValue::from_static("twin"));
+        assert_eq!(keyed_header_problem(&h, &names, false), None);
+        assert!(keyed_header_problem(&h, &names, true).is_some());
+        h.remove("x_api-key");
         h.append("authorization", HeaderValue::from_static("b"));
         h.append("authorization", HeaderValue::from_static("c"));
-        assert_eq!(repeated_keyed_header(&h, &names), Some(&auth));
+        assert!(keyed_header_problem(&h, &names, false).is_some());
+        for padded in [" a", "a ", "\ta", "a\t"] {
+            let mut h = HeaderMap::new();
+            h.append("x-api-key", HeaderValue::from_static(padded));
+            assert!(
+                keyed_header_problem(&h, &names, false).is_some(),
+                "{padded:?}"
+            );
+        }
+        let mut h = HeaderMap::new();
+        h.append(
+            "x-api-key",
+            HeaderValue::from_static("key with\tinner space"),
+        );
+        assert_eq!(keyed_header_problem(&h, &names, false), None);
         assert!(keyed_headers(&limits[..1]).is_empty());
     }
 

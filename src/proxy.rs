@@ -235,20 +235,21 @@ impl Proxy {
         };
         let route = &rt.routes[index];
 
-        // Step 3: who the request counts as, per limit. A keyed header sent twice would let
-        // the client pick the copy counted while the upstream reads the other. HTTP/2 may
+        // Step 3: who the request counts as, per limit. A keyed header that the limiter and
+        // the upstream could read differently (sent twice, padded, or with an underscore twin)
+        // would let the client choose its own bucket (`key::keyed_header_problem`). HTTP/2 may
         // split `cookie` into several fields, which are one header (RFC 9113 8.2.3): they are
         // joined first when a limit keys on it, so the whole value is counted.
         if req.version() == Version::HTTP_2 && route.keyed_headers.contains(&header::COOKIE) {
             headers::join_cookies(req.headers_mut());
         }
-        if key::repeated_keyed_header(req.headers(), &route.keyed_headers).is_some() {
-            return local_error(
-                Some(index),
-                RequestError::BadRequest("a header a limit keys on was sent more than once"),
-            );
-        }
         let server = &rt.config.server;
+        let underscores_forwarded = server.underscores_in_headers;
+        if let Some(why) =
+            key::keyed_header_problem(req.headers(), &route.keyed_headers, underscores_forwarded)
+        {
+            return local_error(Some(index), RequestError::BadRequest(why));
+        }
         let client = key::client_addr(conn.peer.ip(), req.headers(), &server.trusted_proxies);
         let who = RequestIdentity {
             client,

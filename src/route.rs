@@ -49,8 +49,15 @@ pub fn find(
             && route
                 .methods
                 .as_ref()
-                .is_none_or(|methods| methods.contains(method))
+                .is_none_or(|methods| method_listed(methods, method))
     })
+}
+
+/// Whether `methods` covers `method`. `GET` covers `HEAD`: backends answer HEAD with their GET
+/// handler (Express, Flask, Django, Rails, Spring, Go), so a GET limit that HEAD escaped would
+/// leave the same work unlimited (nginx's `limit_except GET` covers HEAD for this reason).
+fn method_listed(methods: &[Method], method: &Method) -> bool {
+    methods.contains(method) || (method == Method::HEAD && methods.contains(&Method::GET))
 }
 
 /// The path sent upstream when the route strips its prefix (`/api` itself becomes `/`).
