@@ -29,14 +29,16 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::verify_server_name;
 use rustls::crypto::CryptoProvider;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::server::{ClientHello, ParsedCertificate, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use rustls::version::{TLS12, TLS13};
 use rustls::{
-    ClientConfig, InconsistentKeys, RootCertStore, ServerConfig, SupportedProtocolVersion,
+    ClientConfig, DigitallySignedStruct, InconsistentKeys, RootCertStore, ServerConfig,
+    SignatureScheme, SupportedProtocolVersion,
 };
 use rustls_pemfile::Item;
 
@@ -542,6 +544,58 @@ fn days_from_civil(year: i64, month: u8, day: u8) -> i64 {
     era * 146_097 + day_of_era - 719_468
 }
 
+/// A server certificate verifier that accepts any certificate, though the handshake signature
+/// must still be made by the certificate's key: encryption without authentication. For
+/// PostgreSQL's `sslmode=prefer` and `require` (libpq's meaning of these modes), and for tests
+/// that must see which certificate a server chose.
+#[derive(Debug)]
+pub(crate) struct SignaturesOnly(pub(crate) Arc<CryptoProvider>);
+
+impl ServerCertVerifier for SignaturesOnly {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::process::Stdio;
@@ -549,9 +603,7 @@ mod tests {
     use std::time::Duration;
 
     use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
-    use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-    use rustls::pki_types::UnixTime;
-    use rustls::{DigitallySignedStruct, ProtocolVersion, SignatureScheme};
+    use rustls::ProtocolVersion;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio_rustls::{TlsAcceptor, TlsConnector};
 
@@ -735,62 +787,12 @@ sOzeL+tnOnrb3xlbmOyKhtXnvDs9AIDGWSDdNn5bQe7WyJxz+7tNWAqp
         CertificateParams::new(names).expect("leaf params")
     }
 
-    /// Accepts any server certificate, so a test can see which one the server chose even
-    /// when it does not match the name the client asked for. Signatures are still checked.
-    #[derive(Debug)]
-    struct AnyServerCert(Arc<CryptoProvider>);
-
-    impl ServerCertVerifier for AnyServerCert {
-        fn verify_server_cert(
-            &self,
-            _end_entity: &CertificateDer<'_>,
-            _intermediates: &[CertificateDer<'_>],
-            _server_name: &ServerName<'_>,
-            _ocsp_response: &[u8],
-            _now: UnixTime,
-        ) -> Result<ServerCertVerified, rustls::Error> {
-            Ok(ServerCertVerified::assertion())
-        }
-
-        fn verify_tls12_signature(
-            &self,
-            message: &[u8],
-            cert: &CertificateDer<'_>,
-            dss: &DigitallySignedStruct,
-        ) -> Result<HandshakeSignatureValid, rustls::Error> {
-            rustls::crypto::verify_tls12_signature(
-                message,
-                cert,
-                dss,
-                &self.0.signature_verification_algorithms,
-            )
-        }
-
-        fn verify_tls13_signature(
-            &self,
-            message: &[u8],
-            cert: &CertificateDer<'_>,
-            dss: &DigitallySignedStruct,
-        ) -> Result<HandshakeSignatureValid, rustls::Error> {
-            rustls::crypto::verify_tls13_signature(
-                message,
-                cert,
-                dss,
-                &self.0.signature_verification_algorithms,
-            )
-        }
-
-        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-            self.0.signature_verification_algorithms.supported_schemes()
-        }
-    }
-
     fn any_cert_client(sni: bool) -> ClientConfig {
         let mut config = ClientConfig::builder_with_provider(provider())
             .with_protocol_versions(PROTOCOL_VERSIONS)
             .expect("versions")
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(AnyServerCert(provider())))
+            .with_custom_certificate_verifier(Arc::new(SignaturesOnly(provider())))
             .with_no_client_auth();
         config.enable_sni = sni;
         config
