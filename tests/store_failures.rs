@@ -851,3 +851,86 @@ async fn migrations_leave_no_search_path_on_the_session() {
         "the migrations changed the session's search_path"
     );
 }
+
+/// Issue 15, "roles as operators make them": a runtime role that may not create anything
+/// serves with `migrate = false` once a deploy job (here: the database owner) has migrated.
+/// It can read and write the counters and read the schema's records, nothing more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_without_create_serves_with_migrate_false_after_a_deploy_job_migrated() {
+    let db = TestDb::new().await;
+    let upstream = Upstream::start().await;
+    let admin_db = db.client().await;
+    // The deploy job: the owner migrates (and stores the key fingerprint), then stops.
+    let (mut owner, _) = ready_proxy(&upstream, &db.url).await;
+    owner.shutdown().await;
+
+    let name = format!("{}_runtime", db.name);
+    admin_db
+        .batch_execute(&format!(
+            "CREATE ROLE \"{name}\" LOGIN; \
+             REVOKE CREATE ON SCHEMA public FROM PUBLIC; \
+             GRANT USAGE ON SCHEMA public TO \"{name}\"; \
+             GRANT SELECT ON ALL TABLES IN SCHEMA public TO \"{name}\"; \
+             GRANT INSERT, UPDATE, DELETE ON public.rate_limits TO \"{name}\""
+        ))
+        .await
+        .expect("create the runtime role");
+    let can_create: bool = admin_db
+        .query_one(
+            &format!("SELECT has_schema_privilege('{name}', 'public', 'CREATE')"),
+            &[],
+        )
+        .await
+        .expect("privilege")
+        .get(0);
+    assert!(!can_create, "the runtime role must not be able to create");
+
+    let url = format!("{} user={name}", db.url_through(db.server_addr()));
+    let store = format!("url = \"{url}\"\ntimeout = \"1s\"\non_error = \"deny\"\nmigrate = false");
+    let routes = r#"
+[[routes]]
+name = "api"
+path_prefix = "/api"
+upstream = "app"
+
+  [[routes.limits]]
+  key = "ip"
+  requests = 2
+  window = "1h"
+"#;
+    let text = limits_config(&store, "\n[admin]\nlisten = \"127.0.0.1:0\"", routes);
+    let mut proxy = Proxy::start(config_from(&text, upstream.addr, &[])).await;
+    let admin = proxy.server().admin_addr.expect("admin listener");
+    let client = h1_client();
+    let statuses = [
+        get(&client, &proxy.url("/api")).await.status.as_u16(),
+        get(&client, &proxy.url("/api")).await.status.as_u16(),
+        get(&client, &proxy.url("/api")).await.status.as_u16(),
+    ];
+    assert_eq!(
+        statuses,
+        [200, 200, 429],
+        "the limit holds under the runtime role"
+    );
+    assert_eq!(
+        ready_until(&client, admin, 200, Duration::from_secs(3)).await,
+        200
+    );
+    proxy.shutdown().await;
+    let _ = admin_db
+        .batch_execute(&format!(
+            "GRANT CREATE ON SCHEMA public TO PUBLIC; DROP OWNED BY \"{name}\"; \
+             SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{name}'"
+        ))
+        .await;
+    for _ in 0..50 {
+        if admin_db
+            .batch_execute(&format!("DROP ROLE IF EXISTS \"{name}\""))
+            .await
+            .is_ok()
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -1401,26 +1401,33 @@ async fn settle_fingerprint(
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
         .await
         .map_err(db_err)?;
-    let inserted_now = tx
+    // Read first and insert only when there is nothing: an instance whose role may only read
+    // the settings (migrate = false behind a deploy job) must be able to check the stored
+    // fingerprint, and `INSERT ... ON CONFLICT DO NOTHING` needs INSERT even when the row is
+    // there. The lock above makes read-then-insert safe.
+    let existing: Option<String> = tx
         .query_opt(
-            "INSERT INTO public.tollgate_settings (name, value) VALUES ($1, $2)
-             ON CONFLICT (name) DO NOTHING
-             RETURNING true",
-            &[&FINGERPRINT_SETTING, &fingerprint],
-        )
-        .await
-        .map_err(db_err)?
-        .is_some();
-    // Re-read rather than trust the insert: the row may predate it.
-    let stored: String = tx
-        .query_one(
             "SELECT value FROM public.tollgate_settings WHERE name = $1",
             &[&FINGERPRINT_SETTING],
         )
         .await
         .map_err(db_err)?
-        .try_get(0)
+        .map(|row| row.try_get(0))
+        .transpose()
         .map_err(db_err)?;
+    let inserted_now = existing.is_none();
+    let stored = match existing {
+        Some(stored) => stored,
+        None => {
+            tx.execute(
+                "INSERT INTO public.tollgate_settings (name, value) VALUES ($1, $2)",
+                &[&FINGERPRINT_SETTING, &fingerprint],
+            )
+            .await
+            .map_err(db_err)?;
+            fingerprint.to_owned()
+        }
+    };
     let change = if inserted_now {
         FingerprintChange::Written
     } else if stored == fingerprint {
