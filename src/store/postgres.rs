@@ -146,6 +146,12 @@ RETURNING r.bucket,
           floor(extract(epoch FROM r.expires_at) * 1000)::int8,
           floor(extract(epoch FROM now()) * 1000)::int8";
 
+/// The text of the increment statement (for tests and for operators who want to `EXPLAIN`
+/// it). Parameters: `$1 text[]` buckets, `$2 int8[]` window lengths, `$3 int8[]` amounts.
+pub fn increment_sql(_synchronous_commit: bool) -> &'static str {
+    INCREMENT_SQL
+}
+
 /// The read-only twin of [`INCREMENT_SQL`] for `tollgate explain`: same window arithmetic,
 /// no write, 0 for a bucket without a row. `WITH ORDINALITY` keeps the batch order.
 const PEEK_SQL: &str = "\
