@@ -165,6 +165,11 @@ async fn settings_of_every_server_connection(
     seen
 }
 
+/// The first `n` lines of a log, enough to see why without flooding the output.
+fn first_lines(log: &str, n: usize) -> String {
+    log.lines().take(n).collect::<Vec<_>>().join("\n")
+}
+
 /// A `tracing` writer of this test's own.
 #[derive(Clone, Default)]
 struct Captured(Arc<Mutex<Vec<u8>>>);
@@ -245,7 +250,8 @@ async fn two_instances_hold_the_limit(mode: PoolMode) {
     assert_eq!(
         counted,
         vec![LIMIT; ROUNDS],
-        "allowed per window ({mode:?})"
+        "allowed per window ({mode:?}); warnings:\n{}",
+        first_lines(&captured.text(), 5)
     );
 
     // The sweep deletes the windows that ended (every instance tries every 300 ms).

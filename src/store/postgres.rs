@@ -1116,15 +1116,9 @@ fn connection_config(cfg: &StoreConfig) -> Result<tokio_postgres::Config, StoreE
     // the URL, so they are safe to return.
     let mut pg = tokio_postgres::Config::from_str(url)
         .map_err(|e| StoreError::Unavailable(format!("invalid store.url: {e}")))?;
-    if !cfg.synchronous_commit {
-        let options = match pg.get_options() {
-            Some(existing) if !existing.trim().is_empty() => {
-                format!("{existing} -c synchronous_commit=off")
-            }
-            _ => "-c synchronous_commit=off".to_owned(),
-        };
-        pg.options(&options);
-    }
+    // No startup `options` of tollgate's own: PgBouncer refuses the parameter ("unsupported
+    // startup parameter: options"). `synchronous_commit` is set by the increment itself, for
+    // its own transaction (see INCREMENT_SQL). Options the URL carries are the operator's.
     if pg.get_connect_timeout().is_none() {
         pg.connect_timeout(CONNECT_TIMEOUT);
     }
@@ -1446,16 +1440,15 @@ mod tests {
     }
 
     #[test]
-    fn synchronous_commit_off_is_appended_to_the_url_options() {
+    fn no_startup_options_of_our_own_a_pooler_would_refuse() {
         let pg = connection_config(&cfg(
             "postgres://u:secret@h1:5432,h2:5433/db?target_session_attrs=read-write&options=-c%20statement_timeout%3D5000",
             false,
         ))
         .expect("parses");
-        assert_eq!(
-            pg.get_options(),
-            Some("-c statement_timeout=5000 -c synchronous_commit=off")
-        );
+        // The URL's own options are the operator's; tollgate adds none (PgBouncer refuses
+        // the parameter; synchronous_commit is set inside the increment instead).
+        assert_eq!(pg.get_options(), Some("-c statement_timeout=5000"));
         assert_eq!(pg.get_hosts().len(), 2);
         assert_eq!(
             pg.get_target_session_attrs(),
@@ -1471,8 +1464,11 @@ mod tests {
             ("h1,h2", "5432,5433", "db")
         );
 
+        for synchronous_commit in [false, true] {
+            let pg = connection_config(&cfg("host=h", synchronous_commit)).expect("parses");
+            assert_eq!(pg.get_options(), None, "no startup options");
+        }
         let pg = connection_config(&cfg("host=h connect_timeout=2", true)).expect("parses");
-        assert_eq!(pg.get_options(), None);
         assert_eq!(pg.get_connect_timeout(), Some(&Duration::from_secs(2)));
     }
 
