@@ -8,6 +8,10 @@
 //!   several rows with `unnest`. No read-then-write, no explicit transaction, no lock taken here.
 //!   The window is computed from the database's `now()` inside the statement (SPEC 3), so
 //!   instances whose clocks disagree still share one window.
+//! - **Nothing kept on a connection** (SPEC 6, poolers): every statement is the unnamed one
+//!   (`query_typed`: one round trip, no name that a transaction-mode PgBouncer could send to
+//!   another server connection), no startup `options`, no session `SET`, no session advisory
+//!   lock. `synchronous_commit = off` is set by the increment for its own transaction.
 //! - **Migrations.** The files of `migrations/` are embedded in the binary and recorded in
 //!   `public.tollgate_migrations`; each runs in its own transaction under a transaction-level
 //!   advisory lock, so N instances starting at once apply each exactly once (SPEC 6).
