@@ -227,10 +227,13 @@ async fn two_instances_hold_the_limit(mode: PoolMode) {
     let bouncer = PgBouncer::start(&db, mode, bouncer_pool(mode));
     let upstream = Upstream::start().await;
     let text = config_text(&bouncer.url(&db));
-    let mut proxies = Vec::new();
-    for _ in 0..2 {
-        proxies.push(Proxy::start(config_from(&text, upstream.addr, &[])).await);
-    }
+    // Both start at once: their migrations and fingerprint checks meet on the migration lock,
+    // taken inside each migration's transaction, through the pooler.
+    let (a, b) = tokio::join!(
+        Proxy::start(config_from(&text, upstream.addr, &[])),
+        Proxy::start(config_from(&text, upstream.addr, &[]))
+    );
+    let mut proxies = vec![a, b];
     let addrs: Vec<SocketAddr> = proxies.iter().map(|p| p.addr).collect();
 
     // The HTTP client's and the proxies' connections first, on the unlimited route, so that a
@@ -368,6 +371,15 @@ async fn transaction_mode_two_instances_allow_exactly_50_of_300_window_after_win
     two_instances_hold_the_limit(PoolMode::Transaction).await;
 }
 
+/// A directory removed when the test ends, however it ends.
+struct RemovedOnDrop(std::path::PathBuf);
+
+impl Drop for RemovedOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// `tollgate migrate` through PgBouncer exits 0 and applies the migrations; a second run is a
 /// no-op; an instance then starts with `migrate = false` (the schema and fingerprint checks go
 /// through the pooler too) and counts.
@@ -375,12 +387,12 @@ async fn migrate_through(mode: PoolMode) {
     let db = TestDb::new().await;
     let bouncer = PgBouncer::start(&db, mode, bouncer_pool(mode));
     let url = bouncer.url(&db);
-    let dir = std::env::temp_dir().join(format!(
+    let dir = RemovedOnDrop(std::env::temp_dir().join(format!(
         "tollgate-pgbouncer-migrate-{}-{mode:?}",
         std::process::id()
-    ));
-    std::fs::create_dir_all(&dir).expect("tmp dir");
-    let path = dir.join("proxy.toml");
+    )));
+    std::fs::create_dir_all(&dir.0).expect("tmp dir");
+    let path = dir.0.join("proxy.toml");
     std::fs::write(
         &path,
         format!(
@@ -414,7 +426,6 @@ async fn migrate_through(mode: PoolMode) {
     let out = String::from_utf8_lossy(&second.stdout).into_owned();
     assert!(second.status.success(), "{out}");
     assert!(out.contains("no migration applied"), "{out}");
-    let _ = std::fs::remove_dir_all(&dir);
 
     let upstream = Upstream::start().await;
     let text = config_text(&url)
