@@ -8,6 +8,10 @@
 //!   several rows with `unnest`. No read-then-write, no explicit transaction, no lock taken here.
 //!   The window is computed from the database's `now()` inside the statement (SPEC 3), so
 //!   instances whose clocks disagree still share one window.
+//! - **Nothing kept on a connection** (SPEC 6, poolers): every statement is the unnamed one
+//!   (`query_typed`: one round trip, no name that a transaction-mode PgBouncer could send to
+//!   another server connection), no startup `options`, no session `SET`, no session advisory
+//!   lock. `synchronous_commit = off` is set by the increment for its own transaction.
 //! - **Migrations.** The files of `migrations/` are embedded in the binary and recorded in
 //!   `public.tollgate_migrations`; each runs in its own transaction under a transaction-level
 //!   advisory lock, so N instances starting at once apply each exactly once (SPEC 6).
@@ -116,8 +120,9 @@ const MIGRATIONS: &[Migration] = &[
     },
 ];
 
-/// The batch increment (SPEC 6). Parameters: buckets (`text[]`), window lengths in seconds and
-/// amounts (`int8[]`, so a `u32` never overflows on the way in).
+/// The batch increment (SPEC 6), as [`INCREMENT_SQL`] and [`INCREMENT_ASYNC_COMMIT_SQL`].
+/// Parameters: buckets (`text[]`), window lengths in seconds and amounts (`int8[]`, so a `u32`
+/// never overflows on the way in).
 ///
 /// - `window_start = floor(unix_seconds / window) * window` from the database clock (SPEC 3);
 ///   integer division on non-negative seconds is that floor.
@@ -126,13 +131,24 @@ const MIGRATIONS: &[Migration] = &[
 /// - The sum is done in `int8` and clamped, so a flooded bucket saturates at `i32::MAX`
 ///   instead of failing with an overflow.
 /// - RETURNING order is not guaranteed; rows carry their bucket and are matched back.
-const INCREMENT_SQL: &str = "\
-WITH input AS (
+///
+/// It is sent as the unnamed statement (`query_typed`: Parse, Bind, Describe, Execute and
+/// Sync in one round trip), never prepared under a name: behind a transaction-mode pooler the
+/// next statement may run on another server connection, where a named statement does not
+/// exist, or another client's of the same name does (issue 15).
+macro_rules! increment_statement {
+    ($with:literal, $from:literal) => {
+        concat!(
+            "WITH ",
+            $with,
+            "input AS (
     SELECT b.bucket,
            b.amount,
            b.win,
            (floor(extract(epoch FROM now()))::int8 / b.win) * b.win AS start_secs
-    FROM unnest($1::text[], $2::int8[], $3::int8[]) AS b(bucket, win, amount)
+    FROM ",
+            $from,
+            "unnest($1::text[], $2::int8[], $3::int8[]) AS b(bucket, win, amount)
 )
 INSERT INTO public.rate_limits AS r (bucket, window_start, count, expires_at)
 SELECT bucket,
@@ -146,7 +162,42 @@ ON CONFLICT (bucket, window_start) DO UPDATE
 RETURNING r.bucket,
           r.count,
           floor(extract(epoch FROM r.expires_at) * 1000)::int8,
-          floor(extract(epoch FROM now()) * 1000)::int8";
+          floor(extract(epoch FROM now()) * 1000)::int8"
+        )
+    };
+}
+
+/// The increment under the server's (or role's) own `synchronous_commit`
+/// (`store.synchronous_commit = true`).
+const INCREMENT_SQL: &str = increment_statement!("", "");
+
+/// The increment with `synchronous_commit = off` for its own transaction only (the default,
+/// `store.synchronous_commit = false`), without a round trip, a startup parameter or a
+/// session `SET`, so it holds through any pooler and leaks to no other client.
+///
+/// `set_config(..., true)` is `SET LOCAL`: it lasts until the end of the current transaction,
+/// which for a statement outside `BEGIN` is the statement's implicit one. PostgreSQL reads
+/// `synchronous_commit` when it writes the commit record (`RecordTransactionCommit`) and only
+/// afterwards resets transaction-local settings (`AtEOXact_GUC`), so the commit of this very
+/// statement is asynchronous. `MATERIALIZED` plus the cross join make the planner evaluate it
+/// exactly once, before the first row (an unreferenced CTE would not run at all); the test
+/// `increment_turns_synchronous_commit_off_for_its_own_transaction_only` reads it back inside
+/// the statement and checks that the next statement sees the default again.
+const INCREMENT_ASYNC_COMMIT_SQL: &str = increment_statement!(
+    "local_commit AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true)),\n",
+    "local_commit, "
+);
+
+/// The text of the increment statement (for tests and for operators who want to `EXPLAIN`
+/// it). Parameters: `$1 text[]` buckets, `$2 int8[]` window lengths, `$3 int8[]` amounts.
+/// `synchronous_commit` is `store.synchronous_commit`.
+pub fn increment_sql(synchronous_commit: bool) -> &'static str {
+    if synchronous_commit {
+        INCREMENT_SQL
+    } else {
+        INCREMENT_ASYNC_COMMIT_SQL
+    }
+}
 
 /// The read-only twin of [`INCREMENT_SQL`] for `tollgate explain`: same window arithmetic,
 /// no write, 0 for a bucket without a row. `WITH ORDINALITY` keeps the batch order.
@@ -320,9 +371,6 @@ pub struct PooledClient {
     client: Client,
     in_flight: AtomicBool,
     read_only: AtomicBool,
-    /// The increment, prepared once per connection: afterwards each statement is only
-    /// Bind/Execute (no parse or plan on the server).
-    increment: tokio::sync::OnceCell<tokio_postgres::Statement>,
 }
 
 impl std::ops::Deref for PooledClient {
@@ -364,10 +412,10 @@ impl PooledClient {
         }
     }
 
-    /// [`INCREMENT_SQL`] on [`PROBE_BUCKET`] in a transaction that is rolled back. A probe cut
-    /// off midway leaves the connection marked in flight, so it is not reused with a
-    /// transaction open.
-    async fn probe_increment(&mut self) -> Result<(), tokio_postgres::Error> {
+    /// The increment statement `sql` on [`PROBE_BUCKET`] in a transaction that is rolled back.
+    /// A probe cut off midway leaves the connection marked in flight, so it is not reused with
+    /// a transaction open.
+    async fn probe_increment(&mut self, sql: &str) -> Result<(), tokio_postgres::Error> {
         self.in_flight.store(true, Ordering::Release);
         let client = &mut self.client;
         let result = async {
@@ -376,7 +424,7 @@ impl PooledClient {
             let windows = [1i64];
             let amounts = [1i64];
             tx.query_typed(
-                INCREMENT_SQL,
+                sql,
                 &[
                     (&&buckets[..], Type::TEXT_ARRAY),
                     (&&windows[..], Type::INT8_ARRAY),
@@ -392,20 +440,6 @@ impl PooledClient {
             self.note_read_only(err);
         }
         result
-    }
-
-    /// The prepared increment statement of this connection.
-    async fn increment_statement(
-        &self,
-    ) -> Result<&tokio_postgres::Statement, tokio_postgres::Error> {
-        self.increment
-            .get_or_try_init(|| {
-                self.run(self.client.prepare_typed(
-                    INCREMENT_SQL,
-                    &[Type::TEXT_ARRAY, Type::INT8_ARRAY, Type::INT8_ARRAY],
-                ))
-            })
-            .await
     }
 
     fn unusable(&self) -> bool {
@@ -442,7 +476,6 @@ impl bb8::ManageConnection for Manager {
             client,
             in_flight: AtomicBool::new(false),
             read_only: AtomicBool::new(false),
-            increment: tokio::sync::OnceCell::new(),
         })
     }
 
@@ -468,6 +501,8 @@ pub struct PostgresStore {
     failures: FailureLog,
     /// Held by the one readiness probe in flight.
     probe_gate: tokio::sync::Mutex<()>,
+    /// [`increment_sql`] for `store.synchronous_commit`.
+    increment_sql: &'static str,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -486,8 +521,8 @@ impl PostgresStore {
     /// made when first needed. Must be called inside a tokio runtime (the pool spawns its
     /// maintenance task).
     ///
-    /// Every session runs with `synchronous_commit = off` unless `cfg.synchronous_commit`
-    /// (appended to any `options` the URL carries, so the URL's own settings still apply).
+    /// Unless `cfg.synchronous_commit`, every increment commits with `synchronous_commit = off`,
+    /// set by the statement for its own transaction ([`INCREMENT_ASYNC_COMMIT_SQL`]).
     pub fn new(cfg: &StoreConfig) -> Result<Arc<Self>, StoreError> {
         let (pg, tls) = connection_config(cfg)?;
         if tokio::runtime::Handle::try_current().is_err() {
@@ -521,6 +556,7 @@ impl PostgresStore {
             last_connect_error,
             failures,
             probe_gate: tokio::sync::Mutex::new(()),
+            increment_sql: increment_sql(cfg.synchronous_commit),
         }))
     }
 
@@ -632,7 +668,9 @@ impl PostgresStore {
         let result = self
             .bounded(async {
                 let mut conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
-                conn.probe_increment().await.map_err(|e| self.fail(&e))
+                conn.probe_increment(self.increment_sql)
+                    .await
+                    .map_err(|e| self.fail(&e))
             })
             .await;
         self.record(&result);
@@ -674,7 +712,10 @@ impl PostgresStore {
         let mut conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
         let tx = conn.transaction().await.map_err(query_error)?;
         let won: bool = tx
-            .query_one("SELECT pg_try_advisory_xact_lock($1)", &[&SWEEP_LOCK])
+            .query_typed_one(
+                "SELECT pg_try_advisory_xact_lock($1)",
+                &[(&SWEEP_LOCK, Type::INT8)],
+            )
             .await
             .map_err(query_error)?
             .try_get(0)
@@ -688,7 +729,7 @@ impl PostgresStore {
             .await
             .map_err(query_error)?;
         let n = tx
-            .execute(SWEEP_SQL, &[&batch_size])
+            .execute_typed(SWEEP_SQL, &[(&batch_size, Type::INT8)])
             .await
             .map_err(query_error)?;
         tx.commit().await.map_err(query_error)?;
@@ -800,15 +841,17 @@ impl PostgresStore {
         }
         let (buckets, windows) = columns(batch)?;
         let amounts: Vec<i64> = batch.iter().map(|inc| i64::from(inc.by)).collect();
-        let params: [&(dyn ToSql + Sync); 3] = [&buckets, &windows, &amounts];
+        // Typed parameters: the unnamed statement needs no Describe round trip first, so the
+        // batch is ONE round trip and leaves nothing on the server connection.
+        let params: [(&(dyn ToSql + Sync), Type); 3] = [
+            (&buckets, Type::TEXT_ARRAY),
+            (&windows, Type::INT8_ARRAY),
+            (&amounts, Type::INT8_ARRAY),
+        ];
         let result = self
             .bounded(async {
                 let conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
-                let statement = conn
-                    .increment_statement()
-                    .await
-                    .map_err(|e| self.fail(&e))?;
-                conn.run(conn.query(statement, &params))
+                conn.run(conn.query_typed(self.increment_sql, &params))
                     .await
                     .map_err(|e| self.fail(&e))
             })
@@ -1148,15 +1191,9 @@ fn connection_config(
     let tls = tls
         .connector()
         .map_err(|e| StoreError::Unavailable(format!("TLS to the database: {e}")))?;
-    if !cfg.synchronous_commit {
-        let options = match pg.get_options() {
-            Some(existing) if !existing.trim().is_empty() => {
-                format!("{existing} -c synchronous_commit=off")
-            }
-            _ => "-c synchronous_commit=off".to_owned(),
-        };
-        pg.options(&options);
-    }
+    // No startup `options` of tollgate's own: PgBouncer refuses the parameter ("unsupported
+    // startup parameter: options"). `synchronous_commit` is set by the increment itself, for
+    // its own transaction (see INCREMENT_SQL). Options the URL carries are the operator's.
     if pg.get_connect_timeout().is_none() {
         pg.connect_timeout(CONNECT_TIMEOUT);
     }
@@ -1305,9 +1342,12 @@ async fn apply_migrations(client: &mut Client) -> Result<Vec<&'static str>, Init
         let db_err = |e: tokio_postgres::Error| classify(&e, InitError::Database);
         let tx = client.transaction().await.map_err(db_err)?;
         own_timeouts(&tx).await.map_err(db_err)?;
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
-            .await
-            .map_err(db_err)?;
+        tx.execute_typed(
+            "SELECT pg_advisory_xact_lock($1)",
+            &[(&MIGRATION_LOCK, Type::INT8)],
+        )
+        .await
+        .map_err(db_err)?;
         tx.batch_execute(
             "CREATE TABLE IF NOT EXISTS public.tollgate_migrations (
                  version    integer     PRIMARY KEY,
@@ -1318,9 +1358,9 @@ async fn apply_migrations(client: &mut Client) -> Result<Vec<&'static str>, Init
         .await
         .map_err(db_err)?;
         let done = tx
-            .query_opt(
+            .query_typed_opt(
                 "SELECT 1 FROM public.tollgate_migrations WHERE version = $1",
-                &[&migration.version],
+                &[(&migration.version, Type::INT4)],
             )
             .await
             .map_err(db_err)?
@@ -1336,9 +1376,12 @@ async fn apply_migrations(client: &mut Client) -> Result<Vec<&'static str>, Init
             })
         };
         tx.batch_execute(migration.sql).await.map_err(mig_err)?;
-        tx.execute(
+        tx.execute_typed(
             "INSERT INTO public.tollgate_migrations (version, name) VALUES ($1, $2)",
-            &[&migration.version, &migration.name],
+            &[
+                (&migration.version, Type::INT4),
+                (&migration.name, Type::TEXT),
+            ],
         )
         .await
         .map_err(mig_err)?;
@@ -1359,7 +1402,7 @@ async fn check_schema(client: &mut Client) -> Result<(), InitError> {
     let client = client.transaction().await.map_err(db_err)?;
     own_timeouts(&client).await.map_err(db_err)?;
     let exists: bool = client
-        .query_one(
+        .query_typed_one(
             "SELECT to_regclass('public.tollgate_migrations') IS NOT NULL",
             &[],
         )
@@ -1369,7 +1412,7 @@ async fn check_schema(client: &mut Client) -> Result<(), InitError> {
         .map_err(db_err)?;
     let recorded: HashSet<i32> = if exists {
         let rows = client
-            .query("SELECT version FROM public.tollgate_migrations", &[])
+            .query_typed("SELECT version FROM public.tollgate_migrations", &[])
             .await
             .map_err(db_err)?;
         rows.iter()
@@ -1398,17 +1441,20 @@ async fn settle_fingerprint(
     let db_err = |e: tokio_postgres::Error| classify(&e, InitError::Database);
     let tx = client.transaction().await.map_err(db_err)?;
     own_timeouts(&tx).await.map_err(db_err)?;
-    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
-        .await
-        .map_err(db_err)?;
+    tx.execute_typed(
+        "SELECT pg_advisory_xact_lock($1)",
+        &[(&MIGRATION_LOCK, Type::INT8)],
+    )
+    .await
+    .map_err(db_err)?;
     // Read first and insert only when there is nothing: an instance whose role may only read
     // the settings (migrate = false behind a deploy job) must be able to check the stored
     // fingerprint, and `INSERT ... ON CONFLICT DO NOTHING` needs INSERT even when the row is
     // there. The lock above makes read-then-insert safe.
     let existing: Option<String> = tx
-        .query_opt(
+        .query_typed_opt(
             "SELECT value FROM public.tollgate_settings WHERE name = $1",
-            &[&FINGERPRINT_SETTING],
+            &[(&FINGERPRINT_SETTING, Type::TEXT)],
         )
         .await
         .map_err(db_err)?
@@ -1419,9 +1465,12 @@ async fn settle_fingerprint(
     let stored = match existing {
         Some(stored) => stored,
         None => {
-            tx.execute(
+            tx.execute_typed(
                 "INSERT INTO public.tollgate_settings (name, value) VALUES ($1, $2)",
-                &[&FINGERPRINT_SETTING, &fingerprint],
+                &[
+                    (&FINGERPRINT_SETTING, Type::TEXT),
+                    (&fingerprint, Type::TEXT),
+                ],
             )
             .await
             .map_err(db_err)?;
@@ -1433,9 +1482,12 @@ async fn settle_fingerprint(
     } else if stored == fingerprint {
         FingerprintChange::Unchanged
     } else if accept_new_key {
-        tx.execute(
+        tx.execute_typed(
             "UPDATE public.tollgate_settings SET value = $2, updated_at = now() WHERE name = $1",
-            &[&FINGERPRINT_SETTING, &fingerprint],
+            &[
+                (&FINGERPRINT_SETTING, Type::TEXT),
+                (&fingerprint, Type::TEXT),
+            ],
         )
         .await
         .map_err(db_err)?;
@@ -1497,16 +1549,15 @@ mod tests {
     }
 
     #[test]
-    fn synchronous_commit_off_is_appended_to_the_url_options() {
+    fn no_startup_options_of_our_own_a_pooler_would_refuse() {
         let (pg, _) = connection_config(&cfg(
             "postgres://u:secret@h1:5432,h2:5433/db?target_session_attrs=read-write&options=-c%20statement_timeout%3D5000",
             false,
         ))
         .expect("parses");
-        assert_eq!(
-            pg.get_options(),
-            Some("-c statement_timeout=5000 -c synchronous_commit=off")
-        );
+        // The URL's own options are the operator's; tollgate adds none (PgBouncer refuses
+        // the parameter; synchronous_commit is set inside the increment instead).
+        assert_eq!(pg.get_options(), Some("-c statement_timeout=5000"));
         assert_eq!(pg.get_hosts().len(), 2);
         assert_eq!(
             pg.get_target_session_attrs(),
@@ -1522,8 +1573,11 @@ mod tests {
             ("h1,h2", "5432,5433", "db")
         );
 
+        for synchronous_commit in [false, true] {
+            let (pg, _) = connection_config(&cfg("host=h", synchronous_commit)).expect("parses");
+            assert_eq!(pg.get_options(), None, "no startup options");
+        }
         let (pg, _) = connection_config(&cfg("host=h connect_timeout=2", true)).expect("parses");
-        assert_eq!(pg.get_options(), None);
         assert_eq!(pg.get_connect_timeout(), Some(&Duration::from_secs(2)));
     }
 

@@ -1,0 +1,505 @@
+//! tollgate through a real PgBouncer (SPEC 6, "Connection poolers"; issue 15), in session and
+//! in transaction pooling mode, in front of the test's own database.
+//!
+//! Issue 15 reproductions: tollgate sent the startup parameter `options=-c
+//! synchronous_commit=off`, which PgBouncer 1.18 refuses ("unsupported startup parameter:
+//! options"): `migrate` exited 1 and `run` let every request through. With that worked around,
+//! transaction pooling broke named prepared statements (`prepared statement "s10" already
+//! exists`, `"s13" does not exist`): 2 instances, a limit of 50, 300 concurrent requests
+//! allowed 50, 52, 300, 50, 300, 182; the sweep failed and `/readyz` said ready throughout.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::Full;
+use tokio_postgres::types::Type;
+
+use common::db::TestDb;
+use common::pgbouncer::{PgBouncer, PoolMode};
+use common::*;
+
+const LIMIT: usize = 50;
+const REQUESTS: usize = 300;
+const WINDOW_SECS: u64 = 1;
+const ROUNDS: usize = 3;
+
+/// PgBouncer's server connections for one test: in session mode every tollgate connection
+/// holds one for good (2 instances × pool_size 4, plus start-up's own), so the pool must be
+/// larger; in transaction mode a few shared by all make statements of different clients
+/// meet on the same server connection, which is what broke named prepared statements.
+fn bouncer_pool(mode: PoolMode) -> u32 {
+    match mode {
+        PoolMode::Session => 12,
+        PoolMode::Transaction => 3,
+    }
+}
+
+fn config_text(url: &str) -> String {
+    let store =
+        format!("url = \"{url}\"\ntimeout = \"2s\"\npool_size = 4\nsweep_interval = \"300ms\"");
+    let route = format!(
+        r#"
+[[routes]]
+name = "limited"
+path_prefix = "/limited"
+upstream = "app"
+
+  [[routes.limits]]
+  key = "global"
+  requests = {LIMIT}
+  window = "{WINDOW_SECS}s"
+"#
+    );
+    limits_config(&store, "\n[admin]\nlisten = \"127.0.0.1:0\"", &route)
+}
+
+/// Fires `total` concurrent requests at `/limited`; how many were 200.
+async fn flood(proxies: &[SocketAddr], total: usize) -> usize {
+    flood_path(proxies, total, "/limited").await
+}
+
+/// Fires `total` concurrent requests at `path`, spread over the proxies; how many were 200.
+async fn flood_path(proxies: &[SocketAddr], total: usize, path: &str) -> usize {
+    let client = h1_client();
+    let mut tasks = Vec::with_capacity(total);
+    for i in 0..total {
+        let addr = proxies[i % proxies.len()];
+        let client = client.clone();
+        let path = path.to_owned();
+        tasks.push(tokio::spawn(async move {
+            let req = Request::get(format!("http://{addr}{path}"))
+                .header("host", "t")
+                .body(Full::new(Bytes::new()))
+                .expect("request");
+            client.request(req).await.map(|r| r.status())
+        }));
+    }
+    let mut ok = 0;
+    for task in tasks {
+        match task.await.expect("task") {
+            Ok(StatusCode::OK) => ok += 1,
+            Ok(StatusCode::TOO_MANY_REQUESTS) => {}
+            Ok(other) => panic!("unexpected status {other}"),
+            Err(err) => panic!("request failed: {err}"),
+        }
+    }
+    ok
+}
+
+fn unix_now() -> Duration {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970")
+}
+
+/// Sleeps until just after the next window boundary (the database runs on this machine, so
+/// its clock is this one) and returns when that window ends. This is alignment to a clock,
+/// not waiting for readiness.
+async fn next_window() -> Duration {
+    let now = unix_now();
+    let start = Duration::from_secs((now.as_secs() / WINDOW_SECS + 1) * WINDOW_SECS);
+    tokio::time::sleep(start - now + Duration::from_millis(20)).await;
+    start + Duration::from_secs(WINDOW_SECS)
+}
+
+/// The sum of every sample of `name` whose labels contain `labels` (all samples if empty).
+fn metric_sum(text: &str, name: &str, labels: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+        })
+        .filter(|l| labels.is_empty() || l.contains(labels))
+        .map(|l| {
+            l.rsplit(' ')
+                .next()
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or_else(|| panic!("bad metric line: {l}"))
+        })
+        .sum()
+}
+
+/// `SHOW name` on a plain connection (simple query protocol: no statement state).
+async fn show(client: &tokio_postgres::Client, name: &str) -> String {
+    client
+        .simple_query(&format!("SHOW {name}"))
+        .await
+        .expect("SHOW")
+        .into_iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
+            _ => None,
+        })
+        .expect("a row")
+}
+
+async fn connect(url: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("connect through pgbouncer: {e}"));
+    tokio::spawn(conn);
+    client
+}
+
+/// Every server connection of the pool, seen by fresh clients: `pool_size` clients each in an
+/// open transaction, so that in transaction mode each holds a server connection of its own,
+/// report `search_path` and `synchronous_commit`.
+async fn settings_of_every_server_connection(
+    bouncer: &PgBouncer,
+    db: &TestDb,
+) -> Vec<(String, String)> {
+    let mut clients = Vec::new();
+    let mut seen = Vec::new();
+    for _ in 0..bouncer.pool_size {
+        let client = connect(&bouncer.url(db)).await;
+        client.batch_execute("BEGIN").await.expect("BEGIN");
+        seen.push((
+            show(&client, "search_path").await,
+            show(&client, "synchronous_commit").await,
+        ));
+        clients.push(client);
+    }
+    for client in &clients {
+        client.batch_execute("ROLLBACK").await.expect("ROLLBACK");
+    }
+    seen
+}
+
+/// The first `n` lines of a log, enough to see why without flooding the output.
+fn first_lines(log: &str, n: usize) -> String {
+    log.lines().take(n).collect::<Vec<_>>().join("\n")
+}
+
+/// A `tracing` writer of this test's own.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Captured {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().expect("lock")).into_owned()
+    }
+}
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("lock").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
+    type Writer = Captured;
+    fn make_writer(&'a self) -> Captured {
+        self.clone()
+    }
+}
+
+/// Two instances through one PgBouncer, a `global` limit of 50, 300 concurrent requests in each
+/// of several 1-second windows: exactly 50 allowed every time, no decision failed open, no
+/// store error or prepared-statement error logged, the sweep deletes the expired windows,
+/// `/readyz` (the rolled-back real upsert, once decisions are older than a second) is 200, and
+/// afterwards every server connection of the pool has the server's default settings.
+async fn two_instances_hold_the_limit(mode: PoolMode) {
+    let captured = Captured::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(captured.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::WARN)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let db = TestDb::new().await;
+    let direct = db.client().await;
+    let defaults = (
+        show(&direct, "search_path").await,
+        show(&direct, "synchronous_commit").await,
+    );
+    let bouncer = PgBouncer::start(&db, mode, bouncer_pool(mode));
+    let upstream = Upstream::start().await;
+    let text = config_text(&bouncer.url(&db));
+    // Both start at once: their migrations and fingerprint checks meet on the migration lock,
+    // taken inside each migration's transaction, through the pooler.
+    let (a, b) = tokio::join!(
+        Proxy::start(config_from(&text, upstream.addr, &[])),
+        Proxy::start(config_from(&text, upstream.addr, &[]))
+    );
+    let mut proxies = vec![a, b];
+    let addrs: Vec<SocketAddr> = proxies.iter().map(|p| p.addr).collect();
+
+    // The HTTP client's and the proxies' connections first, on the unlimited route, so that a
+    // round is about the store, not about 300 TCP handshakes on a loaded machine.
+    flood_path(&addrs, REQUESTS, "/open").await;
+    let mut counted = Vec::new();
+    let mut attempts = 0;
+    let mut last_round_end = Instant::now();
+    while counted.len() < ROUNDS {
+        attempts += 1;
+        assert!(
+            attempts <= ROUNDS * 2,
+            "rounds keep overrunning their {WINDOW_SECS} s window: {counted:?}"
+        );
+        let window_end = next_window().await;
+        let ok = flood(&addrs, REQUESTS).await;
+        last_round_end = Instant::now();
+        if unix_now() >= window_end {
+            // The round spilled into the next window, where the limit starts again: it can
+            // only show that two windows together allowed no more than twice the limit.
+            assert!(ok <= 2 * LIMIT, "{ok} allowed across two windows");
+            continue;
+        }
+        counted.push(ok);
+    }
+    assert_eq!(
+        counted,
+        vec![LIMIT; ROUNDS],
+        "allowed per window ({mode:?}); warnings:\n{}",
+        first_lines(&captured.text(), 5)
+    );
+
+    // The sweep deletes the windows that ended (every instance tries every 300 ms).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let deleted: f64 = proxies
+            .iter()
+            .map(|p| {
+                metric_sum(
+                    &p.server().metrics().render(),
+                    "tollgate_sweep_deleted_rows_total",
+                    "",
+                )
+            })
+            .sum();
+        if deleted >= (ROUNDS - 1) as f64 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the sweep deleted {deleted} rows ({mode:?}); logs:\n{}",
+            captured.text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let expired: i64 = direct
+        .query_one(
+            "SELECT count(*) FROM rate_limits WHERE expires_at <= now() - interval '1 second'",
+            &[],
+        )
+        .await
+        .expect("count expired")
+        .get(0);
+    assert_eq!(expired, 0, "expired rows left behind ({mode:?})");
+
+    // /readyz with no decision in the last second: the probe runs the real upsert.
+    tokio::time::sleep(
+        (last_round_end + Duration::from_millis(1200)).saturating_duration_since(Instant::now()),
+    )
+    .await;
+    let client = h1_client();
+    for proxy in &proxies {
+        let admin = proxy.server().admin_addr.expect("admin listener");
+        let ready = get(&client, &format!("http://{admin}/readyz")).await;
+        assert_eq!(
+            ready.status,
+            StatusCode::OK,
+            "/readyz ({mode:?}): {}",
+            ready.text()
+        );
+    }
+
+    let mut allowed = 0.0;
+    let mut round_trips = 0.0;
+    for proxy in &proxies {
+        let metrics = proxy.server().metrics().render();
+        for decision in [
+            "failed_open",
+            "failed_closed",
+            "local_allowed",
+            "local_limited",
+        ] {
+            let n = metric_sum(
+                &metrics,
+                "tollgate_decisions_total",
+                &format!("decision=\"{decision}\""),
+            );
+            assert_eq!(n, 0.0, "{n} decisions {decision} ({mode:?}):\n{metrics}");
+        }
+        let errors = metric_sum(&metrics, "tollgate_store_errors_total", "");
+        assert_eq!(errors, 0.0, "store errors ({mode:?}):\n{metrics}");
+        allowed += metric_sum(&metrics, "tollgate_decisions_total", "decision=\"allowed\"");
+        round_trips += metric_sum(&metrics, "tollgate_store_round_trips_total", "");
+    }
+    assert!(allowed >= (ROUNDS * LIMIT) as f64, "{allowed} allowed");
+    eprintln!(
+        "{mode:?}: {round_trips} store round trips for {} requests ({attempts} rounds)",
+        attempts * REQUESTS
+    );
+    let logs = captured.text();
+    assert!(!logs.contains("prepared statement"), "{logs}");
+    assert!(!logs.contains("store call failed"), "{logs}");
+    assert!(!logs.contains("sweep failed"), "{logs}");
+
+    for proxy in &mut proxies {
+        proxy.shutdown().await;
+    }
+    // Nothing tollgate set stays on a server connection another client of the pool gets.
+    let seen = settings_of_every_server_connection(&bouncer, &db).await;
+    for settings in seen {
+        assert_eq!(
+            settings, defaults,
+            "a server connection kept tollgate's settings ({mode:?})"
+        );
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn session_mode_two_instances_allow_exactly_50_of_300_window_after_window() {
+    two_instances_hold_the_limit(PoolMode::Session).await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn transaction_mode_two_instances_allow_exactly_50_of_300_window_after_window() {
+    two_instances_hold_the_limit(PoolMode::Transaction).await;
+}
+
+/// A directory removed when the test ends, however it ends.
+struct RemovedOnDrop(std::path::PathBuf);
+
+impl Drop for RemovedOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `tollgate migrate` through PgBouncer exits 0 and applies the migrations; a second run is a
+/// no-op; an instance then starts with `migrate = false` (the schema and fingerprint checks go
+/// through the pooler too) and counts.
+async fn migrate_through(mode: PoolMode) {
+    let db = TestDb::new().await;
+    let bouncer = PgBouncer::start(&db, mode, bouncer_pool(mode));
+    let url = bouncer.url(&db);
+    let dir = RemovedOnDrop(std::env::temp_dir().join(format!(
+        "tollgate-pgbouncer-migrate-{}-{mode:?}",
+        std::process::id()
+    )));
+    std::fs::create_dir_all(&dir.0).expect("tmp dir");
+    let path = dir.0.join("proxy.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[server]\nlisten = [\"127.0.0.1:0\"]\n\n[store]\nurl = \"{url}\"\n\n\
+             [keys]\nsecret = \"s3cret\"\n\n\
+             [upstreams.a]\nurl = \"http://127.0.0.1:9\"\n\n[[routes]]\nname = \"r\"\nupstream = \"a\"\n"
+        ),
+    )
+    .expect("write config");
+    let migrate = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .arg("migrate")
+            .arg("--config")
+            .arg(&path)
+            .env_remove("TOLLGATE_DATABASE_URL")
+            .output()
+            .expect("run tollgate migrate")
+    };
+    let first = migrate();
+    let out = format!(
+        "{}{}",
+        String::from_utf8_lossy(&first.stdout),
+        String::from_utf8_lossy(&first.stderr)
+    );
+    assert!(
+        first.status.success(),
+        "migrate through {mode:?} pgbouncer: {out}"
+    );
+    assert!(out.contains("applied 2 migration(s)"), "{out}");
+    let second = migrate();
+    let out = String::from_utf8_lossy(&second.stdout).into_owned();
+    assert!(second.status.success(), "{out}");
+    assert!(out.contains("no migration applied"), "{out}");
+
+    let upstream = Upstream::start().await;
+    let text = config_text(&url)
+        .replace("sweep_interval", "migrate = false\nsweep_interval")
+        .replace("test-secret", "s3cret");
+    let mut proxy = Proxy::start(config_from(&text, upstream.addr, &[])).await;
+    let ok = flood(&[proxy.addr], 60).await;
+    // 60 requests in at most two windows.
+    assert!((LIMIT..=60).contains(&ok), "{ok} allowed");
+    let metrics = proxy.server().metrics().render();
+    assert_eq!(
+        metric_sum(
+            &metrics,
+            "tollgate_decisions_total",
+            "decision=\"failed_open\""
+        ),
+        0.0,
+        "{metrics}"
+    );
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn session_mode_migrate_exits_0() {
+    migrate_through(PoolMode::Session).await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn transaction_mode_migrate_exits_0() {
+    migrate_through(PoolMode::Transaction).await;
+}
+
+/// `synchronous_commit = off` still applies without a startup parameter or a session `SET`:
+/// the increment sets it for its own transaction. Read back in the same statement through a
+/// transaction-mode PgBouncer, and gone for the next statement on the same connection.
+#[tokio::test(flavor = "current_thread")]
+async fn increment_turns_synchronous_commit_off_for_its_own_transaction_only() {
+    let db = TestDb::new().await;
+    let store = tollgate::store::postgres::PostgresStore::new(&db.store_config()).expect("store");
+    store.initialize("fp", true).await.expect("initialize");
+    let bouncer = PgBouncer::start(&db, PoolMode::Transaction, 1);
+    let client = connect(&bouncer.url(&db)).await;
+    let default = show(&client, "synchronous_commit").await;
+    assert_eq!(default, "on", "the test server's default");
+    let buckets = ["t:global"];
+    let windows = [60i64];
+    let amounts = [1i64];
+    for (synchronous_commit, expected) in [(false, "off"), (true, "on")] {
+        let sql = tollgate::store::postgres::increment_sql(synchronous_commit);
+        let wrapped = format!(
+            "WITH inc AS ({sql}) SELECT current_setting('synchronous_commit'), count(*) FROM inc"
+        );
+        let row = client
+            .query_typed_one(
+                &wrapped,
+                &[
+                    (&&buckets[..], Type::TEXT_ARRAY),
+                    (&&windows[..], Type::INT8_ARRAY),
+                    (&&amounts[..], Type::INT8_ARRAY),
+                ],
+            )
+            .await
+            .expect("the increment, wrapped");
+        let setting: String = row.get(0);
+        let rows: i64 = row.get(1);
+        assert_eq!(
+            (setting.as_str(), rows),
+            (expected, 1),
+            "store.synchronous_commit = {synchronous_commit}"
+        );
+        assert_eq!(
+            show(&client, "synchronous_commit").await,
+            default,
+            "the setting outlived its transaction"
+        );
+    }
+}
