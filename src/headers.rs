@@ -13,6 +13,8 @@
 //!   `-` alike, so `X_Api_Key` would reach such a backend as the `X-Api-Key` a limit keys on.
 //! - `RateLimit-Policy`/`RateLimit` (draft-ietf-httpapi-ratelimit-headers, structured-field
 //!   lists) and the legacy `X-RateLimit-*` trio tell the client where it stands.
+//! - gRPC (SPEC 5c): [`is_grpc`] tells a gRPC call by its `content-type`, and
+//!   [`grpc_trailers_only`] writes the fields of tollgate's own answers to one.
 
 use std::net::IpAddr;
 
@@ -357,6 +359,53 @@ static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limi
 static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
+/// Whether the request is a gRPC call: `content-type` is `application/grpc` or starts with
+/// `application/grpc+` (gRPC's HTTP/2 protocol), in any letter case. Asked only when tollgate
+/// answers a request itself, or once before forwarding.
+pub fn is_grpc(headers: &HeaderMap) -> bool {
+    const GRPC: &[u8] = b"application/grpc";
+    let Some(value) = headers.get(header::CONTENT_TYPE) else {
+        return false;
+    };
+    let value = value.as_bytes();
+    value.len() >= GRPC.len()
+        && value[..GRPC.len()].eq_ignore_ascii_case(GRPC)
+        && matches!(value.get(GRPC.len()), None | Some(b'+'))
+}
+
+static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+static GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
+static GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
+
+/// What gRPC's `grpc-message` must percent-encode: every byte outside printable ASCII, and `%`
+/// itself.
+const GRPC_MESSAGE_ESCAPED: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS.add(b'%');
+
+/// The fields of a trailers-only gRPC response (status and trailers in one header block, no
+/// body): `content-type: application/grpc`, `grpc-status` and the percent-encoded
+/// `grpc-message`. The HTTP status stays 200, as gRPC requires.
+pub fn grpc_trailers_only(headers: &mut HeaderMap, status: &'static str, message: &str) {
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/grpc"),
+    );
+    headers.insert(GRPC_STATUS.clone(), HeaderValue::from_static(status));
+    let encoded = percent_encoding::utf8_percent_encode(message, GRPC_MESSAGE_ESCAPED).to_string();
+    insert(headers, &GRPC_MESSAGE, encoded.into_bytes());
+}
+
+/// `Retry-After` in whole seconds; for a gRPC call also `grpc-retry-pushback-ms`, the same
+/// wait in milliseconds, which gRPC's retry policy honours in place of its own backoff.
+pub fn set_retry_after(headers: &mut HeaderMap, secs: u64, grpc: bool) {
+    headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    if grpc {
+        headers.insert(
+            GRPC_RETRY_PUSHBACK_MS.clone(),
+            HeaderValue::from(secs.saturating_mul(1000)),
+        );
+    }
+}
+
 /// Sets `name` unless `value` is not a valid field value (a policy name with a control
 /// character, say): then the field is left out rather than sent broken.
 fn insert(headers: &mut HeaderMap, name: &HeaderName, value: Vec<u8>) {
@@ -368,6 +417,33 @@ fn insert(headers: &mut HeaderMap, name: &HeaderName, value: Vec<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn grpc_is_told_by_its_content_type() {
+        let with = |ct: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::CONTENT_TYPE, ct.parse().unwrap());
+            is_grpc(&h)
+        };
+        assert!(with("application/grpc"));
+        assert!(with("application/grpc+proto"));
+        assert!(with("Application/GRPC+json"));
+        assert!(!with("application/grpcx"));
+        assert!(!with("application/grpc-web"));
+        assert!(!with("application/json"));
+        assert!(!with("application/grp"));
+        assert!(!is_grpc(&HeaderMap::new()));
+    }
+
+    #[test]
+    fn grpc_message_is_percent_encoded() {
+        let mut h = HeaderMap::new();
+        grpc_trailers_only(&mut h, "8", "100% über\nlimit");
+        assert_eq!(h["grpc-status"], "8");
+        assert_eq!(h["content-type"], "application/grpc");
+        // Spaces and other printable ASCII stay; `%`, non-ASCII and controls are encoded.
+        assert_eq!(h["grpc-message"], "100%25 %C3%BCber%0Alimit");
+    }
 
     #[test]
     fn hop_by_hop_and_connection_named_headers_go() {
