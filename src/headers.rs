@@ -13,6 +13,9 @@
 //!   `-` alike, so `X_Api_Key` would reach such a backend as the `X-Api-Key` a limit keys on.
 //! - `RateLimit-Policy`/`RateLimit` (draft-ietf-httpapi-ratelimit-headers, structured-field
 //!   lists) and the legacy `X-RateLimit-*` trio tell the client where it stands.
+//! - `X-Request-Id` ([`request_id`]) is the client's only when a trusted proxy sent a sane
+//!   one; otherwise tollgate makes a new one, so a client cannot pick the id that correlates
+//!   its requests in the logs.
 //! - gRPC (SPEC 5c): [`is_grpc`] tells a gRPC call by its `content-type`, and
 //!   [`grpc_trailers_only`] writes the fields of tollgate's own answers to one.
 
@@ -359,6 +362,47 @@ static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limi
 static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
+pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// The longest request id kept from a trusted proxy.
+pub const MAX_REQUEST_ID_LEN: usize = 128;
+
+/// Whether a request id may be kept: 1 to [`MAX_REQUEST_ID_LEN`] visible ASCII characters (no
+/// space, no control, nothing a log line would have to escape).
+pub fn is_valid_request_id(value: &HeaderValue) -> bool {
+    let bytes = value.as_bytes();
+    (1..=MAX_REQUEST_ID_LEN).contains(&bytes.len()) && bytes.iter().all(|b| b.is_ascii_graphic())
+}
+
+/// A new request id: 128 random bits as 32 lower-case hex digits. The generator is rand's
+/// thread-local one, seeded from the OS and reseeded by itself: no system call per id.
+pub fn new_request_id() -> HeaderValue {
+    let bits: u128 = rand::random();
+    let mut text = [0u8; 32];
+    // 16 bytes always fit 32 hex digits.
+    let _ = hex::encode_to_slice(bits.to_be_bytes(), &mut text);
+    HeaderValue::from_bytes(&text).unwrap_or_else(|_| HeaderValue::from_static("0"))
+}
+
+/// The request's id, set on `headers` (replacing every copy the client sent): the one it
+/// carries when `peer_trusted` says the peer is a trusted proxy and there is exactly one
+/// valid value, else a new one. `peer_trusted` is asked only when there is a value to keep.
+pub fn request_id(headers: &mut HeaderMap, peer_trusted: impl FnOnce() -> bool) -> HeaderValue {
+    let mut sent = headers.get_all(&X_REQUEST_ID).iter();
+    let kept = match (sent.next(), sent.next()) {
+        (Some(value), None) if is_valid_request_id(value) && peer_trusted() => Some(value.clone()),
+        _ => None,
+    };
+    match kept {
+        Some(value) => value,
+        None => {
+            let value = new_request_id();
+            headers.insert(X_REQUEST_ID.clone(), value.clone());
+            value
+        }
+    }
+}
+
 /// Whether the request is a gRPC call: `content-type` is `application/grpc` or starts with
 /// `application/grpc+` (gRPC's HTTP/2 protocol), in any letter case. Asked only when tollgate
 /// answers a request itself, or once before forwarding.
@@ -417,6 +461,36 @@ fn insert(headers: &mut HeaderMap, name: &HeaderName, value: Vec<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn request_ids_are_kept_only_from_trusted_peers_and_when_sane() {
+        let with = |values: &[&str], trusted: bool| {
+            let mut h = HeaderMap::new();
+            for v in values {
+                h.append(&X_REQUEST_ID, v.parse().unwrap());
+            }
+            let id = request_id(&mut h, || trusted);
+            assert_eq!(h.get_all(&X_REQUEST_ID).iter().count(), 1);
+            assert_eq!(h[&X_REQUEST_ID], id);
+            id
+        };
+        assert_eq!(with(&["trace-1"], true), "trace-1");
+        let max = "a".repeat(MAX_REQUEST_ID_LEN);
+        assert_eq!(with(&[&max], true), max.as_str());
+        for refused in [
+            &["trace-1"][..],
+            &["a".repeat(129).as_str()],
+            &["a b"],
+            &[""],
+            &["a", "b"],
+        ] {
+            let trusted = refused != ["trace-1"];
+            let id = with(refused, trusted);
+            assert_eq!(id.len(), 32, "{refused:?}");
+            assert!(id.as_bytes().iter().all(u8::is_ascii_hexdigit));
+        }
+        assert_ne!(new_request_id(), new_request_id());
+    }
 
     #[test]
     fn grpc_is_told_by_its_content_type() {

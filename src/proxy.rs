@@ -177,14 +177,23 @@ impl Proxy {
         self.runtime.store(Arc::new(runtime));
     }
 
-    pub async fn handle(&self, req: Request<Incoming>, conn: ConnInfo) -> Response<ProxyBody> {
+    pub async fn handle(&self, mut req: Request<Incoming>, conn: ConnInfo) -> Response<ProxyBody> {
         let started = Instant::now();
         let runtime = self.runtime.load_full();
+        // Decided first, so that every answer (tollgate's own included) and the log carry it.
+        let trusted_proxies = &runtime.config.server.trusted_proxies;
+        let request_id = headers::request_id(req.headers_mut(), || {
+            key::is_trusted(key::canonical(conn.peer.ip()), trusted_proxies)
+        });
         let method = req.method().clone();
         // Logged without its query: queries can carry credentials. (A Uri clone shares its
         // bytes; nothing is copied.)
         let uri = req.uri().clone();
-        let handled = self.pipeline(&runtime, req, conn).await;
+        let mut handled = self.pipeline(&runtime, req, conn).await;
+        handled
+            .response
+            .headers_mut()
+            .insert(headers::X_REQUEST_ID.clone(), request_id.clone());
         let status = handled.response.status().as_u16();
         let route = handled.route.map(|i| &runtime.routes[i]);
         let route_name = match route {
@@ -209,6 +218,8 @@ impl Proxy {
             duration_ms = started.elapsed().as_secs_f64() * 1000.0,
             upstream = handled.upstream.as_deref().unwrap_or(""),
             grpc_status = handled.grpc_status.map(GrpcCode::as_str),
+            // Visible ASCII by construction (kept ones are checked, new ones are hex).
+            request_id = request_id.to_str().unwrap_or(""),
         );
         handled.response
     }
