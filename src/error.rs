@@ -16,6 +16,10 @@ pub enum RequestError {
     BadRequest(&'static str),
     #[error("no route matches")]
     NoRoute,
+    /// A request target over `framing::MAX_TARGET`; HTTP/1.1 ones are refused by the framing
+    /// guard already, HTTP/2 `:path`s here.
+    #[error("request target too long")]
+    UriTooLong,
     /// `TRACE`: it echoes the request back, credentials and cookies included, and no backend
     /// behind a rate limiter needs it (nginx answers 405 as well).
     #[error("method not allowed")]
@@ -37,6 +41,7 @@ impl RequestError {
         match self {
             RequestError::BadRequest(_) => StatusCode::BAD_REQUEST,
             RequestError::NoRoute => StatusCode::NOT_FOUND,
+            RequestError::UriTooLong => StatusCode::URI_TOO_LONG,
             RequestError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             RequestError::UpstreamUnreachable(_) | RequestError::UpstreamBadSwitch(_) => {
                 StatusCode::BAD_GATEWAY
@@ -53,7 +58,7 @@ impl RequestError {
     /// the protocol) gets a code that is not retried.
     pub fn grpc_code(&self) -> GrpcCode {
         match self {
-            RequestError::BadRequest(_) => GrpcCode::Internal,
+            RequestError::BadRequest(_) | RequestError::UriTooLong => GrpcCode::Internal,
             // gRPC always POSTs: a TRACE is a call of something not implemented here.
             RequestError::NoRoute | RequestError::MethodNotAllowed => GrpcCode::Unimplemented,
             RequestError::UpstreamUnreachable(_) | RequestError::StoreFailedClosed => {
@@ -70,6 +75,7 @@ impl RequestError {
         match self {
             RequestError::BadRequest(reason) => reason,
             RequestError::NoRoute => "no route matches",
+            RequestError::UriTooLong => "request target too long",
             RequestError::MethodNotAllowed => "method not allowed",
             RequestError::UpstreamUnreachable(_) => "upstream unreachable",
             RequestError::UpstreamBadSwitch(_) => "upstream switched protocols unasked",
@@ -83,6 +89,7 @@ impl RequestError {
         match self {
             RequestError::BadRequest(_) => "bad_request",
             RequestError::NoRoute => "no_route",
+            RequestError::UriTooLong => "uri_too_long",
             RequestError::MethodNotAllowed => "method_not_allowed",
             RequestError::UpstreamUnreachable(_) | RequestError::UpstreamBadSwitch(_) => {
                 "upstream_error"

@@ -25,6 +25,7 @@ use crate::body::ProxyBody;
 use crate::config::{Config, RouteConfig, StoreErrorPolicy};
 use crate::error::{GrpcCode, RequestError, StartupError};
 use crate::forward::{ForwardRequest, UpstreamPool};
+use crate::framing;
 use crate::headers;
 use crate::key::{self, BucketHasher, RequestIdentity};
 use crate::limit::{LimitOutcome, Limiter, PlannedLimit, Verdict};
@@ -228,6 +229,13 @@ impl Proxy {
         // Step 1: methods tollgate never forwards, then one spelling of host and path.
         if req.method() == Method::TRACE {
             let mut handled = local_error(None, RequestError::MethodNotAllowed, &req);
+            close_if_body_unread(&req, &mut handled.response);
+            return handled;
+        }
+        // HTTP/1.1's framing guard has refused longer targets already; HTTP/2's `:path` comes
+        // here.
+        if req.uri().path_and_query().map_or(0, |pq| pq.as_str().len()) > framing::MAX_TARGET {
+            let mut handled = local_error(None, RequestError::UriTooLong, &req);
             close_if_body_unread(&req, &mut handled.response);
             return handled;
         }
