@@ -20,6 +20,9 @@ pub enum RequestError {
     /// guard already, HTTP/2 `:path`s here.
     #[error("request target too long")]
     UriTooLong,
+    /// A body announced (`Content-Length`) larger than the route's `max_body_size`.
+    #[error("request body larger than max_body_size")]
+    PayloadTooLarge,
     /// `TRACE`: it echoes the request back, credentials and cookies included, and no backend
     /// behind a rate limiter needs it (nginx answers 405 as well).
     #[error("method not allowed")]
@@ -42,6 +45,7 @@ impl RequestError {
             RequestError::BadRequest(_) => StatusCode::BAD_REQUEST,
             RequestError::NoRoute => StatusCode::NOT_FOUND,
             RequestError::UriTooLong => StatusCode::URI_TOO_LONG,
+            RequestError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             RequestError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             RequestError::UpstreamUnreachable(_) | RequestError::UpstreamBadSwitch(_) => {
                 StatusCode::BAD_GATEWAY
@@ -66,6 +70,8 @@ impl RequestError {
             }
             RequestError::UpstreamBadSwitch(_) => GrpcCode::Internal,
             RequestError::UpstreamTimeout => GrpcCode::DeadlineExceeded,
+            // gRPC's own code for a message over the receiver's size limit.
+            RequestError::PayloadTooLarge => GrpcCode::ResourceExhausted,
         }
     }
 
@@ -76,6 +82,7 @@ impl RequestError {
             RequestError::BadRequest(reason) => reason,
             RequestError::NoRoute => "no route matches",
             RequestError::UriTooLong => "request target too long",
+            RequestError::PayloadTooLarge => "request body too large",
             RequestError::MethodNotAllowed => "method not allowed",
             RequestError::UpstreamUnreachable(_) => "upstream unreachable",
             RequestError::UpstreamBadSwitch(_) => "upstream switched protocols unasked",
@@ -90,6 +97,7 @@ impl RequestError {
             RequestError::BadRequest(_) => "bad_request",
             RequestError::NoRoute => "no_route",
             RequestError::UriTooLong => "uri_too_long",
+            RequestError::PayloadTooLarge => "body_too_large",
             RequestError::MethodNotAllowed => "method_not_allowed",
             RequestError::UpstreamUnreachable(_) | RequestError::UpstreamBadSwitch(_) => {
                 "upstream_error"

@@ -47,6 +47,8 @@ pub struct CompiledRoute {
     pub keyed_headers: Vec<HeaderName>,
     pub upstream: Arc<UpstreamPool>,
     pub on_store_error: StoreErrorPolicy,
+    /// The route's `max_body_size`, else the server's; `None` = no limit.
+    pub max_body_size: Option<u64>,
     pub metrics: RouteMetrics,
 }
 
@@ -111,6 +113,7 @@ impl Runtime {
                     policies,
                     upstream: pools[r.upstream].clone(),
                     on_store_error: r.on_store_error.unwrap_or(config.store.on_error),
+                    max_body_size: r.max_body_size.or(config.server.max_body_size),
                     metrics: RouteMetrics::new(Arc::from(r.name.as_str())),
                 }
             })
@@ -264,6 +267,18 @@ impl Proxy {
             return local_error(None, RequestError::NoRoute, &req);
         };
         let route = &rt.routes[index];
+
+        // A body announced larger than the route takes is refused before anything is counted
+        // or sent. hyper's size hint is the parsed `Content-Length` (HTTP/1.1 and HTTP/2):
+        // nothing is parsed again here.
+        if let (Some(max), Some(announced)) = (route.max_body_size, req.body().size_hint().exact())
+        {
+            if announced > max {
+                let mut handled = local_error(Some(index), RequestError::PayloadTooLarge, &req);
+                close_if_body_unread(&req, &mut handled.response);
+                return handled;
+            }
+        }
 
         // Step 3: who the request counts as, per limit. A keyed header sent twice would let
         // the client pick the copy counted while the upstream reads the other. HTTP/2 may
