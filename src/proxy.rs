@@ -408,6 +408,7 @@ impl Proxy {
                 proto: if conn.tls { "https" } else { "http" },
                 host: authority_value.as_ref(),
             },
+            max_body_size: route.max_body_size,
         };
         let upstream_started = Instant::now();
         let result = route.upstream.forward(req, fwd).await;
