@@ -6,7 +6,7 @@
 //! upstream pools) live in a [`Runtime`] behind an `ArcSwap`: a request loads it once and keeps
 //! it to the end, so a reload never changes the rules under a request in flight.
 //!
-//! tollgate's own answers ([`local_error`], [`rejection`]) to a gRPC call are trailers-only
+//! tollgate's own answers (`local_error`, `rejection`) to a gRPC call are trailers-only
 //! gRPC responses (SPEC 5c); whether a request is one is asked only when tollgate answers it,
 //! or once before it is forwarded (for an upstream failure's answer).
 
