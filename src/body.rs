@@ -1,8 +1,15 @@
-//! The one response body type tollgate hands to hyper: either the upstream's body, streamed
-//! through untouched (trailers included), or a small body tollgate wrote itself. An enum rather
-//! than a boxed trait object keeps the hot path free of an allocation per response.
+//! The body types tollgate hands to hyper.
+//!
+//! - [`ProxyBody`], every response: either the upstream's body, streamed through untouched
+//!   (trailers included), or a small body tollgate wrote itself. An enum rather than a boxed
+//!   trait object keeps the hot path free of an allocation per response.
+//! - [`RequestBody`], every request body sent upstream: the client's, streamed as it arrives,
+//!   and cut with an error once it grows past the route's `max_body_size` (SPEC 5), which
+//!   makes hyper abort the upstream request. Nothing is buffered.
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -57,5 +64,85 @@ impl Body for ProxyBody {
                 SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64))
             }
         }
+    }
+}
+
+/// The client's request body on its way upstream, with an optional size limit.
+pub struct RequestBody {
+    inner: Incoming,
+    cap: Option<Cap>,
+}
+
+struct Cap {
+    /// Bytes still allowed.
+    left: u64,
+    /// Set when the body went past the limit, for the forwarder to tell a cut body from an
+    /// upstream failure.
+    exceeded: Arc<AtomicBool>,
+}
+
+/// Why a request body stopped: the client's connection failed, or the body grew past
+/// `max_body_size`.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestBodyError {
+    #[error(transparent)]
+    Client(#[from] hyper::Error),
+    #[error("request body larger than max_body_size")]
+    TooLarge,
+}
+
+impl RequestBody {
+    /// The body as it is, without a limit.
+    pub fn unlimited(inner: Incoming) -> Self {
+        RequestBody { inner, cap: None }
+    }
+
+    /// The body cut after `max` bytes; the flag says whether that happened.
+    pub fn capped(inner: Incoming, max: u64) -> (Self, Arc<AtomicBool>) {
+        let exceeded = Arc::new(AtomicBool::new(false));
+        let cap = Cap {
+            left: max,
+            exceeded: exceeded.clone(),
+        };
+        let body = RequestBody {
+            inner,
+            cap: Some(cap),
+        };
+        (body, exceeded)
+    }
+}
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = RequestBodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, RequestBodyError>>> {
+        let this = self.get_mut();
+        let frame = match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => frame,
+            Poll::Ready(Some(Err(err))) => return Poll::Ready(Some(Err(err.into()))),
+            Poll::Ready(None) => return Poll::Ready(None),
+            Poll::Pending => return Poll::Pending,
+        };
+        if let (Some(cap), Some(data)) = (&mut this.cap, frame.data_ref()) {
+            let len = data.len() as u64;
+            if len > cap.left {
+                cap.exceeded.store(true, Ordering::Release);
+                return Poll::Ready(Some(Err(RequestBodyError::TooLarge)));
+            }
+            cap.left -= len;
+        }
+        Poll::Ready(Some(Ok(frame)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }

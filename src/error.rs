@@ -1,6 +1,7 @@
 //! Errors. [`RequestError`] is every way a request can end without reaching (or hearing from)
-//! the upstream; [`RequestError::status`] is the only place that turns a failure into a status
-//! code, so the mapping is decided once. [`StartupError`] is what stops the process from
+//! the upstream; [`RequestError::status`] is the only place that turns a failure into an HTTP
+//! status code, and [`RequestError::grpc_code`] the only place that turns it into a gRPC one
+//! (SPEC 5c), so each mapping is decided once. [`StartupError`] is what stops the process from
 //! starting, each with one clear line for stderr.
 
 use std::io;
@@ -15,6 +16,13 @@ pub enum RequestError {
     BadRequest(&'static str),
     #[error("no route matches")]
     NoRoute,
+    /// A request target over `framing::MAX_TARGET`; HTTP/1.1 ones are refused by the framing
+    /// guard already, HTTP/2 `:path`s here.
+    #[error("request target too long")]
+    UriTooLong,
+    /// A body announced (`Content-Length`) larger than the route's `max_body_size`.
+    #[error("request body larger than max_body_size")]
+    PayloadTooLarge,
     /// `TRACE`: it echoes the request back, credentials and cookies included, and no backend
     /// behind a rate limiter needs it (nginx answers 405 as well).
     #[error("method not allowed")]
@@ -36,6 +44,8 @@ impl RequestError {
         match self {
             RequestError::BadRequest(_) => StatusCode::BAD_REQUEST,
             RequestError::NoRoute => StatusCode::NOT_FOUND,
+            RequestError::UriTooLong => StatusCode::URI_TOO_LONG,
+            RequestError::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             RequestError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             RequestError::UpstreamUnreachable(_) | RequestError::UpstreamBadSwitch(_) => {
                 StatusCode::BAD_GATEWAY
@@ -45,17 +55,78 @@ impl RequestError {
         }
     }
 
+    /// The gRPC status of tollgate's own answer to a gRPC request (SPEC 5c). Codes a gRPC
+    /// client retries by default (`UNAVAILABLE`) are kept for what is transient: a store or
+    /// an upstream that may answer the next attempt. What the next attempt would meet again
+    /// (a request tollgate cannot take, a route that does not exist, an upstream that breaks
+    /// the protocol) gets a code that is not retried.
+    pub fn grpc_code(&self) -> GrpcCode {
+        match self {
+            RequestError::BadRequest(_) | RequestError::UriTooLong => GrpcCode::Internal,
+            // gRPC always POSTs: a TRACE is a call of something not implemented here.
+            RequestError::NoRoute | RequestError::MethodNotAllowed => GrpcCode::Unimplemented,
+            RequestError::UpstreamUnreachable(_) | RequestError::StoreFailedClosed => {
+                GrpcCode::Unavailable
+            }
+            RequestError::UpstreamBadSwitch(_) => GrpcCode::Internal,
+            RequestError::UpstreamTimeout => GrpcCode::DeadlineExceeded,
+            // gRPC's own code for a message over the receiver's size limit.
+            RequestError::PayloadTooLarge => GrpcCode::ResourceExhausted,
+        }
+    }
+
+    /// The `grpc-message` of that answer: fixed text, never the underlying error (an
+    /// upstream's connect error names its address, which stays in tollgate's log).
+    pub fn grpc_message(&self) -> &'static str {
+        match self {
+            RequestError::BadRequest(reason) => reason,
+            RequestError::NoRoute => "no route matches",
+            RequestError::UriTooLong => "request target too long",
+            RequestError::PayloadTooLarge => "request body too large",
+            RequestError::MethodNotAllowed => "method not allowed",
+            RequestError::UpstreamUnreachable(_) => "upstream unreachable",
+            RequestError::UpstreamBadSwitch(_) => "upstream switched protocols unasked",
+            RequestError::UpstreamTimeout => "upstream timeout",
+            RequestError::StoreFailedClosed => "rate-limit store unavailable",
+        }
+    }
+
     /// A short word for the access log's `decision` field.
     pub fn log_word(&self) -> &'static str {
         match self {
             RequestError::BadRequest(_) => "bad_request",
             RequestError::NoRoute => "no_route",
+            RequestError::UriTooLong => "uri_too_long",
+            RequestError::PayloadTooLarge => "body_too_large",
             RequestError::MethodNotAllowed => "method_not_allowed",
             RequestError::UpstreamUnreachable(_) | RequestError::UpstreamBadSwitch(_) => {
                 "upstream_error"
             }
             RequestError::UpstreamTimeout => "upstream_timeout",
             RequestError::StoreFailedClosed => "failed_closed",
+        }
+    }
+}
+
+/// The gRPC status codes tollgate answers with, numbered as in gRPC's `status.proto`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GrpcCode {
+    DeadlineExceeded = 4,
+    ResourceExhausted = 8,
+    Unimplemented = 12,
+    Internal = 13,
+    Unavailable = 14,
+}
+
+impl GrpcCode {
+    /// The `grpc-status` value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GrpcCode::DeadlineExceeded => "4",
+            GrpcCode::ResourceExhausted => "8",
+            GrpcCode::Unimplemented => "12",
+            GrpcCode::Internal => "13",
+            GrpcCode::Unavailable => "14",
         }
     }
 }

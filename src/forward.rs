@@ -9,8 +9,9 @@
 //! several layers of futures: a quarter of tollgate's instructions per request in the
 //! benchmark (docs/performance.md).
 //!
-//! Bodies are never buffered: the client's `Incoming` goes upstream as it arrives and the
-//! upstream's `Incoming` comes back the same way, trailers included. An HTTP/1.1 WebSocket
+//! Bodies are never buffered: the client's `Incoming` goes upstream as it arrives (as a
+//! [`RequestBody`], which cuts it at the route's `max_body_size`: a cut body is answered 413,
+//! not 502) and the upstream's `Incoming` comes back the same way, trailers included. An HTTP/1.1 WebSocket
 //! upgrade is forwarded as an upgrade; no other upgrade is (its request goes as a plain one),
 //! and a `101` that switches to anything but what was forwarded gets 502 (SPEC 5). A checked
 //! `101` carries its [`Splice`] (both pending upgrades) in its extensions: the client
@@ -36,6 +37,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tower_service::Service;
 
+use crate::body::RequestBody;
 use crate::config::UpstreamConfig;
 use crate::error::{RequestError, StartupError};
 use crate::headers;
@@ -94,18 +96,18 @@ struct Lane {
     /// Idle HTTP/1.1 connections, the most recently used last.
     idle: Vec<VecDeque<Idle>>,
     /// The HTTP/2 connection, shared by all of this worker's requests to the origin.
-    h2: Vec<Option<http2::SendRequest<Incoming>>>,
+    h2: Vec<Option<http2::SendRequest<RequestBody>>>,
 }
 
 struct Idle {
-    sender: http1::SendRequest<Incoming>,
+    sender: http1::SendRequest<RequestBody>,
     since: Instant,
 }
 
 impl Lane {
     /// Puts a ready connection at the most-recently-used end of the origin's idle list.
     /// Expired and surplus connections are closed by `trim_idle`, not here.
-    fn park(&mut self, origin: usize, sender: http1::SendRequest<Incoming>) {
+    fn park(&mut self, origin: usize, sender: http1::SendRequest<RequestBody>) {
         self.idle[origin].push_back(Idle {
             sender,
             since: Instant::now(),
@@ -119,6 +121,8 @@ pub struct ForwardRequest<'a> {
     /// as sent upstream.
     pub target: String,
     pub forwarded: headers::ForwardedFor<'a>,
+    /// The route's `max_body_size`: a body growing past it is cut and the request aborted.
+    pub max_body_size: Option<u64>,
 }
 
 impl UpstreamPool {
@@ -268,6 +272,16 @@ impl UpstreamPool {
             Version::HTTP_11
         };
 
+        // The body goes as it arrives; with a limit, it is cut where it passes the limit
+        // (an error from the body makes hyper abort the upstream request).
+        let (req, cut) = match fwd.max_body_size {
+            Some(max) => {
+                let (parts, body) = req.into_parts();
+                let (body, cut) = RequestBody::capped(body, max);
+                (Request::from_parts(parts, body), Some(cut))
+            }
+            None => (req.map(RequestBody::unlimited), None),
+        };
         let worker = WORKER.with(Cell::get) % self.lanes.len();
         let sent = tokio::time::timeout(self.config.response_timeout, async {
             if self.config.http2 {
@@ -276,7 +290,15 @@ impl UpstreamPool {
                 self.send_h1(worker, origin, req).await
             }
         });
-        let mut response = match sent.await {
+        let sent = sent.await;
+        // Whatever the upstream connection made of it, a body cut at the limit is the
+        // client's doing: 413, not 502.
+        if cut.is_some_and(|cut| cut.load(std::sync::atomic::Ordering::Acquire)) {
+            if let Ok(Err(_)) = &sent {
+                return Err(RequestError::PayloadTooLarge);
+            }
+        }
+        let mut response = match sent {
             Ok(result) => result?,
             Err(_) => return Err(RequestError::UpstreamTimeout),
         };
@@ -332,7 +354,7 @@ impl UpstreamPool {
         &self,
         worker: usize,
         origin: usize,
-        mut req: Request<Incoming>,
+        mut req: Request<RequestBody>,
     ) -> Result<Response<Incoming>, RequestError> {
         if let Some(mut sender) = self.idle_h1(worker, origin) {
             match sender.try_send_request(req).await {
@@ -359,7 +381,10 @@ impl UpstreamPool {
     }
 
     /// A new HTTP/1.1 connection, driven by a task on this worker.
-    async fn open_h1(&self, origin: usize) -> Result<http1::SendRequest<Incoming>, RequestError> {
+    async fn open_h1(
+        &self,
+        origin: usize,
+    ) -> Result<http1::SendRequest<RequestBody>, RequestError> {
         let io = self.connect(origin).await?;
         let (sender, connection) = http1::Builder::new()
             .handshake(io)
@@ -375,7 +400,7 @@ impl UpstreamPool {
 
     /// The most recently used idle connection that is still open; idle ones past
     /// [`POOL_IDLE_TIMEOUT`] (which `trim_idle` has not reached yet) are closed on the way.
-    fn idle_h1(&self, worker: usize, origin: usize) -> Option<http1::SendRequest<Incoming>> {
+    fn idle_h1(&self, worker: usize, origin: usize) -> Option<http1::SendRequest<RequestBody>> {
         let mut lane = self.lane(worker);
         let idle = &mut lane.idle[origin];
         while let Some(candidate) = idle.pop_back() {
@@ -394,7 +419,12 @@ impl UpstreamPool {
     /// Returns the connection to the worker's idle list once its response has been read to
     /// the end (an HTTP/1.1 connection carries one exchange at a time). A connection that
     /// closes instead, or was taken over by an upgrade, is dropped.
-    fn recycle_h1(&self, worker: usize, origin: usize, mut sender: http1::SendRequest<Incoming>) {
+    fn recycle_h1(
+        &self,
+        worker: usize,
+        origin: usize,
+        mut sender: http1::SendRequest<RequestBody>,
+    ) {
         // A small response has usually been read whole by the time its head is handed over:
         // then the connection goes back at once, without a task to wait for it (a task per
         // request cost about 1,900 instructions).
@@ -416,7 +446,7 @@ impl UpstreamPool {
         &self,
         worker: usize,
         origin: usize,
-        req: Request<Incoming>,
+        req: Request<RequestBody>,
     ) -> Result<Response<Incoming>, RequestError> {
         let open = self.lane(worker).h2[origin]
             .clone()
@@ -434,7 +464,10 @@ impl UpstreamPool {
     }
 
     /// A new HTTP/2 connection, driven by a task on this worker.
-    async fn open_h2(&self, origin: usize) -> Result<http2::SendRequest<Incoming>, RequestError> {
+    async fn open_h2(
+        &self,
+        origin: usize,
+    ) -> Result<http2::SendRequest<RequestBody>, RequestError> {
         let io = self.connect(origin).await?;
         let (sender, connection) = http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())

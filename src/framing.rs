@@ -14,9 +14,12 @@
 //!   or given together with `Transfer-Encoding`;
 //! - `Transfer-Encoding` other than exactly `chunked` (RFC 9112 6.1), or on HTTP/1.0;
 //! - a chunk size that is not hex, overflows, or a chunk not followed by CRLF;
-//! - a head larger than [`MAX_HEAD`] (431).
+//! - a head larger than [`MAX_HEAD`] (431);
+//! - a request target longer than [`MAX_TARGET`] (414, SPEC 5), whether the head is complete
+//!   or already past [`MAX_HEAD`]: hyper would forward a target of up to 64 KiB, and the
+//!   answer to a long target must not depend on how long the rest of the head is.
 //!
-//! A refused first request gets a `400` (or `431`) and the connection closes; later in a
+//! A refused first request gets a `400` (or `414`, `431`) and the connection closes; later in a
 //! connection the guard only closes, since a response to an earlier request may be on the
 //! wire. Nothing after a refused byte reaches hyper, so nothing after it reaches an upstream.
 //! HTTP/2 (prior knowledge or ALPN) passes through untouched: HTTP/2 frames carry their own
@@ -34,6 +37,9 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 /// Largest request head accepted (request line and headers), like nginx's default of four 8k
 /// buffers, doubled.
 pub const MAX_HEAD: usize = 64 * 1024;
+/// Longest request target accepted (SPEC 5), as nginx's default `large_client_header_buffers`
+/// line. The proxy holds HTTP/2's `:path` to the same bound.
+pub const MAX_TARGET: usize = 8 * 1024;
 /// Largest chunk-size line (size plus extensions) and trailer section.
 const MAX_CHUNK_LINE: usize = 4096;
 const MAX_TRAILERS: usize = 16 * 1024;
@@ -46,6 +52,8 @@ content-length: 12\r\nconnection: close\r\n\r\nBad Request\n";
 const TOO_LARGE: &[u8] =
     b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain; \
 charset=utf-8\r\ncontent-length: 32\r\nconnection: close\r\n\r\nRequest Header Fields Too Large\n";
+const URI_TOO_LONG: &[u8] = b"HTTP/1.1 414 URI Too Long\r\ncontent-type: text/plain; \
+charset=utf-8\r\ncontent-length: 13\r\nconnection: close\r\n\r\nURI Too Long\n";
 
 /// Why a connection was refused (for the debug log).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,6 +62,7 @@ pub enum Refusal {
     ObsoleteFold,
     MalformedHead,
     HeadTooLarge,
+    TargetTooLong,
     BadContentLength,
     DuplicateContentLength,
     LengthAndChunked,
@@ -214,7 +223,7 @@ impl<S> FramingGuard<S> {
                 }
                 self.pending.extend_from_slice(&bytes[n..n + run]);
                 if self.pending.len() > MAX_HEAD {
-                    return Err(Refusal::HeadTooLarge);
+                    return Err(oversized(&self.pending));
                 }
                 n += run;
                 continue;
@@ -238,7 +247,7 @@ impl<S> FramingGuard<S> {
             }
             self.pending.push(b);
             if self.pending.len() > MAX_HEAD {
-                return Err(Refusal::HeadTooLarge);
+                return Err(oversized(&self.pending));
             }
             if self.pending.ends_with(b"\r\n\r\n") {
                 if Self::has_fold(&self.pending) {
@@ -313,6 +322,9 @@ impl<S> FramingGuard<S> {
         match request.parse(head) {
             Ok(httparse::Status::Complete(_)) => {}
             Ok(httparse::Status::Partial) | Err(_) => return Err(Refusal::MalformedHead),
+        }
+        if request.path.map_or(0, str::len) > MAX_TARGET {
+            return Err(Refusal::TargetTooLong);
         }
         let http10 = request.version == Some(0);
         let mut length: Option<u64> = None;
@@ -425,10 +437,10 @@ impl<S> FramingGuard<S> {
         self.pending = Vec::new();
         // Once hyper has a request, a response may be on the wire already: just close.
         self.state = if self.heads_delivered == 0 {
-            let response = if why == Refusal::HeadTooLarge {
-                TOO_LARGE
-            } else {
-                BAD_REQUEST
+            let response = match why {
+                Refusal::HeadTooLarge => TOO_LARGE,
+                Refusal::TargetTooLong => URI_TOO_LONG,
+                _ => BAD_REQUEST,
             };
             State::Refused {
                 response,
@@ -437,6 +449,19 @@ impl<S> FramingGuard<S> {
         } else {
             State::Closed
         };
+    }
+}
+
+/// Why a head past [`MAX_HEAD`] is refused: for its target, when the request line (as far as
+/// it has come) already holds more than [`MAX_TARGET`] bytes of one, else for its size. Only
+/// a refused head is looked at, once.
+fn oversized(head: &[u8]) -> Refusal {
+    let line = head.split(|&b| b == b'\r').next().unwrap_or(head);
+    let target = line.splitn(3, |&b| b == b' ').nth(1).map_or(0, <[u8]>::len);
+    if target > MAX_TARGET {
+        Refusal::TargetTooLong
+    } else {
+        Refusal::HeadTooLarge
     }
 }
 
@@ -775,6 +800,32 @@ mod tests {
         let mut head = b"GET / HTTP/1.1\r\nHost: a\r\nX-Big: ".to_vec();
         head.extend(std::iter::repeat_n(b'a', MAX_HEAD));
         assert_eq!(refused(&head), Some(Refusal::HeadTooLarge));
+    }
+
+    #[test]
+    fn long_targets_are_refused_whatever_the_head_size() {
+        let with_target = |len: usize, header: usize| {
+            let mut head = b"GET /".to_vec();
+            head.extend(std::iter::repeat_n(b'a', len - 1));
+            head.extend_from_slice(b" HTTP/1.1\r\nHost: a\r\nX-Pad: ");
+            head.extend(std::iter::repeat_n(b'p', header));
+            head.extend_from_slice(b"\r\n\r\n");
+            refused(&head)
+        };
+        assert_eq!(with_target(MAX_TARGET, 0), None);
+        assert_eq!(with_target(MAX_TARGET + 1, 0), Some(Refusal::TargetTooLong));
+        // Past the head limit, by the target or by a header after a long target.
+        assert_eq!(with_target(MAX_HEAD, 0), Some(Refusal::TargetTooLong));
+        assert_eq!(
+            with_target(MAX_TARGET + 1, MAX_HEAD),
+            Some(Refusal::TargetTooLong)
+        );
+        // A short target with a huge header is still 431.
+        assert_eq!(with_target(10, MAX_HEAD), Some(Refusal::HeadTooLarge));
+        // A request line that never ends.
+        let mut endless = b"GET /".to_vec();
+        endless.extend(std::iter::repeat_n(b'a', MAX_HEAD + 10));
+        assert_eq!(refused(&endless), Some(Refusal::TargetTooLong));
     }
 
     #[test]

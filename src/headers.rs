@@ -13,6 +13,11 @@
 //!   `-` alike, so `X_Api_Key` would reach such a backend as the `X-Api-Key` a limit keys on.
 //! - `RateLimit-Policy`/`RateLimit` (draft-ietf-httpapi-ratelimit-headers, structured-field
 //!   lists) and the legacy `X-RateLimit-*` trio tell the client where it stands.
+//! - `X-Request-Id` ([`request_id`]) is the client's only when a trusted proxy sent a sane
+//!   one; otherwise tollgate makes a new one, so a client cannot pick the id that correlates
+//!   its requests in the logs.
+//! - gRPC (SPEC 5c): [`is_grpc`] tells a gRPC call by its `content-type`, and
+//!   [`grpc_trailers_only`] writes the fields of tollgate's own answers to one.
 
 use std::net::IpAddr;
 
@@ -357,6 +362,94 @@ static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limi
 static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
+pub static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// The longest request id kept from a trusted proxy.
+pub const MAX_REQUEST_ID_LEN: usize = 128;
+
+/// Whether a request id may be kept: 1 to [`MAX_REQUEST_ID_LEN`] visible ASCII characters (no
+/// space, no control, nothing a log line would have to escape).
+pub fn is_valid_request_id(value: &HeaderValue) -> bool {
+    let bytes = value.as_bytes();
+    (1..=MAX_REQUEST_ID_LEN).contains(&bytes.len()) && bytes.iter().all(|b| b.is_ascii_graphic())
+}
+
+/// A new request id: 128 random bits as 32 lower-case hex digits. The generator is rand's
+/// thread-local one, seeded from the OS and reseeded by itself: no system call per id.
+pub fn new_request_id() -> HeaderValue {
+    let bits: u128 = rand::random();
+    let mut text = [0u8; 32];
+    // 16 bytes always fit 32 hex digits.
+    let _ = hex::encode_to_slice(bits.to_be_bytes(), &mut text);
+    HeaderValue::from_bytes(&text).unwrap_or_else(|_| HeaderValue::from_static("0"))
+}
+
+/// The request's id, set on `headers` (replacing every copy the client sent): the one it
+/// carries when `peer_trusted` says the peer is a trusted proxy and there is exactly one
+/// valid value, else a new one. `peer_trusted` is asked only when there is a value to keep.
+pub fn request_id(headers: &mut HeaderMap, peer_trusted: impl FnOnce() -> bool) -> HeaderValue {
+    let mut sent = headers.get_all(&X_REQUEST_ID).iter();
+    let kept = match (sent.next(), sent.next()) {
+        (Some(value), None) if is_valid_request_id(value) && peer_trusted() => Some(value.clone()),
+        _ => None,
+    };
+    match kept {
+        Some(value) => value,
+        None => {
+            let value = new_request_id();
+            headers.insert(X_REQUEST_ID.clone(), value.clone());
+            value
+        }
+    }
+}
+
+/// Whether the request is a gRPC call: `content-type` is `application/grpc` or starts with
+/// `application/grpc+` (gRPC's HTTP/2 protocol), in any letter case. Asked only when tollgate
+/// answers a request itself, or once before forwarding.
+pub fn is_grpc(headers: &HeaderMap) -> bool {
+    const GRPC: &[u8] = b"application/grpc";
+    let Some(value) = headers.get(header::CONTENT_TYPE) else {
+        return false;
+    };
+    let value = value.as_bytes();
+    value.len() >= GRPC.len()
+        && value[..GRPC.len()].eq_ignore_ascii_case(GRPC)
+        && matches!(value.get(GRPC.len()), None | Some(b'+'))
+}
+
+static GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+static GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
+static GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
+
+/// What gRPC's `grpc-message` must percent-encode: every byte outside printable ASCII, and `%`
+/// itself.
+const GRPC_MESSAGE_ESCAPED: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS.add(b'%');
+
+/// The fields of a trailers-only gRPC response (status and trailers in one header block, no
+/// body): `content-type: application/grpc`, `grpc-status` and the percent-encoded
+/// `grpc-message`. The HTTP status stays 200, as gRPC requires.
+pub fn grpc_trailers_only(headers: &mut HeaderMap, status: &'static str, message: &str) {
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/grpc"),
+    );
+    headers.insert(GRPC_STATUS.clone(), HeaderValue::from_static(status));
+    let encoded = percent_encoding::utf8_percent_encode(message, GRPC_MESSAGE_ESCAPED).to_string();
+    insert(headers, &GRPC_MESSAGE, encoded.into_bytes());
+}
+
+/// `Retry-After` in whole seconds; for a gRPC call also `grpc-retry-pushback-ms`, the same
+/// wait in milliseconds, which gRPC's retry policy honours in place of its own backoff.
+pub fn set_retry_after(headers: &mut HeaderMap, secs: u64, grpc: bool) {
+    headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    if grpc {
+        headers.insert(
+            GRPC_RETRY_PUSHBACK_MS.clone(),
+            HeaderValue::from(secs.saturating_mul(1000)),
+        );
+    }
+}
+
 /// Sets `name` unless `value` is not a valid field value (a policy name with a control
 /// character, say): then the field is left out rather than sent broken.
 fn insert(headers: &mut HeaderMap, name: &HeaderName, value: Vec<u8>) {
@@ -368,6 +461,63 @@ fn insert(headers: &mut HeaderMap, name: &HeaderName, value: Vec<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn request_ids_are_kept_only_from_trusted_peers_and_when_sane() {
+        let with = |values: &[&str], trusted: bool| {
+            let mut h = HeaderMap::new();
+            for v in values {
+                h.append(&X_REQUEST_ID, v.parse().unwrap());
+            }
+            let id = request_id(&mut h, || trusted);
+            assert_eq!(h.get_all(&X_REQUEST_ID).iter().count(), 1);
+            assert_eq!(h[&X_REQUEST_ID], id);
+            id
+        };
+        assert_eq!(with(&["trace-1"], true), "trace-1");
+        let max = "a".repeat(MAX_REQUEST_ID_LEN);
+        assert_eq!(with(&[&max], true), max.as_str());
+        for refused in [
+            &["trace-1"][..],
+            &["a".repeat(129).as_str()],
+            &["a b"],
+            &[""],
+            &["a", "b"],
+        ] {
+            let trusted = refused != ["trace-1"];
+            let id = with(refused, trusted);
+            assert_eq!(id.len(), 32, "{refused:?}");
+            assert!(id.as_bytes().iter().all(u8::is_ascii_hexdigit));
+        }
+        assert_ne!(new_request_id(), new_request_id());
+    }
+
+    #[test]
+    fn grpc_is_told_by_its_content_type() {
+        let with = |ct: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::CONTENT_TYPE, ct.parse().unwrap());
+            is_grpc(&h)
+        };
+        assert!(with("application/grpc"));
+        assert!(with("application/grpc+proto"));
+        assert!(with("Application/GRPC+json"));
+        assert!(!with("application/grpcx"));
+        assert!(!with("application/grpc-web"));
+        assert!(!with("application/json"));
+        assert!(!with("application/grp"));
+        assert!(!is_grpc(&HeaderMap::new()));
+    }
+
+    #[test]
+    fn grpc_message_is_percent_encoded() {
+        let mut h = HeaderMap::new();
+        grpc_trailers_only(&mut h, "8", "100% über\nlimit");
+        assert_eq!(h["grpc-status"], "8");
+        assert_eq!(h["content-type"], "application/grpc");
+        // Spaces and other printable ASCII stay; `%`, non-ASCII and controls are encoded.
+        assert_eq!(h["grpc-message"], "100%25 %C3%BCber%0Alimit");
+    }
 
     #[test]
     fn hop_by_hop_and_connection_named_headers_go() {

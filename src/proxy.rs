@@ -5,6 +5,10 @@
 //! written there and only there. The configuration-derived parts (routes, their policy names,
 //! upstream pools) live in a [`Runtime`] behind an `ArcSwap`: a request loads it once and keeps
 //! it to the end, so a reload never changes the rules under a request in flight.
+//!
+//! tollgate's own answers (`local_error`, `rejection`) to a gRPC call are trailers-only
+//! gRPC responses (SPEC 5c); whether a request is one is asked only when tollgate answers it,
+//! or once before it is forwarded (for an upstream failure's answer).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -19,8 +23,9 @@ use hyper::body::Incoming;
 
 use crate::body::ProxyBody;
 use crate::config::{Config, RouteConfig, StoreErrorPolicy};
-use crate::error::{RequestError, StartupError};
+use crate::error::{GrpcCode, RequestError, StartupError};
 use crate::forward::{ForwardRequest, UpstreamPool};
+use crate::framing;
 use crate::headers;
 use crate::key::{self, BucketHasher, RequestIdentity};
 use crate::limit::{LimitOutcome, Limiter, PlannedLimit, Verdict};
@@ -42,6 +47,8 @@ pub struct CompiledRoute {
     pub keyed_headers: Vec<HeaderName>,
     pub upstream: Arc<UpstreamPool>,
     pub on_store_error: StoreErrorPolicy,
+    /// The route's `max_body_size`, else the server's; `None` = no limit.
+    pub max_body_size: Option<u64>,
     pub metrics: RouteMetrics,
 }
 
@@ -106,6 +113,7 @@ impl Runtime {
                     policies,
                     upstream: pools[r.upstream].clone(),
                     on_store_error: r.on_store_error.unwrap_or(config.store.on_error),
+                    max_body_size: r.max_body_size.or(config.server.max_body_size),
                     metrics: RouteMetrics::new(Arc::from(r.name.as_str())),
                 }
             })
@@ -149,6 +157,8 @@ struct Handled {
     /// The policies that denied it, if any.
     violated: Vec<Arc<str>>,
     upstream: Option<Arc<str>>,
+    /// The `grpc-status` of tollgate's own answer to a gRPC call (its HTTP status is 200).
+    grpc_status: Option<GrpcCode>,
 }
 
 impl Proxy {
@@ -171,14 +181,23 @@ impl Proxy {
         self.runtime.store(Arc::new(runtime));
     }
 
-    pub async fn handle(&self, req: Request<Incoming>, conn: ConnInfo) -> Response<ProxyBody> {
+    pub async fn handle(&self, mut req: Request<Incoming>, conn: ConnInfo) -> Response<ProxyBody> {
         let started = Instant::now();
         let runtime = self.runtime.load_full();
+        // Decided first, so that every answer (tollgate's own included) and the log carry it.
+        let trusted_proxies = &runtime.config.server.trusted_proxies;
+        let request_id = headers::request_id(req.headers_mut(), || {
+            key::is_trusted(key::canonical(conn.peer.ip()), trusted_proxies)
+        });
         let method = req.method().clone();
         // Logged without its query: queries can carry credentials. (A Uri clone shares its
         // bytes; nothing is copied.)
         let uri = req.uri().clone();
-        let handled = self.pipeline(&runtime, req, conn).await;
+        let mut handled = self.pipeline(&runtime, req, conn).await;
+        handled
+            .response
+            .headers_mut()
+            .insert(headers::X_REQUEST_ID.clone(), request_id.clone());
         let status = handled.response.status().as_u16();
         let route = handled.route.map(|i| &runtime.routes[i]);
         let route_name = match route {
@@ -202,6 +221,9 @@ impl Proxy {
             status,
             duration_ms = started.elapsed().as_secs_f64() * 1000.0,
             upstream = handled.upstream.as_deref().unwrap_or(""),
+            grpc_status = handled.grpc_status.map(GrpcCode::as_str),
+            // Visible ASCII by construction (kept ones are checked, new ones are hex).
+            request_id = request_id.to_str().unwrap_or(""),
         );
         handled.response
     }
@@ -209,7 +231,14 @@ impl Proxy {
     async fn pipeline(&self, rt: &Runtime, mut req: Request<Incoming>, conn: ConnInfo) -> Handled {
         // Step 1: methods tollgate never forwards, then one spelling of host and path.
         if req.method() == Method::TRACE {
-            let mut handled = local_error(None, RequestError::MethodNotAllowed);
+            let mut handled = local_error(None, RequestError::MethodNotAllowed, &req);
+            close_if_body_unread(&req, &mut handled.response);
+            return handled;
+        }
+        // HTTP/1.1's framing guard has refused longer targets already; HTTP/2's `:path` comes
+        // here.
+        if req.uri().path_and_query().map_or(0, |pq| pq.as_str().len()) > framing::MAX_TARGET {
+            let mut handled = local_error(None, RequestError::UriTooLong, &req);
             close_if_body_unread(&req, &mut handled.response);
             return handled;
         }
@@ -217,12 +246,16 @@ impl Proxy {
             match normalise::request_authority_of(req.version(), req.uri(), req.headers()) {
                 Ok(a) => a,
                 Err(e) => {
-                    return local_error(None, RequestError::BadRequest(bad_request_reason(e)))
+                    let err = RequestError::BadRequest(bad_request_reason(e));
+                    return local_error(None, err, &req);
                 }
             };
         let path = match normalise::normalise_path(req.uri().path()) {
             Ok(p) => p,
-            Err(e) => return local_error(None, RequestError::BadRequest(bad_request_reason(e))),
+            Err(e) => {
+                let err = RequestError::BadRequest(bad_request_reason(e));
+                return local_error(None, err, &req);
+            }
         };
 
         // Step 2: the first route that matches, by host and the path without parameters.
@@ -231,9 +264,21 @@ impl Proxy {
             .map(|a| normalise::host_without_port(a.as_str()));
         let routing_path = normalise::routing_path(&path);
         let Some(index) = route::find(&rt.config.routes, host, &routing_path, req.method()) else {
-            return local_error(None, RequestError::NoRoute);
+            return local_error(None, RequestError::NoRoute, &req);
         };
         let route = &rt.routes[index];
+
+        // A body announced larger than the route takes is refused before anything is counted
+        // or sent. hyper's size hint is the parsed `Content-Length` (HTTP/1.1 and HTTP/2):
+        // nothing is parsed again here.
+        if let (Some(max), Some(announced)) = (route.max_body_size, req.body().size_hint().exact())
+        {
+            if announced > max {
+                let mut handled = local_error(Some(index), RequestError::PayloadTooLarge, &req);
+                close_if_body_unread(&req, &mut handled.response);
+                return handled;
+            }
+        }
 
         // Step 3: who the request counts as, per limit. A keyed header that the limiter and
         // the upstream could read differently (sent twice, padded, or with an underscore twin)
@@ -248,7 +293,7 @@ impl Proxy {
         if let Some(why) =
             key::keyed_header_problem(req.headers(), &route.keyed_headers, underscores_forwarded)
         {
-            return local_error(Some(index), RequestError::BadRequest(why));
+            return local_error(Some(index), RequestError::BadRequest(why), &req);
         }
         let client = key::client_addr(conn.peer.ip(), req.headers(), &server.trusted_proxies);
         let who = RequestIdentity {
@@ -291,24 +336,25 @@ impl Proxy {
                 violated,
             } => {
                 route.metrics.decision(&self.metrics, "limited");
-                let response = rejection(rt, route, &req, &outcomes, retry_after, &violated);
+                let (response, grpc_status) =
+                    rejection(rt, route, &req, &outcomes, retry_after, &violated);
                 return Handled {
                     response,
                     route: Some(index),
                     decision: "limited",
                     violated,
                     upstream: None,
+                    grpc_status,
                 };
             }
             Verdict::StoreFailed => match route.on_store_error {
                 StoreErrorPolicy::Allow => ("failed_open", Vec::new()),
                 StoreErrorPolicy::Deny => {
                     route.metrics.decision(&self.metrics, "failed_closed");
-                    let mut handled = local_error(Some(index), RequestError::StoreFailedClosed);
-                    handled
-                        .response
-                        .headers_mut()
-                        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                    let mut handled =
+                        local_error(Some(index), RequestError::StoreFailedClosed, &req);
+                    let grpc = handled.grpc_status.is_some();
+                    headers::set_retry_after(handled.response.headers_mut(), 1, grpc);
                     close_if_body_unread(&req, &mut handled.response);
                     return handled;
                 }
@@ -342,7 +388,7 @@ impl Proxy {
                 Some(value) => Some(value),
                 None => {
                     let reason = bad_request_reason(normalise::NormaliseError::BadHost);
-                    return local_error(Some(index), RequestError::BadRequest(reason));
+                    return local_error(Some(index), RequestError::BadRequest(reason), &req);
                 }
             },
             None => None,
@@ -350,6 +396,9 @@ impl Proxy {
         // The answer goes back in the client's HTTP version, whatever the upstream spoke: an
         // HTTP/1.0 upstream must not turn a keep-alive HTTP/1.1 connection into HTTP/1.0.
         let client_version = req.version();
+        // The request is gone once forwarded: whether an upstream failure is answered in gRPC
+        // is asked now (the one content-type look-up a forwarded request costs).
+        let grpc = headers::is_grpc(req.headers());
         let fwd = ForwardRequest {
             target,
             forwarded: headers::ForwardedFor {
@@ -359,6 +408,7 @@ impl Proxy {
                 proto: if conn.tls { "https" } else { "http" },
                 host: authority_value.as_ref(),
             },
+            max_body_size: route.max_body_size,
         };
         let upstream_started = Instant::now();
         let result = route.upstream.forward(req, fwd).await;
@@ -382,11 +432,12 @@ impl Proxy {
                     decision,
                     violated: Vec::new(),
                     upstream: upstream_name,
+                    grpc_status: None,
                 }
             }
             Err(err) => {
                 tracing::warn!(route = %route.name, error = %err, "upstream request failed");
-                let mut handled = local_error(Some(index), err);
+                let mut handled = answer_error(Some(index), err, grpc);
                 handled.decision = decision;
                 handled.upstream = upstream_name;
                 handled
@@ -410,18 +461,32 @@ fn bad_request_reason(err: normalise::NormaliseError) -> &'static str {
     }
 }
 
-/// A response tollgate writes itself for a failure.
-fn local_error(route: Option<usize>, err: RequestError) -> Handled {
+/// A response tollgate writes itself for a failure of this request: a gRPC one when the
+/// request is a gRPC call.
+fn local_error<B>(route: Option<usize>, err: RequestError, req: &Request<B>) -> Handled {
+    let grpc = headers::is_grpc(req.headers());
+    answer_error(route, err, grpc)
+}
+
+/// The answer to a failure: a short text with the error's HTTP status, or for a gRPC call
+/// (`grpc`) a trailers-only gRPC response with the error's gRPC status.
+fn answer_error(route: Option<usize>, err: RequestError, grpc: bool) -> Handled {
     let status = err.status();
-    let mut response = Response::new(ProxyBody::text(format!(
-        "{}\n",
-        status.canonical_reason().unwrap_or("error")
-    )));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
+    let (mut response, grpc_status) = if grpc {
+        let code = err.grpc_code();
+        (grpc_answer(code, err.grpc_message()), Some(code))
+    } else {
+        let mut response = Response::new(ProxyBody::text(format!(
+            "{}\n",
+            status.canonical_reason().unwrap_or("error")
+        )));
+        *response.status_mut() = status;
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        (response, None)
+    };
     if status == StatusCode::BAD_REQUEST {
         // After a malformed request nothing else on this connection can be trusted.
         response
@@ -434,7 +499,15 @@ fn local_error(route: Option<usize>, err: RequestError) -> Handled {
         route,
         violated: Vec::new(),
         upstream: None,
+        grpc_status,
     }
+}
+
+/// A trailers-only gRPC response: HTTP 200, no body, the status in the header block.
+fn grpc_answer(code: GrpcCode, message: &str) -> Response<ProxyBody> {
+    let mut response = Response::new(ProxyBody::empty());
+    headers::grpc_trailers_only(response.headers_mut(), code.as_str(), message);
+    response
 }
 
 /// A request whose body was not read must not leave that body on an HTTP/1.1 connection:
@@ -447,7 +520,8 @@ fn close_if_body_unread<B>(req: &Request<Incoming>, response: &mut Response<B>) 
     }
 }
 
-/// The 429 (or the route's `reject`) for a denied request.
+/// The 429 (or the route's `reject`) for a denied request; for a gRPC call, whatever the
+/// route's `reject` says, `RESOURCE_EXHAUSTED` (with its `grpc-status`, returned too).
 fn rejection(
     rt: &Runtime,
     route: &CompiledRoute,
@@ -455,7 +529,14 @@ fn rejection(
     outcomes: &[LimitOutcome],
     retry_after: u64,
     violated: &[Arc<str>],
-) -> Response<ProxyBody> {
+) -> (Response<ProxyBody>, Option<GrpcCode>) {
+    let grpc = headers::is_grpc(req.headers());
+    if grpc {
+        let message = format!("rate limited: {}", violated.join(","));
+        let mut response = grpc_answer(GrpcCode::ResourceExhausted, &message);
+        finish_rejection(rt, route, req, outcomes, retry_after, true, &mut response);
+        return (response, Some(GrpcCode::ResourceExhausted));
+    }
     let (status, content_type, body) = match &route.config.reject {
         Some(reject) => (
             reject.status,
@@ -470,19 +551,33 @@ fn rejection(
     };
     let mut response = Response::new(ProxyBody::text(body));
     *response.status_mut() = status;
-    let headers = response.headers_mut();
     if let Some(ct) = content_type.and_then(|ct| HeaderValue::from_str(&ct).ok()) {
-        headers.insert(header::CONTENT_TYPE, ct);
+        response.headers_mut().insert(header::CONTENT_TYPE, ct);
     }
-    headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after));
+    finish_rejection(rt, route, req, outcomes, retry_after, false, &mut response);
+    (response, None)
+}
+
+/// What every rejection carries, gRPC or not: the wait, the rate-limit fields, and the end of
+/// an HTTP/1.1 connection whose body was not read.
+fn finish_rejection(
+    rt: &Runtime,
+    route: &CompiledRoute,
+    req: &Request<Incoming>,
+    outcomes: &[LimitOutcome],
+    retry_after: u64,
+    grpc: bool,
+    response: &mut Response<ProxyBody>,
+) {
+    let headers = response.headers_mut();
+    headers::set_retry_after(headers, retry_after, grpc);
     headers::add_rate_limit_headers(
         headers,
         rt.config.server.rate_limit_headers,
         outcomes,
         route.ready_policy(outcomes),
     );
-    close_if_body_unread(req, &mut response);
-    response
+    close_if_body_unread(req, response);
 }
 
 /// RFC 9457 problem details with the quota-exceeded type of the rate-limit headers draft.

@@ -391,6 +391,25 @@ impl<'a> Cx<'a> {
         }
     }
 
+    /// An optional size (`"10MiB"`): `Some(None)` when absent.
+    fn optional_size(&mut self, node: Option<Node<'_>>) -> Option<Option<u64>> {
+        let Some(node) = node else {
+            return Some(None);
+        };
+        let s = self.string(&node)?;
+        match parse_size(&s) {
+            Ok(0) => {
+                self.error(&node.span, &node.path, "must be greater than zero");
+                None
+            }
+            Ok(n) => Some(Some(n)),
+            Err(msg) => {
+                self.error(&node.span, &node.path, msg);
+                None
+            }
+        }
+    }
+
     /// An optional duration with a default.
     fn duration_or(&mut self, node: Option<Node<'_>>, default: Duration) -> Option<Duration> {
         match node {
@@ -746,6 +765,7 @@ const SERVER_KEYS: &[&str] = &[
     "shutdown_timeout",
     "rate_limit_headers",
     "underscores_in_headers",
+    "max_body_size",
     "workers",
     "certs",
 ];
@@ -784,6 +804,7 @@ const ROUTE_KEYS: &[&str] = &[
     "shadow",
     "limits",
     "reject",
+    "max_body_size",
 ];
 const LIMIT_KEYS: &[&str] = &["key", "requests", "window", "scope", "shadow"];
 const REJECT_KEYS: &[&str] = &["status", "content_type", "body"];
@@ -871,6 +892,7 @@ fn read_server(cx: &mut Cx<'_>, node: Option<Node<'_>>) -> Option<ServerConfig> 
         None => Some(RateLimitHeaders::Draft),
     };
     let underscores_in_headers = cx.bool_or(t.get("underscores_in_headers"), false);
+    let max_body_size = cx.optional_size(t.get("max_body_size"));
 
     let certs_node = t.get("certs");
     let certs = match &certs_node {
@@ -908,6 +930,7 @@ fn read_server(cx: &mut Cx<'_>, node: Option<Node<'_>>) -> Option<ServerConfig> 
         shutdown_timeout: shutdown_timeout?,
         rate_limit_headers: rate_limit_headers?,
         underscores_in_headers: underscores_in_headers?,
+        max_body_size: max_body_size?,
         workers: workers?,
         certs: certs?,
     })
@@ -1366,6 +1389,7 @@ fn read_route(
         Some(n) => read_reject(cx, &n).map(Some),
         None => Some(None),
     };
+    let max_body_size = cx.optional_size(t.get("max_body_size"));
     t.finish(cx);
 
     Some(RouteConfig {
@@ -1379,6 +1403,7 @@ fn read_route(
         shadow: shadow?,
         limits: limits?,
         reject: reject?,
+        max_body_size: max_body_size?,
     })
 }
 
@@ -1700,6 +1725,29 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_millis(ms))
 }
 
+/// A size: an integer and a unit, `B`, `KiB`, `MiB` or `GiB` (powers of 1024), e.g.
+/// `"10MiB"`. Decimal units (`KB`, `MB`) are refused rather than guessed at.
+fn parse_size(s: &str) -> Result<u64, String> {
+    let bad = || {
+        format!("invalid size {s:?}: expected an integer and a unit (B, KiB, MiB or GiB), e.g. \"512KiB\", \"10MiB\"")
+    };
+    let digits = s.bytes().take_while(u8::is_ascii_digit).count();
+    if digits == 0 {
+        return Err(bad());
+    }
+    let (number, unit) = s.split_at(digits);
+    let bytes_per_unit: u64 = match unit {
+        "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        _ => return Err(bad()),
+    };
+    let too_large = || format!("size {s:?} is too large");
+    let n: u64 = number.parse().map_err(|_| too_large())?;
+    n.checked_mul(bytes_per_unit).ok_or_else(too_large)
+}
+
 /// A limit window: whole seconds, 1s..=366d.
 fn parse_window(s: &str) -> Result<u32, String> {
     let d = parse_duration(s)?;
@@ -1956,6 +2004,8 @@ idle_timeout = "60s"               # keep-alive connection with no request
 max_connections = 10000            # accepted at once; beyond it, accept waits
 shutdown_timeout = "30s"
 rate_limit_headers = "draft"       # "draft" | "legacy" | "both" | "none" (section 5)
+max_body_size = "10MiB"            # optional: larger request bodies get 413 (section 5); default none.
+                                   # Sizes: an integer with B, KiB, MiB or GiB
 underscores_in_headers = false     # true = forward header names containing "_" (section 4a)
 
 [[server.certs]]                   # SNI picks the certificate whose names match; the first is the default
@@ -1996,6 +2046,7 @@ upstream = "api"
 strip_prefix = false               # true = remove path_prefix before forwarding (/api itself becomes /)
 on_store_error = "deny"            # optional override of store.on_error
 shadow = false                     # true = count and report, never reject (for rolling out a limit)
+max_body_size = "100MiB"           # optional override of server.max_body_size
 
   [[routes.limits]]
   key = "ip"                       # "ip" | "header:<name>" | "global" | a list, e.g. ["header:x-tenant", "ip"]
@@ -2049,6 +2100,7 @@ body = '{"error":"slow down"}'
         assert_eq!(s.shutdown_timeout, Duration::from_secs(30));
         assert_eq!(s.rate_limit_headers, RateLimitHeaders::Draft);
         assert!(!s.underscores_in_headers);
+        assert_eq!(s.max_body_size, Some(10 * 1024 * 1024));
         assert_eq!(s.certs.len(), 1);
         assert_eq!(s.certs[0].cert, dir.join("certs/example.pem"));
         assert_eq!(s.certs[0].key, dir.join("certs/example.key"));
@@ -2090,6 +2142,7 @@ body = '{"error":"slow down"}'
         assert_eq!(r.upstream, 0);
         assert_eq!(c.upstream(r).name, "api");
         assert!(!r.strip_prefix);
+        assert_eq!(r.max_body_size, Some(100 * 1024 * 1024));
         assert_eq!(r.on_store_error, Some(StoreErrorPolicy::Deny));
         assert!(!r.shadow);
         assert_eq!(r.limits.len(), 1);
@@ -2118,7 +2171,7 @@ body = '{"error":"slow down"}'
         let path = dir.join("proxy.toml");
         std::fs::write(&path, SPEC_EXAMPLE).expect("write");
         let e = one_error_of(load_file(&path, &no_env));
-        assert_eq!((e.line, e.col, e.field.as_str()), (31, 10, "keys.secret"));
+        assert_eq!((e.line, e.col, e.field.as_str()), (33, 10, "keys.secret"));
         assert_eq!(
             e.message,
             "environment variable TOLLGATE_KEY_SECRET is not set"
@@ -2428,6 +2481,43 @@ body = '{"error":"slow down"}'
             "server.listen[0]",
             "unterminated",
         );
+    }
+
+    #[test]
+    fn sizes() {
+        for (s, n) in [
+            ("1B", 1),
+            ("512KiB", 512 * 1024),
+            ("10MiB", 10 << 20),
+            ("2GiB", 2 << 30),
+        ] {
+            assert_eq!(parse_size(s), Ok(n), "{s}");
+        }
+        for s in [
+            "",
+            "10",
+            "10 MiB",
+            "10MB",
+            "10mib",
+            "1.5MiB",
+            "-1B",
+            "KiB",
+            "99999999999999999999B",
+            "17179869184GiB",
+        ] {
+            assert!(parse_size(s).is_err(), "{s:?} accepted");
+        }
+        let text = format!("[server]\nmax_body_size = \"10MB\"\n{UPSTREAM}");
+        assert_error(&text, 2, 17, "server.max_body_size", "B, KiB, MiB or GiB");
+        let text = format!(
+            "{UPSTREAM}[[routes]]\nname = \"r\"\nupstream = \"api\"\nmax_body_size = \"0B\"\n"
+        );
+        assert_error(&text, 6, 17, "routes[0].max_body_size", "greater than zero");
+        let config = load_ok(&format!(
+            "{UPSTREAM}[[routes]]\nname = \"r\"\nupstream = \"api\"\nmax_body_size = \"5KiB\"\n"
+        ));
+        assert_eq!(config.server.max_body_size, None);
+        assert_eq!(config.routes[0].max_body_size, Some(5 * 1024));
     }
 
     #[test]

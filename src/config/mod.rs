@@ -51,6 +51,8 @@ pub struct ServerConfig {
     pub rate_limit_headers: RateLimitHeaders,
     /// Forward header names containing `_` (default false: they are dropped, SPEC 4a).
     pub underscores_in_headers: bool,
+    /// Largest request body in bytes (SPEC 5); `None` = no limit. Routes may override it.
+    pub max_body_size: Option<u64>,
     /// Threads serving connections, each with its own single-threaded runtime; `None` = one
     /// per CPU the process may run on.
     pub workers: Option<usize>,
@@ -184,6 +186,8 @@ pub struct RouteConfig {
     pub shadow: bool,
     pub limits: Vec<LimitConfig>,
     pub reject: Option<RejectConfig>,
+    /// Overrides `server.max_body_size` for this route.
+    pub max_body_size: Option<u64>,
 }
 
 /// A route's `host`, lowercased.
