@@ -24,7 +24,8 @@ pub enum RequestError {
     #[error("request body larger than max_body_size")]
     PayloadTooLarge,
     /// `TRACE`: it echoes the request back, credentials and cookies included, and no backend
-    /// behind a rate limiter needs it (nginx answers 405 as well).
+    /// behind a rate limiter needs it (nginx answers 405 as well). `CONNECT`: a reverse proxy
+    /// opens no tunnels, and one would pass every limit.
     #[error("method not allowed")]
     MethodNotAllowed,
     #[error("upstream unreachable: {0}")]
@@ -63,7 +64,7 @@ impl RequestError {
     pub fn grpc_code(&self) -> GrpcCode {
         match self {
             RequestError::BadRequest(_) | RequestError::UriTooLong => GrpcCode::Internal,
-            // gRPC always POSTs: a TRACE is a call of something not implemented here.
+            // gRPC always POSTs: a TRACE or CONNECT is a call of something not implemented here.
             RequestError::NoRoute | RequestError::MethodNotAllowed => GrpcCode::Unimplemented,
             RequestError::UpstreamUnreachable(_) | RequestError::StoreFailedClosed => {
                 GrpcCode::Unavailable

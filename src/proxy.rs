@@ -230,7 +230,7 @@ impl Proxy {
 
     async fn pipeline(&self, rt: &Runtime, mut req: Request<Incoming>, conn: ConnInfo) -> Handled {
         // Step 1: methods tollgate never forwards, then one spelling of host and path.
-        if req.method() == Method::TRACE {
+        if req.method() == Method::TRACE || req.method() == Method::CONNECT {
             let mut handled = local_error(None, RequestError::MethodNotAllowed, &req);
             close_if_body_unread(&req, &mut handled.response);
             return handled;

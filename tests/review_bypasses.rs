@@ -177,3 +177,16 @@ async fn a_chunk_size_with_leading_whitespace_is_refused_by_the_guard() {
     let answer = raw_exchange(proxy.addr, request.as_bytes(), Duration::from_secs(3)).await;
     assert!(answer.starts_with("HTTP/1.1 200 "), "{answer:?}");
 }
+
+/// Found with the upgrade fix: an origin-form `CONNECT /x` was forwarded to the upstream
+/// (only its 2xx answer was refused, with 502). A reverse proxy opens no tunnels: CONNECT gets
+/// 405 like TRACE and never reaches the upstream.
+#[tokio::test]
+async fn connect_gets_405_and_is_not_forwarded() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(config_from(&limits_config("", "", ""), upstream.addr, &[])).await;
+    let request = "CONNECT /open/x HTTP/1.1\r\nHost: a.example\r\nConnection: close\r\n\r\n";
+    let answer = raw_exchange(proxy.addr, request.as_bytes(), Duration::from_secs(3)).await;
+    assert!(answer.starts_with("HTTP/1.1 405 "), "{answer:?}");
+    assert_eq!(upstream.count(), 0, "CONNECT was forwarded");
+}
