@@ -10,9 +10,8 @@
 
 mod common;
 
-use std::io::Write as _;
 use std::path::Path;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
@@ -191,40 +190,13 @@ async fn verify_full_with_store_ca_file() {
     proxy.shutdown().await;
 }
 
-/// A `tracing` writer of this test's own.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().expect("lock").extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
-    type Writer = Captured;
-    fn make_writer(&'a self) -> Captured {
-        self.clone()
-    }
-}
-
 /// A certificate from a CA that is not the trust root: tollgate keeps serving under its
 /// failure policy (`deny`: 503) and is never ready, and says why in a warning that names the
 /// cause (`tls`), the database and what to change. A current-thread runtime, so that the
 /// subscriber set for this thread sees every task.
 #[tokio::test(flavor = "current_thread")]
 async fn wrong_ca_is_never_ready_and_says_why() {
-    let captured = Captured::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(captured.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::WARN)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (captured, _guard) = common::log::CapturedLog::warnings();
 
     let db = database("wrongca").await;
     let upstream = Upstream::start().await;
@@ -249,8 +221,7 @@ async fn wrong_ca_is_never_ready_and_says_why() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert_eq!(upstream.count(), 0, "nothing was let through");
-    let _ = captured.clone().flush();
-    let text = String::from_utf8_lossy(&captured.0.lock().expect("lock")).to_string();
+    let text = captured.text();
     let line = text
         .lines()
         .find(|l| l.contains("WARN") && (l.contains("cause=\"tls\"") || l.contains("cause=tls")))

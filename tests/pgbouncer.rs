@@ -11,7 +11,6 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -176,47 +175,13 @@ fn first_lines(log: &str, n: usize) -> String {
     log.lines().take(n).collect::<Vec<_>>().join("\n")
 }
 
-/// A `tracing` writer of this test's own.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Captured {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().expect("lock")).into_owned()
-    }
-}
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().expect("lock").extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
-    type Writer = Captured;
-    fn make_writer(&'a self) -> Captured {
-        self.clone()
-    }
-}
-
 /// Two instances through one PgBouncer, a `global` limit of 50, 300 concurrent requests in each
 /// of several 1-second windows: exactly 50 allowed every time, no decision failed open, no
 /// store error or prepared-statement error logged, the sweep deletes the expired windows,
 /// `/readyz` (the rolled-back real upsert, once decisions are older than a second) is 200, and
 /// afterwards every server connection of the pool has the server's default settings.
 async fn two_instances_hold_the_limit(mode: PoolMode) {
-    let captured = Captured::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(captured.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::WARN)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (captured, _guard) = common::log::CapturedLog::warnings();
 
     let db = TestDb::new().await;
     let direct = db.client().await;

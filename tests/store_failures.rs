@@ -10,9 +10,8 @@
 
 mod common;
 
-use std::io::Write as _;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -549,50 +548,12 @@ async fn readyz_is_503_while_the_database_is_read_only() {
     .await;
 }
 
-/// A `tracing` writer of this test's own.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Captured {
-    fn lines(&self) -> Vec<String> {
-        let bytes = self.0.lock().expect("lock").clone();
-        String::from_utf8_lossy(&bytes)
-            .lines()
-            .map(str::to_owned)
-            .collect()
-    }
-}
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().expect("lock").extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
-    type Writer = Captured;
-    fn make_writer(&'a self) -> Captured {
-        self.clone()
-    }
-}
-
 /// Review, item 9 / SPEC 5: "Store failures are logged with their cause and the database's
 /// host, port and name, at most a line per second per cause" (with a count of the rest).
 /// A current-thread runtime, so that the subscriber set for this thread sees every task.
 #[tokio::test(flavor = "current_thread")]
 async fn store_failure_warning_names_cause_and_database_once_a_second() {
-    let captured = Captured::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(captured.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::WARN)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (captured, _guard) = common::log::CapturedLog::warnings();
 
     let db = TestDb::new().await;
     let mut cfg = db.store_config();
@@ -615,7 +576,7 @@ async fn store_failure_warning_names_cause_and_database_once_a_second() {
         .await
         .expect("drop");
 
-    let failing = |captured: &Captured| -> Vec<String> {
+    let failing = |captured: &common::log::CapturedLog| -> Vec<String> {
         captured
             .lines()
             .into_iter()
@@ -644,7 +605,6 @@ async fn store_failure_warning_names_cause_and_database_once_a_second() {
         "the next line counts what was left out: {}",
         lines[1]
     );
-    let _ = captured.clone().flush();
 }
 
 // ---------------------------------------------------------------------------------------------
