@@ -273,21 +273,27 @@ impl Exhausted {
     /// are not counted here either, and never appear in the fields.
     pub fn deny(&self, plans: &[PlannedLimit]) -> Option<Verdict> {
         let now = Instant::now();
-        // Most requests are not denied: find out before building anything.
-        if !plans
+        // Most requests are not denied: find the first exhausted limit before building
+        // anything. The limits before it were just found not exhausted, so only the ones after
+        // it are looked up again; no bucket is looked up twice.
+        let (first, found) = plans
             .iter()
-            .any(|plan| !plan.shadow && self.exhausted(plan, now).is_some())
-        {
-            return None;
-        }
+            .enumerate()
+            .filter(|(_, plan)| !plan.shadow)
+            .find_map(|(i, plan)| self.exhausted(plan, now).map(|found| (i, found)))?;
         let unix_ms = unix_now_ms();
         let outcomes = plans
             .iter()
-            .filter(|plan| !plan.shadow)
-            .map(|plan| {
-                let (count, reset_secs) = self
-                    .exhausted(plan, now)
-                    .unwrap_or_else(|| (0, window_left_secs(unix_ms, plan.window_secs)));
+            .enumerate()
+            .filter(|(_, plan)| !plan.shadow)
+            .map(|(i, plan)| {
+                let exhausted = match i.cmp(&first) {
+                    std::cmp::Ordering::Less => None,
+                    std::cmp::Ordering::Equal => Some(found),
+                    std::cmp::Ordering::Greater => self.exhausted(plan, now),
+                };
+                let (count, reset_secs) =
+                    exhausted.unwrap_or_else(|| (0, window_left_secs(unix_ms, plan.window_secs)));
                 LimitOutcome {
                     policy: plan.policy.clone(),
                     requests: plan.requests,
@@ -298,11 +304,7 @@ impl Exhausted {
                 }
             })
             .collect();
-        // Between the two passes the one exhausted entry may have ended: then no denial.
-        match judge(outcomes) {
-            denied @ Verdict::Deny { .. } => Some(denied),
-            _ => None,
-        }
+        Some(judge(outcomes))
     }
 
     /// The count remembered for `plan`'s bucket and the whole seconds left in its window, if
