@@ -457,8 +457,9 @@ async fn readyz_is_503_while_the_counter_table_is_missing() {
     );
 }
 
-/// A login role of this test's own, allowed to create tables in the test database's `public`
-/// schema; dropped (with what it owns) by [`Role::drop_now`].
+/// A login role of this test's own ([`Role::new`]: one allowed to create tables in the test
+/// database's `public` schema; a test may also make one with grants of its own); dropped,
+/// with what it owns, by [`Role::drop_now`].
 struct Role {
     name: String,
 }
@@ -877,20 +878,5 @@ upstream = "app"
         200
     );
     proxy.shutdown().await;
-    let _ = admin_db
-        .batch_execute(&format!(
-            "GRANT CREATE ON SCHEMA public TO PUBLIC; DROP OWNED BY \"{name}\"; \
-             SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '{name}'"
-        ))
-        .await;
-    for _ in 0..50 {
-        if admin_db
-            .batch_execute(&format!("DROP ROLE IF EXISTS \"{name}\""))
-            .await
-            .is_ok()
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    Role { name }.drop_now(&admin_db).await;
 }
