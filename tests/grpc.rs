@@ -351,20 +351,26 @@ body = "not for grpc"
     );
 }
 
+/// The status of one call to `path` through a proxy on `grpc_config(store, routes)` in front
+/// of `upstream`, which must fail.
+async fn failed_call(
+    upstream: SocketAddr,
+    store: &str,
+    routes: &str,
+    path: &'static str,
+) -> Status {
+    let proxy = Proxy::start(config_from(&grpc_config(store, routes), upstream, &[])).await;
+    let mut grpc = client(&proxy).await;
+    say(&mut grpc, path)
+        .await
+        .expect_err("the call should fail")
+}
+
 /// Issue 17: no route answered 404 text, which a gRPC client can only guess at.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_route_is_unimplemented() {
     let upstream = GrpcUpstream::start().await;
-    let proxy = Proxy::start(config_from(
-        &grpc_config("", OPEN_ROUTE),
-        upstream.addr,
-        &[],
-    ))
-    .await;
-    let mut grpc = client(&proxy).await;
-    let status = say(&mut grpc, "/other.Service/Say")
-        .await
-        .expect_err("no route");
+    let status = failed_call(upstream.addr, "", OPEN_ROUTE, "/other.Service/Say").await;
     assert_eq!(status.code(), Code::Unimplemented, "{status:?}");
     assert_eq!(status.message(), "no route matches", "{status:?}");
 }
@@ -387,16 +393,7 @@ upstream = "app"
   requests = 100
   window = "1h"
 "#;
-    let proxy = Proxy::start(config_from(
-        &grpc_config(&store, routes),
-        upstream.addr,
-        &[],
-    ))
-    .await;
-    let mut grpc = client(&proxy).await;
-    let status = say(&mut grpc, "/test.Echo/Say")
-        .await
-        .expect_err("fails closed");
+    let status = failed_call(upstream.addr, &store, routes, "/test.Echo/Say").await;
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
     assert_eq!(
         status.message(),
@@ -409,16 +406,7 @@ upstream = "app"
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_upstream_is_deadline_exceeded() {
     let upstream = GrpcUpstream::start().await;
-    let proxy = Proxy::start(config_from(
-        &grpc_config("", OPEN_ROUTE),
-        upstream.addr,
-        &[],
-    ))
-    .await;
-    let mut grpc = client(&proxy).await;
-    let status = say(&mut grpc, "/test.Echo/Slow")
-        .await
-        .expect_err("times out");
+    let status = failed_call(upstream.addr, "", OPEN_ROUTE, "/test.Echo/Slow").await;
     assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
     assert_eq!(status.message(), "upstream timeout", "{status:?}");
 }
@@ -426,11 +414,7 @@ async fn slow_upstream_is_deadline_exceeded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_upstream_is_unavailable() {
     let closed = closed_port().await;
-    let proxy = Proxy::start(config_from(&grpc_config("", OPEN_ROUTE), closed, &[])).await;
-    let mut grpc = client(&proxy).await;
-    let status = say(&mut grpc, "/test.Echo/Say")
-        .await
-        .expect_err("unreachable");
+    let status = failed_call(closed, "", OPEN_ROUTE, "/test.Echo/Say").await;
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
     // The connect error (with the upstream's address) stays in tollgate's log.
     assert_eq!(status.message(), "upstream unreachable", "{status:?}");
