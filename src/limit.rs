@@ -281,7 +281,7 @@ impl Exhausted {
             .enumerate()
             .filter(|(_, plan)| !plan.shadow)
             .find_map(|(i, plan)| self.exhausted(plan, now).map(|found| (i, found)))?;
-        let unix_ms = unix_now_ms();
+        let unix_ms = crate::store::unix_now_ms();
         let outcomes = plans
             .iter()
             .enumerate()
@@ -327,13 +327,6 @@ impl Exhausted {
 }
 
 /// Unix time in milliseconds by the system clock (negative before 1970).
-fn unix_now_ms() -> i64 {
-    match std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
-        Ok(d) => i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
-        Err(e) => i64::try_from(e.duration().as_millis()).map_or(i64::MIN, |ms| -ms),
-    }
-}
-
 /// Whole seconds from `unix_ms` to the end of the epoch-aligned window of `window_secs`
 /// containing it (at least 1).
 fn window_left_secs(unix_ms: i64, window_secs: u32) -> u64 {

@@ -37,7 +37,6 @@ use std::hash::BuildHasher;
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::{Counted, Increment, Peeked, Store, StoreError, StoreFuture};
 use crate::config::DEFAULT_MEMORY_BUCKETS;
@@ -277,7 +276,7 @@ impl Default for MemoryStore {
 impl MemoryStore {
     /// A store on the system clock, of the default bound, counting into metrics of its own.
     pub fn new() -> Self {
-        Self::with_clock(system_now_ms)
+        Self::with_clock(super::unix_now_ms)
     }
 
     /// A store on a clock of the caller's (Unix milliseconds), so tests can cross window
@@ -290,7 +289,7 @@ impl MemoryStore {
     /// A store on the system clock holding at most `buckets` buckets (`store.memory_buckets`),
     /// reporting evictions and its size into `metrics`.
     pub fn bounded(buckets: NonZeroUsize, metrics: MemoryStoreMetrics) -> Self {
-        Self::bounded_with_clock(buckets, metrics, system_now_ms)
+        Self::bounded_with_clock(buckets, metrics, super::unix_now_ms)
     }
 
     /// [`MemoryStore::bounded`] on a clock of the caller's.
@@ -497,14 +496,6 @@ fn window_at(now_ms: i64, window_secs: u32) -> Result<Window, StoreError> {
         end_ms: start_ms + len_ms,
         count: 0,
     })
-}
-
-/// The system clock in Unix milliseconds; negative before 1970 rather than an error.
-fn system_now_ms() -> i64 {
-    match SystemTime::now().duration_since(UNIX_EPOCH) {
-        Ok(d) => i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
-        Err(e) => i64::try_from(e.duration().as_millis()).map_or(i64::MIN, |ms| -ms),
-    }
 }
 
 #[cfg(test)]

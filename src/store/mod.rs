@@ -54,6 +54,16 @@ pub enum StoreError {
     Query(String),
 }
 
+/// This process's clock as Unix milliseconds (negative before 1970, saturating): the memory
+/// store's windows and the limiter's estimate of a window's end when it did not ask the store.
+pub fn unix_now_ms() -> i64 {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    match SystemTime::now().duration_since(UNIX_EPOCH) {
+        Ok(d) => i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
+        Err(e) => i64::try_from(e.duration().as_millis()).map_or(i64::MIN, |ms| -ms),
+    }
+}
+
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
 
 /// A place that counts. Implementations must be exact under concurrency: two increments of
