@@ -413,13 +413,23 @@ async fn workers_serve_together_and_share_one_limit() {
         })
         .await;
     assert_eq!(workers, 3);
-    // Thread names are cut to 15 bytes by the kernel: "tollgate-worker".
-    let tasks = std::fs::read_dir(format!("/proc/{}/task", process.child.id())).expect("tasks");
-    let worker_threads = tasks
-        .filter_map(Result::ok)
-        .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
-        .filter(|name| name.trim_end() == "tollgate-worker")
-        .count();
+    // Thread names are cut to 15 bytes by the kernel: "tollgate-worker". A new thread sets
+    // its own name once it runs, which can be after the start line: poll for a short while
+    // instead of reading once.
+    let count_worker_threads = || {
+        std::fs::read_dir(format!("/proc/{}/task", process.child.id()))
+            .expect("tasks")
+            .filter_map(Result::ok)
+            .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
+            .filter(|name| name.trim_end() == "tollgate-worker")
+            .count()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let mut worker_threads = count_worker_threads();
+    while worker_threads < 2 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        worker_threads = count_worker_threads();
+    }
     // Worker 0 is the main thread; workers 1 and 2 have threads of their own.
     assert_eq!(worker_threads, 2);
 

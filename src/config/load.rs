@@ -3571,12 +3571,15 @@ body = '{"error":"slow down"}'
     #[test]
     fn no_panic_on_truncated_or_odd_input() {
         let env = env_of(&[("TOLLGATE_KEY_SECRET", "k")]);
+        // A sample of the cuts and changes that the `config` fuzz target (fuzz/) explores
+        // exhaustively: cutting at every byte took 12 s of every `cargo test`. The odd
+        // strides still land inside keys, values, strings, table headers and line ends.
         let mut cut = 0;
         while cut <= SPEC_EXAMPLE.len() {
             if let Some(prefix) = SPEC_EXAMPLE.get(..cut) {
                 let _ = load_str(Path::new(FILE), prefix, &env);
             }
-            cut += 1;
+            cut += 7;
         }
         for junk in [
             "\u{feff}",
@@ -3598,9 +3601,9 @@ body = '{"error":"slow down"}'
         assert!(load(&deep).is_err());
         let deep = format!("a = {}\n", "{ b = ".repeat(5000));
         assert!(load(&deep).is_err());
-        // Every fifth character of a full file replaced by something syntactically loaded.
+        // Every 37th character of a full file replaced by something syntactically loaded.
         let chars: Vec<char> = SPEC_EXAMPLE.chars().collect();
-        for i in (0..chars.len()).step_by(5) {
+        for i in (0..chars.len()).step_by(37) {
             for c in ['"', '[', ']', '=', '\n', '$', '{', '}', '0', '.'] {
                 let mut m = chars.clone();
                 m[i] = c;
