@@ -32,6 +32,7 @@
 //!   response, HTTP/2 with GOAWAY), and after `shutdown_timeout` whatever is left is dropped.
 
 mod open_files;
+pub mod proxy_protocol;
 mod streams;
 
 pub use open_files::{raise_open_file_limit, OpenFileLimit};
@@ -216,6 +217,12 @@ impl Server {
             phase: phase_rx.clone(),
             metrics: metrics.clone(),
             accept_errors: Arc::new(AcceptErrors::default()),
+            proxy_from: config
+                .server
+                .proxy_protocol
+                .as_ref()
+                .map(|p| Arc::from(p.from.as_slice())),
+            header_refusals: Arc::new(AcceptErrors::default()),
         };
         let workers = start_workers(config.server.worker_count(), &shared, &shared_with_workers)?;
         // Every worker holds its own duplicate of each listening socket; the originals close
@@ -417,9 +424,10 @@ impl RunningServer {
         let old = &self.started_with;
         if config.server.listen != old.server.listen
             || config.server.tls_listen != old.server.tls_listen
+            || config.server.proxy_protocol != old.server.proxy_protocol
             || config.admin.as_ref().map(|a| a.listen) != old.admin.as_ref().map(|a| a.listen)
         {
-            tracing::warn!("reload: listener addresses changed; they apply only after a restart");
+            tracing::warn!("reload: listener addresses or server.proxy_protocol changed; they apply only after a restart");
         }
         let (new_server, old_server) = (&config.server, &old.server);
         if new_server.header_read_timeout != old_server.header_read_timeout
@@ -525,6 +533,10 @@ struct SharedWithWorkers {
     metrics: Arc<Metrics>,
     /// One rate limit for the accept-failure log line of every worker and listener.
     accept_errors: Arc<AcceptErrors>,
+    /// `server.proxy_protocol.from`; `None` = no connection starts with a PROXY header.
+    proxy_from: Option<Arc<[ipnet::IpNet]>>,
+    /// One rate limit for the line about refused PROXY headers.
+    header_refusals: Arc<AcceptErrors>,
 }
 
 type SharedListener = (
@@ -647,6 +659,8 @@ async fn accept_loop(
         phase,
         metrics,
         accept_errors,
+        proxy_from,
+        header_refusals,
     } = shared;
     let mut stop = stopped(phase.clone());
     loop {
@@ -661,7 +675,7 @@ async fn accept_loop(
             accepted = listener.accept() => accepted,
             _ = &mut stop => return,
         };
-        let (stream, peer) = match accepted {
+        let (mut stream, peer) = match accepted {
             Ok(pair) => pair,
             Err(err) => {
                 // EMFILE, ENFILE, ECONNABORTED...: the listener is fine, try again shortly.
@@ -676,8 +690,28 @@ async fn accept_loop(
         let phase = phase.clone();
         let metrics = metrics.clone();
         let tls = tls.as_ref().map(|current| current.load_full());
+        let proxy_from = proxy_from.clone();
+        let header_refusals = header_refusals.clone();
         tokio::spawn(async move {
             metrics.open_connections.inc();
+            // A listed balancer's PROXY header names the client, before TLS and HTTP (SPEC 4).
+            let peer = match &proxy_from {
+                None => peer,
+                Some(from) => {
+                    let timeout = settings.header_read_timeout;
+                    let header =
+                        proxy_protocol::peer_after_header(&mut stream, peer, from, timeout);
+                    match header.await {
+                        Ok(peer) => peer,
+                        Err(refused) => {
+                            header_refusals.note_refused_header(&refused);
+                            metrics.open_connections.dec();
+                            drop(permit);
+                            return;
+                        }
+                    }
+                }
+            };
             match tls {
                 None => {
                     let info = ConnInfo::new(peer, false);
