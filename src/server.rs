@@ -217,12 +217,12 @@ impl Server {
             phase: phase_rx.clone(),
             metrics: metrics.clone(),
             accept_errors: Arc::new(AcceptErrors::default()),
-            proxy_from: config
-                .server
-                .proxy_protocol
-                .as_ref()
-                .map(|p| Arc::from(p.from.as_slice())),
-            header_refusals: Arc::new(AcceptErrors::default()),
+            proxy_protocol: config.server.proxy_protocol.as_ref().map(|p| {
+                Arc::new(HeaderGate {
+                    from: p.from.clone(),
+                    refusals: AcceptErrors::default(),
+                })
+            }),
         };
         let workers = start_workers(config.server.worker_count(), &shared, &shared_with_workers)?;
         // Every worker holds its own duplicate of each listening socket; the originals close
@@ -533,10 +533,16 @@ struct SharedWithWorkers {
     metrics: Arc<Metrics>,
     /// One rate limit for the accept-failure log line of every worker and listener.
     accept_errors: Arc<AcceptErrors>,
-    /// `server.proxy_protocol.from`; `None` = no connection starts with a PROXY header.
-    proxy_from: Option<Arc<[ipnet::IpNet]>>,
-    /// One rate limit for the line about refused PROXY headers.
-    header_refusals: Arc<AcceptErrors>,
+    /// `[server.proxy_protocol]`; `None` (nothing to clone per connection) = no connection
+    /// starts with a PROXY header.
+    proxy_protocol: Option<Arc<HeaderGate>>,
+}
+
+/// Who must open with a PROXY header (SPEC 4), and the rate limit of the line about those
+/// refused.
+struct HeaderGate {
+    from: Vec<ipnet::IpNet>,
+    refusals: AcceptErrors,
 }
 
 type SharedListener = (
@@ -659,8 +665,7 @@ async fn accept_loop(
         phase,
         metrics,
         accept_errors,
-        proxy_from,
-        header_refusals,
+        proxy_protocol: header_gate,
     } = shared;
     let mut stop = stopped(phase.clone());
     loop {
@@ -690,21 +695,20 @@ async fn accept_loop(
         let phase = phase.clone();
         let metrics = metrics.clone();
         let tls = tls.as_ref().map(|current| current.load_full());
-        let proxy_from = proxy_from.clone();
-        let header_refusals = header_refusals.clone();
+        let header_gate = header_gate.clone();
         tokio::spawn(async move {
             metrics.open_connections.inc();
             // A listed balancer's PROXY header names the client, before TLS and HTTP (SPEC 4).
-            let peer = match &proxy_from {
+            let peer = match &header_gate {
                 None => peer,
-                Some(from) => {
+                Some(gate) => {
                     let timeout = settings.header_read_timeout;
                     let header =
-                        proxy_protocol::peer_after_header(&mut stream, peer, from, timeout);
+                        proxy_protocol::peer_after_header(&mut stream, peer, &gate.from, timeout);
                     match header.await {
                         Ok(peer) => peer,
                         Err(refused) => {
-                            header_refusals.note_refused_header(&refused);
+                            gate.refusals.note_refused_header(&refused);
                             metrics.open_connections.dec();
                             drop(permit);
                             return;
