@@ -171,6 +171,28 @@ async fn v1_and_v2_headers_name_the_client_over_plain_tcp() {
 }
 
 #[tokio::test]
+async fn http2_prior_knowledge_follows_the_header_byte_for_byte() {
+    let s = setup().await;
+    let mut tcp = connect_from(IpAddr::from(BALANCER), s.proxy.addr).await;
+    let header = haproxy::v2(sock("[2001:db8::44]:7"), sock("[2001:db8::1]:80"), &[]);
+    tcp.write_all(&header)
+        .await
+        .expect("write the PROXY header");
+    let (mut sender, conn) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .handshake(hyper_util::rt::TokioIo::new(tcp))
+            .await
+            .expect("h2c handshake after the PROXY header");
+    tokio::spawn(conn);
+    let request = http::Request::get("http://example.com/open")
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .expect("request");
+    let response = sender.send_request(request).await.expect("h2c request");
+    assert_eq!(response.status(), 200);
+    assert_eq!(last_header(&s, "x-forwarded-for"), "2001:db8::44");
+}
+
+#[tokio::test]
 async fn headers_come_before_the_tls_client_hello() {
     let s = setup().await;
     let header = haproxy::v1(sock("192.0.2.20:5000"), sock("127.0.0.1:443"));
