@@ -157,7 +157,8 @@ pub fn load_file(
 ///   `server.tls_listen`, `server.trusted_proxies`, `server.certs`: empty;
 ///   `server.ipv6_prefix`: 64; `server.header_read_timeout`: 10s; `server.idle_timeout`: 60s;
 ///   `server.max_connections`: 10000; `server.shutdown_timeout`: 30s;
-///   `server.rate_limit_headers`: `"draft"`; `server.underscores_in_headers`: false.
+///   `server.rate_limit_headers`: `"draft"`; `server.underscores_in_headers`: false;
+///   `[server.proxy_protocol]`: none (no peer sends a PROXY header).
 /// - `[admin]`: no admin listener.
 /// - `store.url`: none (memory store) unless `TOLLGATE_DATABASE_URL` is set and non-empty;
 ///   `store.pool_size`: 16; `store.timeout`: 100ms; `store.on_error`: `"allow"`;
