@@ -231,6 +231,17 @@ fn print_check(config: &Config) {
     for addr in &config.server.tls_listen {
         say!("tls_listen  {addr}");
     }
+    if let Some(proxy_protocol) = &config.server.proxy_protocol {
+        let from: Vec<String> = proxy_protocol
+            .from
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        say!(
+            "proxy_protocol from {} (PROXY v1/v2 header required from these peers)",
+            from.join(", ")
+        );
+    }
     if let Some(admin) = &config.admin {
         say!("admin       {}", admin.listen);
     }

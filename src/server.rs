@@ -32,6 +32,7 @@
 //!   response, HTTP/2 with GOAWAY), and after `shutdown_timeout` whatever is left is dropped.
 
 mod open_files;
+pub mod proxy_protocol;
 mod streams;
 
 pub use open_files::{raise_open_file_limit, OpenFileLimit};
@@ -216,6 +217,12 @@ impl Server {
             phase: phase_rx.clone(),
             metrics: metrics.clone(),
             accept_errors: Arc::new(AcceptErrors::default()),
+            proxy_protocol: config.server.proxy_protocol.as_ref().map(|p| {
+                Arc::new(HeaderGate {
+                    from: p.from.clone(),
+                    refusals: AcceptErrors::default(),
+                })
+            }),
         };
         let workers = start_workers(config.server.worker_count(), &shared, &shared_with_workers)?;
         // Every worker holds its own duplicate of each listening socket; the originals close
@@ -417,9 +424,10 @@ impl RunningServer {
         let old = &self.started_with;
         if config.server.listen != old.server.listen
             || config.server.tls_listen != old.server.tls_listen
+            || config.server.proxy_protocol != old.server.proxy_protocol
             || config.admin.as_ref().map(|a| a.listen) != old.admin.as_ref().map(|a| a.listen)
         {
-            tracing::warn!("reload: listener addresses changed; they apply only after a restart");
+            tracing::warn!("reload: listener addresses or server.proxy_protocol changed; they apply only after a restart");
         }
         let (new_server, old_server) = (&config.server, &old.server);
         if new_server.header_read_timeout != old_server.header_read_timeout
@@ -525,6 +533,16 @@ struct SharedWithWorkers {
     metrics: Arc<Metrics>,
     /// One rate limit for the accept-failure log line of every worker and listener.
     accept_errors: Arc<AcceptErrors>,
+    /// `[server.proxy_protocol]`; `None` (nothing to clone per connection) = no connection
+    /// starts with a PROXY header.
+    proxy_protocol: Option<Arc<HeaderGate>>,
+}
+
+/// Who must open with a PROXY header (SPEC 4), and the rate limit of the line about those
+/// refused.
+struct HeaderGate {
+    from: Vec<ipnet::IpNet>,
+    refusals: AcceptErrors,
 }
 
 type SharedListener = (
@@ -647,6 +665,7 @@ async fn accept_loop(
         phase,
         metrics,
         accept_errors,
+        proxy_protocol: header_gate,
     } = shared;
     let mut stop = stopped(phase.clone());
     loop {
@@ -661,7 +680,7 @@ async fn accept_loop(
             accepted = listener.accept() => accepted,
             _ = &mut stop => return,
         };
-        let (stream, peer) = match accepted {
+        let (mut stream, peer) = match accepted {
             Ok(pair) => pair,
             Err(err) => {
                 // EMFILE, ENFILE, ECONNABORTED...: the listener is fine, try again shortly.
@@ -676,8 +695,27 @@ async fn accept_loop(
         let phase = phase.clone();
         let metrics = metrics.clone();
         let tls = tls.as_ref().map(|current| current.load_full());
+        let header_gate = header_gate.clone();
         tokio::spawn(async move {
             metrics.open_connections.inc();
+            // A listed balancer's PROXY header names the client, before TLS and HTTP (SPEC 4).
+            let peer = match &header_gate {
+                None => peer,
+                Some(gate) => {
+                    let timeout = settings.header_read_timeout;
+                    let header =
+                        proxy_protocol::peer_after_header(&mut stream, peer, &gate.from, timeout);
+                    match header.await {
+                        Ok(peer) => peer,
+                        Err(refused) => {
+                            gate.refusals.note_refused_header(&refused);
+                            metrics.open_connections.dec();
+                            drop(permit);
+                            return;
+                        }
+                    }
+                }
+            };
             match tls {
                 None => {
                     let info = ConnInfo::new(peer, false);

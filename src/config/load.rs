@@ -35,6 +35,7 @@ use http::{HeaderName, HeaderValue, Method, StatusCode, Uri};
 use ipnet::IpNet;
 use toml_edit::{ImDocument, Item, Table, TableLike, Value};
 
+use super::ProxyProtocolConfig;
 use super::{
     AdminConfig, CertConfig, Config, HostPattern, KeyPart, KeySpec, KeysConfig, LimitConfig,
     RateLimitHeaders, RejectConfig, RouteConfig, ServerConfig, StoreConfig, StoreErrorPolicy,
@@ -156,7 +157,8 @@ pub fn load_file(
 ///   `server.tls_listen`, `server.trusted_proxies`, `server.certs`: empty;
 ///   `server.ipv6_prefix`: 64; `server.header_read_timeout`: 10s; `server.idle_timeout`: 60s;
 ///   `server.max_connections`: 10000; `server.shutdown_timeout`: 30s;
-///   `server.rate_limit_headers`: `"draft"`; `server.underscores_in_headers`: false.
+///   `server.rate_limit_headers`: `"draft"`; `server.underscores_in_headers`: false;
+///   `[server.proxy_protocol]`: none (no peer sends a PROXY header).
 /// - `[admin]`: no admin listener.
 /// - `store.url`: none (memory store) unless `TOLLGATE_DATABASE_URL` is set and non-empty;
 ///   `store.pool_size`: 16; `store.timeout`: 100ms; `store.on_error`: `"allow"`;
@@ -768,7 +770,9 @@ const SERVER_KEYS: &[&str] = &[
     "max_body_size",
     "workers",
     "certs",
+    "proxy_protocol",
 ];
+const PROXY_PROTOCOL_KEYS: &[&str] = &["from"];
 const CERT_KEYS: &[&str] = &["cert", "key"];
 const ADMIN_KEYS: &[&str] = &["listen"];
 const STORE_KEYS: &[&str] = &[
@@ -846,17 +850,12 @@ fn read_server(cx: &mut Cx<'_>, node: Option<Node<'_>>) -> Option<ServerConfig> 
     }
 
     let trusted_proxies = match t.get("trusted_proxies") {
-        Some(n) => cx.list(&n, |cx, e| {
-            let s = cx.string(e)?;
-            match parse_cidr(&s) {
-                Ok(net) => Some(net),
-                Err(msg) => {
-                    cx.error(&e.span, &e.path, msg);
-                    None
-                }
-            }
-        }),
+        Some(n) => cidr_list(cx, &n),
         None => Some(Vec::new()),
+    };
+    let proxy_protocol = match t.get("proxy_protocol") {
+        Some(n) => read_proxy_protocol(cx, &n),
+        None => Some(None),
     };
     let ipv6_prefix = match t.get("ipv6_prefix") {
         Some(n) => cx.integer(&n, 1, 128).and_then(|i| u8::try_from(i).ok()),
@@ -933,7 +932,42 @@ fn read_server(cx: &mut Cx<'_>, node: Option<Node<'_>>) -> Option<ServerConfig> 
         max_body_size: max_body_size?,
         workers: workers?,
         certs: certs?,
+        proxy_protocol: proxy_protocol?,
     })
+}
+
+/// A list of CIDRs (or bare addresses), each bad one reported at its place.
+fn cidr_list(cx: &mut Cx<'_>, node: &Node<'_>) -> Option<Vec<IpNet>> {
+    cx.list(node, |cx, e| {
+        let s = cx.string(e)?;
+        match parse_cidr(&s) {
+            Ok(net) => Some(net),
+            Err(msg) => {
+                cx.error(&e.span, &e.path, msg);
+                None
+            }
+        }
+    })
+}
+
+/// `[server.proxy_protocol]` (SPEC 4): `from` is required and not empty, since a table that
+/// names no balancer would do nothing, which is more likely a mistake than a wish.
+fn read_proxy_protocol(cx: &mut Cx<'_>, node: &Node<'_>) -> Option<Option<ProxyProtocolConfig>> {
+    let t = TableReader::open(cx, Some(node), &node.path, PROXY_PROTOCOL_KEYS)?;
+    let from = t.require(cx, "from").and_then(|n| {
+        let nets = cidr_list(cx, &n)?;
+        if nets.is_empty() {
+            cx.error(
+                &n.span,
+                &n.path,
+                "empty: list the balancers' addresses, or remove [server.proxy_protocol]",
+            );
+            return None;
+        }
+        Some(nets)
+    });
+    t.finish(cx);
+    Some(Some(ProxyProtocolConfig { from: from? }))
 }
 
 /// Two listeners on one address would fail at bind time with a vaguer message; port 0 is
@@ -3126,6 +3160,50 @@ body = '{"error":"slow down"}'
             34,
             "server.trusted_proxies[1]",
             "not a CIDR",
+        );
+    }
+
+    #[test]
+    fn proxy_protocol_from() {
+        let config = load_ok(
+            "[server]\n[server.proxy_protocol]\nfrom = [\"10.0.0.0/8\", \"2001:db8::1\"]\n",
+        );
+        let from: Vec<String> = config
+            .server
+            .proxy_protocol
+            .expect("proxy_protocol")
+            .from
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(from, ["10.0.0.0/8", "2001:db8::1/128"]);
+        assert!(load_ok("[server]\n").server.proxy_protocol.is_none());
+        assert_error(
+            "[server.proxy_protocol]\nfrom = [\"10.0.0.0/8\", \"10.0.0.0/33\"]\n",
+            2,
+            23,
+            "server.proxy_protocol.from[1]",
+            "not a CIDR",
+        );
+        assert_error(
+            "[server.proxy_protocol]\nfrom = []\n",
+            2,
+            8,
+            "server.proxy_protocol.from",
+            "empty",
+        );
+        assert_error(
+            "[server.proxy_protocol]\nfrom = [\"10.0.0.1\"]\nfrm = [\"10.0.0.1\"]\n",
+            3,
+            1,
+            "server.proxy_protocol.frm",
+            "did you mean `from`",
+        );
+        let missing = one_error("[server.proxy_protocol]\n");
+        assert_eq!(missing.field, "server.proxy_protocol.from");
+        assert!(
+            missing.message.contains("missing required field"),
+            "{missing}"
         );
     }
 

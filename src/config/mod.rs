@@ -58,6 +58,15 @@ pub struct ServerConfig {
     pub workers: Option<usize>,
     /// The first is the default certificate.
     pub certs: Vec<CertConfig>,
+    /// `[server.proxy_protocol]` (SPEC 4); `None` = no peer sends a PROXY header.
+    pub proxy_protocol: Option<ProxyProtocolConfig>,
+}
+
+/// Peers that must open every connection with a PROXY protocol v1 or v2 header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyProtocolConfig {
+    /// Not empty.
+    pub from: Vec<IpNet>,
 }
 
 impl ServerConfig {

@@ -105,6 +105,19 @@ impl AcceptErrors {
         }
     }
 
+    /// A listed balancer's connection closed for want of a valid PROXY header (SPEC 4). No
+    /// address in the line: the reason and the count say enough to find the balancer.
+    pub(super) fn note_refused_header(&self, refused: &super::proxy_protocol::Refused) {
+        if let Some(not_logged) = self.due(Instant::now()) {
+            tracing::warn!(
+                error = %refused,
+                not_logged,
+                "connection from a server.proxy_protocol.from peer closed: it must open with a \
+                 PROXY protocol v1 or v2 header (is the balancer's proxy protocol turned on?)"
+            );
+        }
+    }
+
     /// Whether a failure at `now` gets a line, and if so how many before it did not.
     fn due(&self, now: Instant) -> Option<u64> {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);

@@ -6,6 +6,7 @@
 
 pub mod db;
 pub mod faulty;
+pub mod haproxy;
 pub mod log;
 pub mod pgbouncer;
 pub mod tls;
