@@ -888,7 +888,7 @@ upstream = "app"
     loop {
         let rows: i64 = admin_db
             .query_one(
-                "SELECT count(*) FROM tollgate_instances WHERE extract(epoch FROM started_at) >= $1",
+                "SELECT count(*) FROM tollgate_instances WHERE extract(epoch FROM started_at) >= $1::float8",
                 &[&started],
             )
             .await
