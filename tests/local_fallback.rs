@@ -278,3 +278,37 @@ async fn the_registry_counts_live_rows_and_deletes_dead_ones() {
     // Refreshing again is an update of the same row, not a new one.
     assert_eq!(store.refresh_instance().await.expect("refresh"), 2);
 }
+
+/// `tollgate check` accepts `local` in both places and prints it.
+#[test]
+fn check_accepts_and_prints_the_local_policy() {
+    let dir = std::env::temp_dir().join(format!("tollgate-local-check-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("proxy.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[store]\nurl = \"postgres://tollgate@db.invalid/tollgate\"\non_error = \"local\"\n\
+             [upstreams.app]\nurl = \"http://127.0.0.1:9\"\n{API_ROUTE}"
+        ),
+    )
+    .expect("config");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["check", "--config"])
+        .arg(&path)
+        .env_remove("TOLLGATE_DATABASE_URL")
+        .output()
+        .expect("run check");
+    let _ = std::fs::remove_dir_all(&dir);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("store       postgres (on_error = local)"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("(on_store_error = local)"), "{stdout}");
+}
