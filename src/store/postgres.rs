@@ -556,7 +556,12 @@ impl PostgresStore {
         let last_connect_error = LastConnectError::default();
         let failures = FailureLog::new(&pg);
         let timeout = cfg.timeout.max(Duration::from_millis(1));
-        let session = (pg.clone(), tls.clone());
+        let mut listen = pg.clone();
+        if listen.get_application_name() == Some("tollgate") {
+            // Told apart from the pool's sessions in pg_stat_activity (one per instance).
+            listen.application_name("tollgate-listen");
+        }
+        let session = (listen, tls.clone());
         let pool = Pool::builder()
             .max_size(cfg.pool_size.max(1))
             .connection_timeout(timeout)
