@@ -961,9 +961,11 @@ pub const INSTANCE_EXPIRES_AFTER: Duration = Duration::from_secs(600);
 /// The listen session's own statements (`LISTEN`, the liveness check) get this long.
 const LISTEN_STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often the listen session checks that a notification sent through the pool reaches
-/// it, and how long it waits for it.
+/// it, how long it waits for it, and how many checks in a row must go unanswered before it
+/// counts as deaf (one slow delivery on a loaded machine must not switch the cache off).
 const LISTEN_CHECK_EVERY: Duration = Duration::from_secs(5);
-const LISTEN_CHECK_WAIT: Duration = Duration::from_secs(2);
+const LISTEN_CHECK_WAIT: Duration = Duration::from_secs(3);
+const LISTEN_CHECKS_MISSED: u32 = 2;
 /// Reconnect back-off of the listen session: from the first to the last, doubling.
 const LISTEN_RETRY_FIRST: Duration = Duration::from_millis(250);
 const LISTEN_RETRY_LAST: Duration = Duration::from_secs(5);
@@ -1136,9 +1138,9 @@ impl PostgresStore {
     /// It survives database restarts and failover: a lost session is reopened with back-off
     /// ([`LISTEN_RETRY_FIRST`] to [`LISTEN_RETRY_LAST`]), and every (re)start reports
     /// [`ResetEvent::Missed`], since resets made while it was away were not heard. Every
-    /// [`LISTEN_CHECK_EVERY`] it sends itself a notification through the pool: one that does
-    /// not arrive within [`LISTEN_CHECK_WAIT`] while the session still answers means
-    /// notifications are not delivered to it ([`ResetEvent::Hearing`] `false`: a
+    /// [`LISTEN_CHECK_EVERY`] it sends itself a notification through the pool:
+    /// [`LISTEN_CHECKS_MISSED`] in a row that do not arrive within [`LISTEN_CHECK_WAIT`] while
+    /// the session still answers mean notifications are not delivered to it ([`ResetEvent::Hearing`] `false`: a
     /// transaction-mode pooler between tollgate and the database, see docs/operations.md);
     /// a session that no longer answers is reopened.
     pub async fn listen_for_resets(self: Arc<Self>, mut on: impl FnMut(ResetEvent<'_>) + Send) {
@@ -1216,6 +1218,7 @@ impl PostgresStore {
         check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // When the check sent last must have come back.
         let mut awaiting: Option<tokio::time::Instant> = None;
+        let mut missed = 0u32;
         loop {
             let wait_until =
                 awaiting.unwrap_or_else(|| tokio::time::Instant::now() + LISTEN_CHECK_EVERY * 4);
@@ -1223,6 +1226,7 @@ impl PostgresStore {
                 payload = notified.recv() => match payload {
                     Some(payload) if payload == token => {
                         awaiting = None;
+                        missed = 0;
                         if *hearing != Some(true) {
                             if *hearing == Some(false) {
                                 tracing::info!("reset listener: notifications arrive again; resets reach this instance within a second");
@@ -1254,7 +1258,8 @@ impl PostgresStore {
                     let alive = tokio::time::timeout(LISTEN_STATEMENT_TIMEOUT, client.simple_query("SELECT 1")).await;
                     match alive {
                         Ok(Ok(_)) => {
-                            if *hearing != Some(false) {
+                            missed += 1;
+                            if missed >= LISTEN_CHECKS_MISSED && *hearing != Some(false) {
                                 tracing::error!(
                                     "reset listener: notifications do not reach this instance's LISTEN session \
                                      (is store.url a pooler in transaction mode?); this instance stops caching \
