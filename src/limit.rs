@@ -14,15 +14,24 @@
 //! window, so this is exact; it is what keeps a flooded key from costing a statement per
 //! request. Such a denial lists every enforced limit of the request in its rate-limit fields,
 //! as a store-decided one does (see [`Exhausted::deny`] for what it can say of the limits it
-//! did not count). The cache is bounded; past its bound the store decides.
+//! did not count). The cache is bounded; past its bound the store decides. `tollgate reset`
+//! makes every instance forget a bucket here ([`Exhausted::on_reset`], fed by the store's
+//! `LISTEN` session); an instance whose session cannot hear resets caches nothing.
+//!
+//! Routes whose store-failure policy is `local` are decided by [`Limiter::decide_locally`]
+//! when the store fails (SPEC 5b, `fallback.rs`); the first decision the store makes again
+//! ends local limiting, so the way back is the breaker's own recovery.
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
+use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::fallback::{Instances, LocalFallback};
 use crate::metrics::Metrics;
+use crate::store::postgres::ResetEvent;
 use crate::store::{Increment, Store, StoreError};
 
 /// Buckets are hashed on every request, twice (shard, then map), and SipHash over an
@@ -87,8 +96,9 @@ pub struct Limiter {
     store: Arc<dyn Store>,
     timeout: Duration,
     breaker: Breaker,
-    exhausted: Exhausted,
+    exhausted: Arc<Exhausted>,
     metrics: Arc<Metrics>,
+    local: LocalFallback,
 }
 
 impl Limiter {
@@ -97,9 +107,32 @@ impl Limiter {
             store,
             timeout,
             breaker: Breaker::new(),
-            exhausted: Exhausted::new(),
+            exhausted: Arc::new(Exhausted::new()),
+            local: LocalFallback::new(
+                NonZeroUsize::new(crate::config::DEFAULT_MEMORY_BUCKETS)
+                    .unwrap_or(NonZeroUsize::MIN),
+                Arc::new(Instances::new(metrics.instances.clone())),
+            ),
             metrics,
         }
+    }
+
+    /// The limiter with this local fallback (SPEC 5b) instead of the default one (which
+    /// divides by one instance).
+    pub fn with_local_fallback(mut self, local: LocalFallback) -> Self {
+        self.local = local;
+        self
+    }
+
+    /// The cache of exhausted buckets, for the reset listener.
+    pub fn denials(&self) -> Arc<Exhausted> {
+        self.exhausted.clone()
+    }
+
+    /// The request decided in memory by this instance alone, for a route whose store-failure
+    /// policy is `local` after [`Limiter::decide`] answered [`Verdict::StoreFailed`].
+    pub async fn decide_locally(&self, plans: &[PlannedLimit]) -> Verdict {
+        self.local.decide(plans, &increments(plans)).await
     }
 
     pub async fn decide(&self, plans: &[PlannedLimit]) -> Verdict {
@@ -118,14 +151,7 @@ impl Limiter {
             self.store.decision_outcome(false);
             return Verdict::StoreFailed;
         };
-        let batch: Vec<Increment> = plans
-            .iter()
-            .map(|p| Increment {
-                bucket: p.bucket.clone(),
-                window_secs: p.window_secs,
-                by: 1,
-            })
-            .collect();
+        let batch = increments(plans);
         let started = Instant::now();
         let answer = match tokio::time::timeout(self.timeout, self.store.increment(&batch)).await {
             Ok(result) => result,
@@ -138,6 +164,7 @@ impl Limiter {
             Ok(counted) if counted.len() == plans.len() => {
                 attempt.succeeded();
                 self.store.decision_outcome(true);
+                self.local.store_answered();
                 counted
             }
             Ok(_) => {
@@ -197,6 +224,19 @@ impl Limiter {
     }
 }
 
+/// One increment per planned limit, in plan order: what the store (or the local fallback)
+/// counts for this request.
+fn increments(plans: &[PlannedLimit]) -> Vec<Increment> {
+    plans
+        .iter()
+        .map(|p| Increment {
+            bucket: p.bucket.clone(),
+            window_secs: p.window_secs,
+            by: 1,
+        })
+        .collect()
+}
+
 /// Bucket -> (end of its window, last count seen).
 type ExhaustedShard = HashMap<Arc<str>, (Instant, u32), RandomState>;
 
@@ -209,6 +249,9 @@ type ExhaustedShard = HashMap<Arc<str>, (Instant, u32), RandomState>;
 pub struct Exhausted {
     shards: Vec<Mutex<ExhaustedShard>>,
     hasher: RandomState,
+    /// False while resets cannot reach this instance (its `LISTEN` session is deaf): then
+    /// nothing is cached, so every request goes to the store and a reset holds at once.
+    enabled: AtomicBool,
 }
 
 impl Default for Exhausted {
@@ -225,6 +268,38 @@ impl Exhausted {
         Exhausted {
             shards: (0..Self::SHARDS).map(|_| Mutex::default()).collect(),
             hasher: RandomState::default(),
+            enabled: AtomicBool::new(true),
+        }
+    }
+
+    /// Forgets `bucket` (a `tollgate reset` of it).
+    pub fn forget(&self, bucket: &str) {
+        if let Ok(mut shard) = self.shard(bucket).lock() {
+            shard.remove(bucket);
+        }
+    }
+
+    /// Forgets every bucket.
+    pub fn clear(&self) {
+        for shard in &self.shards {
+            if let Ok(mut shard) = shard.lock() {
+                shard.clear();
+            }
+        }
+    }
+
+    /// What the store's `LISTEN` session heard (SPEC 3b): a reset bucket is forgotten; after
+    /// a (re)connect, or while notifications do not arrive, nothing cached can be trusted.
+    pub fn on_reset(&self, event: ResetEvent<'_>) {
+        match event {
+            ResetEvent::Bucket(bucket) => self.forget(bucket),
+            ResetEvent::Missed => self.clear(),
+            ResetEvent::Hearing(hearing) => {
+                self.enabled.store(hearing, Ordering::Release);
+                if !hearing {
+                    self.clear();
+                }
+            }
         }
     }
 
@@ -246,6 +321,9 @@ impl Exhausted {
     }
 
     pub fn insert(&self, bucket: &Arc<str>, until: Instant, count: u32) {
+        if !self.enabled.load(Ordering::Relaxed) {
+            return;
+        }
         let Ok(mut shard) = self.shard(bucket).lock() else {
             return;
         };
@@ -272,6 +350,9 @@ impl Exhausted {
     /// off by the clock skew to the database on Postgres). Shadow limits are left out: they
     /// are not counted here either, and never appear in the fields.
     pub fn deny(&self, plans: &[PlannedLimit]) -> Option<Verdict> {
+        if !self.enabled.load(Ordering::Relaxed) {
+            return None;
+        }
         let now = Instant::now();
         // Most requests are not denied: find the first exhausted limit before building
         // anything. The limits before it were just found not exhausted, so only the ones after

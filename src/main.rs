@@ -15,10 +15,12 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri};
 use tracing_subscriber::EnvFilter;
 
 use tollgate::config::{self, Config, HostPattern, KeyPart};
-use tollgate::key::{self, BucketHasher, RequestIdentity};
+use tollgate::key::BucketHasher;
+use tollgate::normalise::NormaliseError;
+use tollgate::plan::{self, PlanError, RequestPlan};
 use tollgate::store::postgres::PostgresStore;
 use tollgate::store::{Increment, Store};
-use tollgate::{normalise, route, Server};
+use tollgate::Server;
 
 /// `println!` for a command's output (`check`, `migrate`, `explain`), through [`say_line`].
 macro_rules! say {
@@ -83,6 +85,20 @@ enum Command {
         /// Request URL, e.g. http://api.example.com/oauth/register
         url: String,
     },
+    /// Forget what a request's buckets counted (current window, and the previous one), in the
+    /// database and in every running instance's cache of denials
+    Reset {
+        /// Client address the request comes from
+        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1")]
+        ip: IpAddr,
+        /// A request header, as 'Name: value' (repeatable)
+        #[arg(long = "header", value_name = "'Name: value'")]
+        headers: Vec<String>,
+        /// Request method, e.g. POST
+        method: String,
+        /// Request URL, e.g. http://api.example.com/oauth/register
+        url: String,
+    },
 }
 
 fn env(name: &str) -> Option<String> {
@@ -138,6 +154,12 @@ fn main() -> ExitCode {
             method,
             url,
         } => runtime.block_on(explain(config, ip, headers, method, url)),
+        Command::Reset {
+            ip,
+            headers,
+            method,
+            url,
+        } => runtime.block_on(reset(config, ip, headers, method, url)),
     }
 }
 
@@ -247,8 +269,8 @@ fn print_check(config: &Config) {
     }
     match &config.store.url {
         Some(_) => say!(
-            "store       postgres (on_error = {:?})",
-            config.store.on_error
+            "store       postgres (on_error = {})",
+            config.store.on_error.as_str()
         ),
         None => say!("store       memory (counters not shared between instances)"),
     }
@@ -268,13 +290,17 @@ fn print_check(config: &Config) {
             .map(|m| m.iter().map(|m| m.as_str()).collect::<Vec<_>>().join(","))
             .unwrap_or_else(|| "any".to_string());
         say!(
-            "route       {}: host {} path {} methods {} -> {}{}",
+            "route       {}: host {} path {} methods {} -> {}{}{}",
             route.name,
             host,
             route.path_prefix,
             methods,
             config.upstream(route).name,
-            if route.shadow { " (shadow)" } else { "" }
+            if route.shadow { " (shadow)" } else { "" },
+            match route.on_store_error {
+                Some(policy) => format!(" (on_store_error = {})", policy.as_str()),
+                None => String::new(),
+            }
         );
         for limit in &route.limits {
             say!(
@@ -316,6 +342,101 @@ async fn migrate(config: Config, accept_new_key: bool) -> ExitCode {
     }
 }
 
+/// A request given on the command line (`explain`, `reset`): the method, URL and headers
+/// parsed, or a usage error.
+struct CommandRequest {
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+}
+
+fn command_request(
+    method: &str,
+    url: &str,
+    header_args: &[String],
+) -> Result<CommandRequest, String> {
+    let Ok(method) = Method::from_bytes(method.to_ascii_uppercase().as_bytes()) else {
+        return Err(format!("not an HTTP method: {method}"));
+    };
+    let Ok(uri) = url.parse::<Uri>() else {
+        return Err("URL does not parse".to_string());
+    };
+    let mut headers = HeaderMap::new();
+    for arg in header_args {
+        let Some((name, value)) = arg.split_once(':') else {
+            return Err("--header takes 'Name: value'".to_string());
+        };
+        let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name.trim().as_bytes()),
+            HeaderValue::from_str(value.trim()),
+        ) else {
+            return Err("--header has an invalid name or value".to_string());
+        };
+        headers.append(name, value);
+    }
+    Ok(CommandRequest {
+        method,
+        uri,
+        headers,
+    })
+}
+
+/// The Postgres store for a command that reads or writes counters: no migration, but the key
+/// fingerprint must match, or the buckets would not be the ones the running instances use.
+async fn command_store(
+    config: &Config,
+    hasher: &BucketHasher,
+) -> Result<Arc<PostgresStore>, ExitCode> {
+    let pg = match PostgresStore::new(&config.store) {
+        Ok(pg) => pg,
+        Err(err) => {
+            eprintln!("tollgate: {err}");
+            return Err(ExitCode::from(1));
+        }
+    };
+    if let Err(err) = pg.initialize(&hasher.fingerprint(), false).await {
+        eprintln!("tollgate: {err}");
+        return Err(ExitCode::from(1));
+    }
+    Ok(pg)
+}
+
+/// Prints the route line of `explain`/`reset`; false when there is nothing more to say.
+fn say_route(config: &Config, plan: &RequestPlan<'_>) -> bool {
+    let Some((_, route)) = plan.route else {
+        say!("route       none: the request would get 404 and not be forwarded");
+        return false;
+    };
+    say!(
+        "route       {} -> upstream {}",
+        route.name,
+        config.upstream(route).name
+    );
+    if route.limits.is_empty() {
+        say!("limits      none: the request would be forwarded");
+        return false;
+    }
+    true
+}
+
+/// `limit ...: does not apply (no X header)` for a limit whose key the request lacks.
+fn say_not_applying(limit: &config::LimitConfig, headers: &HeaderMap) {
+    let missing: Vec<String> = limit
+        .key
+        .parts
+        .iter()
+        .filter_map(|p| match p {
+            KeyPart::Header(h) if !headers.contains_key(h) => Some(h.to_string()),
+            _ => None,
+        })
+        .collect();
+    say!(
+        "limit       {}: does not apply (no {} header)",
+        limit.policy_name(),
+        missing.join("/")
+    );
+}
+
 async fn explain(
     config: Config,
     ip: IpAddr,
@@ -327,102 +448,53 @@ async fn explain(
         eprintln!("tollgate explain: {message}");
         ExitCode::from(2)
     };
-    let Ok(method) = Method::from_bytes(method.to_ascii_uppercase().as_bytes()) else {
-        return usage(format!("not an HTTP method: {method}"));
+    let request = match command_request(&method, &url, &header_args) {
+        Ok(r) => r,
+        Err(message) => return usage(message),
     };
-    let Ok(uri) = url.parse::<Uri>() else {
-        return usage("URL does not parse".to_string());
-    };
-    let mut headers = HeaderMap::new();
-    for arg in &header_args {
-        let Some((name, value)) = arg.split_once(':') else {
-            return usage("--header takes 'Name: value'".to_string());
-        };
-        let (Ok(name), Ok(value)) = (
-            HeaderName::from_bytes(name.trim().as_bytes()),
-            HeaderValue::from_str(value.trim()),
-        ) else {
-            return usage("--header has an invalid name or value".to_string());
-        };
-        headers.append(name, value);
-    }
-    let authority = match normalise::request_authority(&uri, &headers) {
-        Ok(a) => a,
-        Err(e) => return usage(format!("{e} (give an absolute URL or a Host header)")),
-    };
-    let path = match normalise::normalise_path(uri.path()) {
-        Ok(p) => p,
+    let hasher = BucketHasher::new(config.keys.secret.as_deref());
+    let plan = match plan::plan_request(
+        &config,
+        &hasher,
+        ip,
+        &request.method,
+        &request.uri,
+        &request.headers,
+    ) {
+        Ok(plan) => plan,
+        Err(PlanError::Normalise(e @ NormaliseError::MissingHost)) => {
+            return usage(format!("{e} (give an absolute URL or a Host header)"))
+        }
         Err(e) => return usage(e.to_string()),
     };
-    say!("request     {method} {authority}{path} from {ip}");
-    let host = normalise::host_without_port(authority.as_str());
-    let routing_path = normalise::routing_path(&path);
-    let Some(index) = route::find(&config.routes, Some(host), &routing_path, &method) else {
-        say!("route       none: the request would get 404 and not be forwarded");
-        return ExitCode::SUCCESS;
-    };
-    let route = &config.routes[index];
     say!(
-        "route       {} -> upstream {}",
-        route.name,
-        config.upstream(route).name
+        "request     {} {}{} from {ip}",
+        request.method,
+        plan.authority,
+        plan.path
     );
-    if route.limits.is_empty() {
-        say!("limits      none: the request would be forwarded");
+    if !say_route(&config, &plan) {
         return ExitCode::SUCCESS;
     }
-    let hasher = BucketHasher::new(config.keys.secret.as_deref());
-    let client = key::client_addr(ip, &headers, &config.server.trusted_proxies);
-    let who = RequestIdentity {
-        client,
-        ipv6_prefix: config.server.ipv6_prefix,
-        headers: &headers,
-    };
     let store: Arc<dyn Store> = match &config.store.url {
-        Some(_) => {
-            let pg = match PostgresStore::new(&config.store) {
-                Ok(pg) => pg,
-                Err(err) => {
-                    eprintln!("tollgate: {err}");
-                    return ExitCode::from(1);
-                }
-            };
-            // Reads only: no migration, but the key fingerprint must match, or the buckets
-            // shown would not be the ones the running instances count in.
-            if let Err(err) = pg.initialize(&hasher.fingerprint(), false).await {
-                eprintln!("tollgate: {err}");
-                return ExitCode::from(1);
-            }
-            pg
-        }
+        Some(_) => match command_store(&config, &hasher).await {
+            Ok(pg) => pg,
+            Err(code) => return code,
+        },
         None => {
             say!("store       memory: counts live inside the running process; shown as 0 here");
             Arc::new(tollgate::store::memory::MemoryStore::new())
         }
     };
     let mut would_allow = true;
-    for limit in &route.limits {
-        let shadow = limit.shadow || route.shadow;
-        let Some(bucket) = key::bucket_for(&limit.scope, &limit.key, &who, &hasher) else {
-            let missing: Vec<String> = limit
-                .key
-                .parts
-                .iter()
-                .filter_map(|p| match p {
-                    KeyPart::Header(h) if !headers.contains_key(h) => Some(h.to_string()),
-                    _ => None,
-                })
-                .collect();
-            say!(
-                "limit       {}: does not apply (no {} header)",
-                limit.policy_name(),
-                missing.join("/")
-            );
+    for (limit, planned) in &plan.limits {
+        let Some(planned) = planned else {
+            say_not_applying(limit, &request.headers);
             continue;
         };
         let probe = [Increment {
-            bucket: bucket.clone(),
-            window_secs: limit.window_secs,
+            bucket: planned.bucket.clone(),
+            window_secs: planned.window_secs,
             by: 0,
         }];
         let peeked = match store.peek(&probe).await {
@@ -437,17 +509,17 @@ async fn explain(
             }
         };
         let next = peeked.count.saturating_add(1);
-        let fits = next <= limit.requests;
-        if !fits && !shadow {
+        let fits = next <= planned.requests;
+        if !fits && !planned.shadow {
             would_allow = false;
         }
         say!(
             "limit       {}{}: {} per {}s, bucket {}, count {}, window resets in {}s -> {}",
-            limit.policy_name(),
-            if shadow { " (shadow)" } else { "" },
-            limit.requests,
-            limit.window_secs,
-            bucket,
+            planned.policy,
+            if planned.shadow { " (shadow)" } else { "" },
+            planned.requests,
+            planned.window_secs,
+            planned.bucket,
             peeked.count,
             tollgate::limit::seconds_until(peeked.now_ms, peeked.window_end_ms),
             if fits { "within" } else { "exceeded" }
@@ -462,4 +534,96 @@ async fn explain(
         }
     );
     ExitCode::SUCCESS
+}
+
+/// `tollgate reset` (SPEC 3b): the buckets `explain` names, deleted for the current and the
+/// previous window, and every running instance told to forget them.
+async fn reset(
+    config: Config,
+    ip: IpAddr,
+    header_args: Vec<String>,
+    method: String,
+    url: String,
+) -> ExitCode {
+    let usage = |message: String| {
+        eprintln!("tollgate reset: {message}");
+        ExitCode::from(2)
+    };
+    let request = match command_request(&method, &url, &header_args) {
+        Ok(r) => r,
+        Err(message) => return usage(message),
+    };
+    if config.store.url.is_none() {
+        eprintln!(
+            "tollgate reset: {}: the memory store's counters live inside the running tollgate \
+             process, which another process cannot reach; restart it to forget them",
+            config.source.display()
+        );
+        return ExitCode::from(1);
+    }
+    let hasher = BucketHasher::new(config.keys.secret.as_deref());
+    let plan = match plan::plan_request(
+        &config,
+        &hasher,
+        ip,
+        &request.method,
+        &request.uri,
+        &request.headers,
+    ) {
+        Ok(plan) => plan,
+        Err(PlanError::Normalise(e @ NormaliseError::MissingHost)) => {
+            return usage(format!("{e} (give an absolute URL or a Host header)"))
+        }
+        Err(e) => return usage(e.to_string()),
+    };
+    say!(
+        "request     {} {}{} from {ip}",
+        request.method,
+        plan.authority,
+        plan.path
+    );
+    if !say_route(&config, &plan) {
+        return ExitCode::SUCCESS;
+    }
+    for (limit, planned) in &plan.limits {
+        if planned.is_none() {
+            say_not_applying(limit, &request.headers);
+        }
+    }
+    // Two limits of one route may share a bucket (same scope and key): reset it once.
+    let mut buckets: Vec<(Arc<str>, u32)> = Vec::new();
+    for planned in plan.planned() {
+        if !buckets.iter().any(|(b, _)| *b == planned.bucket) {
+            buckets.push((planned.bucket.clone(), planned.window_secs));
+        }
+    }
+    if buckets.is_empty() {
+        say!("reset       nothing: no limit applies to this request");
+        return ExitCode::SUCCESS;
+    }
+    let pg = match command_store(&config, &hasher).await {
+        Ok(pg) => pg,
+        Err(code) => return code,
+    };
+    match pg.reset(&buckets).await {
+        Ok(done) => {
+            for bucket in done {
+                let previous = match bucket.previous {
+                    Some(count) => format!(", previous window {count}"),
+                    None => String::new(),
+                };
+                say!(
+                    "reset       bucket {}: count was {}{previous}",
+                    bucket.bucket,
+                    bucket.count
+                );
+            }
+            say!("notified    every running instance forgets these buckets within a second");
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("tollgate reset: cannot reset the counters: {err}");
+            ExitCode::from(1)
+        }
+    }
 }

@@ -78,6 +78,8 @@ pub struct Metrics {
     pub config_reloads: Family<ResultLabels, Counter>,
     pub open_connections: Gauge,
     pub memory: MemoryStoreMetrics,
+    /// Live tollgate instances on the database, as last seen (SPEC 5b).
+    pub instances: Gauge,
 }
 
 impl Default for Metrics {
@@ -156,7 +158,14 @@ impl Metrics {
             "Buckets the memory store holds now, at most store.memory_buckets (0 on the Postgres store)",
             memory.buckets.clone(),
         );
+        let instances = Gauge::default();
+        registry.register(
+            "instances",
+            "Live tollgate instances on the database when it last answered (the local store-failure policy divides limits by it; 1 on the memory store)",
+            instances.clone(),
+        );
         Metrics {
+            instances,
             registry,
             decisions,
             responses,

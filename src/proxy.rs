@@ -31,6 +31,7 @@ use crate::key::{self, BucketHasher, RequestIdentity};
 use crate::limit::{LimitOutcome, Limiter, PlannedLimit, Verdict};
 use crate::metrics::{Metrics, RouteMetrics, NO_ROUTE};
 use crate::normalise;
+use crate::plan;
 use crate::route;
 
 /// A route ready to serve: its configuration plus what is derived from it once.
@@ -55,12 +56,15 @@ pub struct CompiledRoute {
 impl CompiledRoute {
     /// The route's ready `RateLimit-Policy` value, when `outcomes` are those of all its limits
     /// in order (a limit whose key is absent from the request has no outcome).
+    /// Outcomes of the local fallback carry the local quota, not the configured one: the
+    /// ready value does not describe them.
     fn ready_policy(&self, outcomes: &[LimitOutcome]) -> Option<&HeaderValue> {
         let all = outcomes.len() == self.policies.len()
             && outcomes
                 .iter()
                 .zip(&self.policies)
-                .all(|(o, p)| Arc::ptr_eq(&o.policy, p));
+                .zip(&self.config.limits)
+                .all(|((o, p), l)| Arc::ptr_eq(&o.policy, p) && o.requests == l.requests);
         if all {
             self.rate_limit_policy.as_ref()
         } else {
@@ -301,29 +305,33 @@ impl Proxy {
             ipv6_prefix: server.ipv6_prefix,
             headers: req.headers(),
         };
+        // The same buckets `tollgate explain` and `tollgate reset` name (`plan.rs`).
         let plans: Vec<PlannedLimit> = route
             .config
             .limits
             .iter()
             .zip(&route.policies)
             .filter_map(|(limit, policy)| {
-                key::bucket_in(policy, &limit.key, &who, &self.hasher).map(|bucket| PlannedLimit {
-                    policy: policy.clone(),
-                    bucket,
-                    requests: limit.requests,
-                    window_secs: limit.window_secs,
-                    shadow: limit.shadow || route.config.shadow,
-                })
+                plan::planned_limit(&route.config, limit, policy, &who, &self.hasher)
             })
             .collect();
 
-        // Step 4: the decision, before a byte of the body is read.
-        let (decision, outcomes) = match self.limiter.decide(&plans).await {
+        // Step 4: the decision, before a byte of the body is read. With `local`, a failing
+        // store hands the decision to this instance alone (SPEC 5b).
+        let mut verdict = self.limiter.decide(&plans).await;
+        let local = matches!(verdict, Verdict::StoreFailed)
+            && route.on_store_error == StoreErrorPolicy::Local;
+        if local {
+            verdict = self.limiter.decide_locally(&plans).await;
+        }
+        let (decision, outcomes) = match verdict {
             Verdict::Allow {
                 outcomes,
                 shadow_limited,
             } => {
-                let word = if shadow_limited {
+                let word = if local {
+                    "local_allowed"
+                } else if shadow_limited {
                     "shadow_limited"
                 } else {
                     "allowed"
@@ -335,13 +343,14 @@ impl Proxy {
                 retry_after,
                 violated,
             } => {
-                route.metrics.decision(&self.metrics, "limited");
+                let word = if local { "local_limited" } else { "limited" };
+                route.metrics.decision(&self.metrics, word);
                 let (response, grpc_status) =
                     rejection(rt, route, &req, &outcomes, retry_after, &violated);
                 return Handled {
                     response,
                     route: Some(index),
-                    decision: "limited",
+                    decision: word,
                     violated,
                     upstream: None,
                     grpc_status,
@@ -349,7 +358,9 @@ impl Proxy {
             }
             Verdict::StoreFailed => match route.on_store_error {
                 StoreErrorPolicy::Allow => ("failed_open", Vec::new()),
-                StoreErrorPolicy::Deny => {
+                // `Local` only when the in-memory count itself failed, which validation rules
+                // out (a zero-second window); closed rather than open, like `deny`.
+                StoreErrorPolicy::Deny | StoreErrorPolicy::Local => {
                     route.metrics.decision(&self.metrics, "failed_closed");
                     let mut handled =
                         local_error(Some(index), RequestError::StoreFailedClosed, &req);

@@ -60,6 +60,7 @@ use crate::admin;
 use crate::body::ProxyBody;
 use crate::config::{self, Config};
 use crate::error::StartupError;
+use crate::fallback::{self, Instances, LocalFallback};
 use crate::forward::Splice;
 use crate::framing::FramingGuard;
 use crate::key::BucketHasher;
@@ -180,8 +181,24 @@ impl Server {
 
         let (fatal_tx, fatal) = mpsc::channel(1);
         let mut background = vec![tokio::spawn(run_coarse_clock())];
-        let store = start_store(&config, &hasher, &metrics, fatal_tx, &mut background).await?;
-        let limiter = Limiter::new(store.clone(), config.store.timeout, metrics.clone());
+        let (store, pg) =
+            start_store(&config, &hasher, &metrics, fatal_tx, &mut background).await?;
+        let instances = Arc::new(Instances::new(metrics.instances.clone()));
+        let limiter =
+            Limiter::new(store.clone(), config.store.timeout, metrics.clone()).with_local_fallback(
+                LocalFallback::new(config.store.memory_buckets, instances.clone()),
+            );
+        if let Some(pg) = pg {
+            // The registry of live instances (SPEC 5b) and the reset listener (SPEC 3b).
+            background.push(tokio::spawn(fallback::keep_registered(
+                pg.clone(),
+                instances,
+            )));
+            let denials = limiter.denials();
+            background.push(tokio::spawn(
+                pg.listen_for_resets(move |event| denials.on_reset(event)),
+            ));
+        }
         let proxy = Arc::new(Proxy::new(runtime, limiter, hasher, metrics.clone()));
 
         let (phase, phase_rx) = watch::channel(Phase::Running);
@@ -277,7 +294,7 @@ async fn start_store(
     metrics: &Arc<Metrics>,
     fatal: mpsc::Sender<String>,
     background: &mut Vec<JoinHandle<()>>,
-) -> Result<Arc<dyn Store>, StartupError> {
+) -> Result<(Arc<dyn Store>, Option<Arc<PostgresStore>>), StartupError> {
     let Some(_) = &config.store.url else {
         tracing::warn!(
             "store: in-process memory; counters are not shared, so each instance enforces \
@@ -292,11 +309,17 @@ async fn start_store(
             config.store.sweep_interval,
             metrics.clone(),
         )));
-        return Ok(memory);
+        return Ok((memory, None));
     };
-    if config.store.memory_buckets.get() != config::DEFAULT_MEMORY_BUCKETS {
+    // With a database, store.memory_buckets bounds the local fallback's counters (SPEC 5b).
+    let local = config.store.on_error == config::StoreErrorPolicy::Local
+        || config
+            .routes
+            .iter()
+            .any(|r| r.on_store_error == Some(config::StoreErrorPolicy::Local));
+    if config.store.memory_buckets.get() != config::DEFAULT_MEMORY_BUCKETS && !local {
         tracing::warn!(
-            "store.memory_buckets applies only to the memory store; ignored with a database"
+            "store.memory_buckets applies only to the memory store and to on_error = \"local\"; ignored here"
         );
     }
     let pg = PostgresStore::new(&config.store).map_err(|e| StartupError::Store(e.to_string()))?;
@@ -333,7 +356,7 @@ async fn start_store(
             counter.store_round_trips.inc();
         }),
     ));
-    Ok(coalesced)
+    Ok((coalesced, Some(pg)))
 }
 
 async fn initialize_in_background(

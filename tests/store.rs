@@ -283,7 +283,8 @@ async fn pg_concurrent_initialize_applies_each_migration_once() {
         got,
         [
             (1, "0001_rate_limits".to_owned()),
-            (2, "0002_tollgate_settings".to_owned())
+            (2, "0002_tollgate_settings".to_owned()),
+            (4, "0004_instances".to_owned())
         ]
     );
     // The seed's schema, in schema public.
@@ -306,7 +307,11 @@ async fn pg_migrate_twice_applies_nothing_the_second_time() {
     let first = store.migrate("fp", false).await.expect("first migrate");
     assert_eq!(
         first.applied,
-        ["0001_rate_limits", "0002_tollgate_settings"]
+        [
+            "0001_rate_limits",
+            "0002_tollgate_settings",
+            "0004_instances"
+        ]
     );
     assert_eq!(first.fingerprint, FingerprintChange::Written);
     let second = store.migrate("fp", false).await.expect("second migrate");

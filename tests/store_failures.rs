@@ -832,7 +832,8 @@ async fn a_role_without_create_serves_with_migrate_false_after_a_deploy_job_migr
              REVOKE CREATE ON SCHEMA public FROM PUBLIC; \
              GRANT USAGE ON SCHEMA public TO \"{name}\"; \
              GRANT SELECT ON ALL TABLES IN SCHEMA public TO \"{name}\"; \
-             GRANT INSERT, UPDATE, DELETE ON public.rate_limits TO \"{name}\""
+             GRANT INSERT, UPDATE, DELETE ON public.rate_limits TO \"{name}\"; \
+             GRANT INSERT, UPDATE, DELETE ON public.tollgate_instances TO \"{name}\""
         ))
         .await
         .expect("create the runtime role");
@@ -860,6 +861,11 @@ upstream = "app"
   window = "1h"
 "#;
     let text = limits_config(&store, "\n[admin]\nlisten = \"127.0.0.1:0\"", routes);
+    let started: f64 = admin_db
+        .query_one("SELECT extract(epoch FROM now())::float8", &[])
+        .await
+        .expect("database clock")
+        .get(0);
     let mut proxy = Proxy::start(config_from(&text, upstream.addr, &[])).await;
     let admin = proxy.server().admin_addr.expect("admin listener");
     let client = h1_client();
@@ -877,6 +883,26 @@ upstream = "app"
         ready_until(&client, admin, 200, Duration::from_secs(3)).await,
         200
     );
+    // It registers in the instance registry (SPEC 5b) with exactly these grants.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let rows: i64 = admin_db
+            .query_one(
+                "SELECT count(*) FROM tollgate_instances WHERE extract(epoch FROM started_at) >= $1::float8",
+                &[&started],
+            )
+            .await
+            .expect("registry")
+            .get(0);
+        if rows == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the runtime role never registered: {rows} row(s)"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     proxy.shutdown().await;
     Role { name }.drop_now(&admin_db).await;
 }

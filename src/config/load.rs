@@ -816,6 +816,7 @@ const REJECT_KEYS: &[&str] = &["status", "content_type", "body"];
 const STORE_POLICIES: &[(&str, StoreErrorPolicy)] = &[
     ("allow", StoreErrorPolicy::Allow),
     ("deny", StoreErrorPolicy::Deny),
+    ("local", StoreErrorPolicy::Local),
 ];
 
 /// `[server]`. Defaults are listed on [`load_str`].
@@ -3510,6 +3511,22 @@ body = '{"error":"slow down"}'
             10,
             "routes[0].shadow",
             "expected a boolean",
+        );
+    }
+
+    #[test]
+    fn local_is_a_store_failure_policy() {
+        let c = load_ok(&format!(
+            "[store]\non_error = \"local\"\n{UPSTREAM}[[routes]]\nname = \"r\"\nupstream = \"api\"\non_store_error = \"local\"\n"
+        ));
+        assert_eq!(c.store.on_error, StoreErrorPolicy::Local);
+        assert_eq!(c.routes[0].on_store_error, Some(StoreErrorPolicy::Local));
+        assert_error(
+            "[store]\non_error = \"locally\"\n",
+            2,
+            12,
+            "store.on_error",
+            "\"allow\", \"deny\", \"local\"",
         );
     }
 

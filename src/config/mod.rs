@@ -149,6 +149,19 @@ pub enum StoreErrorPolicy {
     Allow,
     /// Fail closed: 503 with `Retry-After: 1`.
     Deny,
+    /// Each instance limits alone, in memory, at `ceil(requests / live instances)` (SPEC 5b).
+    Local,
+}
+
+impl StoreErrorPolicy {
+    /// The value as the file spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StoreErrorPolicy::Allow => "allow",
+            StoreErrorPolicy::Deny => "deny",
+            StoreErrorPolicy::Local => "local",
+        }
+    }
 }
 
 #[derive(Clone, Default)]

@@ -19,6 +19,14 @@
 //!   different one refuses to start, `tollgate migrate --accept-new-key` replaces it.
 //! - **The sweep** (SPEC 6): expired rows deleted in bounded batches through
 //!   `rate_limits_expires_idx`, by one instance at a time.
+//! - **The instance registry** (SPEC 5b): [`PostgresStore::refresh_instance`] keeps this
+//!   instance's row in `public.tollgate_instances` fresh and counts the live ones, in one
+//!   statement on the database clock (pooler-safe: no session state).
+//! - **Reset** (SPEC 3b): [`PostgresStore::reset`] deletes buckets' current and previous
+//!   windows and `NOTIFY`s every instance; [`PostgresStore::listen_for_resets`] is the one
+//!   `LISTEN` session per instance, on a connection of its own outside the pool, that
+//!   reconnects by itself and checks that notifications really arrive (they never do through
+//!   a transaction-mode pooler).
 //! - **Readiness** (SPEC 7): [`PostgresStore::ping`] answers from the outcome of recent
 //!   decisions, and with no recent traffic runs the real increment inside a transaction that
 //!   is rolled back, so a missing table, a revoked privilege or a read-only database is "not
@@ -117,6 +125,11 @@ const MIGRATIONS: &[Migration] = &[
         version: 2,
         name: "0002_tollgate_settings",
         sql: include_str!("../../migrations/0002_tollgate_settings.sql"),
+    },
+    Migration {
+        version: 4,
+        name: "0004_instances",
+        sql: include_str!("../../migrations/0004_instances.sql"),
     },
 ];
 
@@ -503,6 +516,11 @@ pub struct PostgresStore {
     probe_gate: tokio::sync::Mutex<()>,
     /// [`increment_sql`] for `store.synchronous_commit`.
     increment_sql: &'static str,
+    /// How to open the `LISTEN` session, which lives outside the pool (see
+    /// [`PostgresStore::listen_for_resets`]).
+    session: (tokio_postgres::Config, MakeRustls),
+    /// This process's row in `tollgate_instances`: random, nothing about the host.
+    instance_id: String,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -538,6 +556,12 @@ impl PostgresStore {
         let last_connect_error = LastConnectError::default();
         let failures = FailureLog::new(&pg);
         let timeout = cfg.timeout.max(Duration::from_millis(1));
+        let mut listen = pg.clone();
+        if listen.get_application_name() == Some("tollgate") {
+            // Told apart from the pool's sessions in pg_stat_activity (one per instance).
+            listen.application_name("tollgate-listen");
+        }
+        let session = (listen, tls.clone());
         let pool = Pool::builder()
             .max_size(cfg.pool_size.max(1))
             .connection_timeout(timeout)
@@ -557,6 +581,8 @@ impl PostgresStore {
             failures,
             probe_gate: tokio::sync::Mutex::new(()),
             increment_sql: increment_sql(cfg.synchronous_commit),
+            session,
+            instance_id: format!("{:032x}", rand::random::<u128>()),
         }))
     }
 
@@ -920,6 +946,373 @@ impl PostgresStore {
             });
         self.record(&result);
         result
+    }
+}
+
+/// The `NOTIFY` channel of `tollgate reset` (SPEC 3b). Payload: one bucket name, which is
+/// `<scope>:<label>:<digest>` or `<scope>:global`, never a raw subject.
+pub const RESET_CHANNEL: &str = "tollgate_reset";
+/// How long a row of `tollgate_instances` counts as live without a refresh (SPEC 5b).
+pub const INSTANCE_LIVE_FOR: Duration = Duration::from_secs(30);
+/// Rows older than this are deleted by the live instances' refreshes: an instance that died
+/// without saying so. Well past [`INSTANCE_LIVE_FOR`], so a long pause (a stopped VM, a
+/// debugger) comes back to its own row rather than a new one, which changes nothing anyway.
+pub const INSTANCE_EXPIRES_AFTER: Duration = Duration::from_secs(600);
+/// The listen session's own statements (`LISTEN`, the liveness check) get this long.
+const LISTEN_STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often the listen session checks that a notification sent through the pool reaches
+/// it, how long it waits for it, and how many checks in a row must go unanswered before it
+/// counts as deaf (one slow delivery on a loaded machine must not switch the cache off).
+const LISTEN_CHECK_EVERY: Duration = Duration::from_secs(5);
+const LISTEN_CHECK_WAIT: Duration = Duration::from_secs(3);
+const LISTEN_CHECKS_MISSED: u32 = 2;
+/// Reconnect back-off of the listen session: from the first to the last, doubling.
+const LISTEN_RETRY_FIRST: Duration = Duration::from_millis(250);
+const LISTEN_RETRY_LAST: Duration = Duration::from_secs(5);
+/// Notifications waiting to be applied at most; past it they are dropped and the whole cache
+/// is forgotten instead (as after a reconnect), so a flood of resets cannot grow memory.
+const LISTEN_QUEUE: usize = 1024;
+/// The payload prefix of the listen session's own check. A space cannot occur in a bucket
+/// name (scopes and labels are validated), so no reset can be mistaken for it.
+const LISTEN_CHECK_PREFIX: &str = "tollgate listen check ";
+
+/// The registry refresh (SPEC 5b): one statement, the database clock, nothing kept on the
+/// session, so it works through any pooler. `$1` this instance's id, `$2` the liveness bound
+/// and `$3` the expiry in seconds.
+///
+/// The three parts see one snapshot: the count does not see this statement's own upsert, so
+/// it counts the *other* live rows and adds one. The delete skips this instance's row (one
+/// statement must not touch a row twice) and rows another instance is deleting right now
+/// (`SKIP LOCKED`: two refreshes never wait on each other or deadlock).
+const REFRESH_INSTANCE_SQL: &str = "\
+WITH refreshed AS (
+    INSERT INTO public.tollgate_instances AS i (id) VALUES ($1)
+    ON CONFLICT (id) DO UPDATE SET seen_at = now()
+    RETURNING 1
+), expired AS (
+    DELETE FROM public.tollgate_instances
+    WHERE id IN (
+        SELECT id FROM public.tollgate_instances
+        WHERE seen_at < now() - make_interval(secs => $3) AND id <> $1
+        ORDER BY id
+        LIMIT 100
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING 1
+)
+SELECT 1 + (SELECT count(*) FROM public.tollgate_instances
+            WHERE seen_at >= now() - make_interval(secs => $2) AND id <> $1)";
+
+/// `tollgate reset` (SPEC 3b): deletes the current window's row and the previous one's of
+/// each bucket (`$1` buckets, `$2` window lengths), on the database clock like the increment.
+/// The previous window matters to sliding limits, whose estimate reads it; for fixed ones it
+/// is an ended row waiting for the sweep, and deleting it changes nothing.
+const RESET_SQL: &str = "\
+WITH input AS (
+    SELECT b.bucket,
+           b.win,
+           (floor(extract(epoch FROM now()))::int8 / b.win) * b.win AS start_secs
+    FROM unnest($1::text[], $2::int8[]) AS b(bucket, win)
+)
+DELETE FROM public.rate_limits AS r
+USING input AS i
+WHERE r.bucket = i.bucket
+  AND r.window_start IN (to_timestamp(i.start_secs), to_timestamp(i.start_secs - i.win))
+RETURNING r.bucket, r.window_start = to_timestamp(i.start_secs), r.count";
+
+/// What one bucket held when `tollgate reset` deleted it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResetBucket {
+    pub bucket: Arc<str>,
+    /// The count of the current window (0 if it had no row).
+    pub count: u32,
+    /// The count of the previous window, if it still had a row.
+    pub previous: Option<u32>,
+}
+
+/// What the listen session reports to its owner (the limiter's cache of denials).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResetEvent<'a> {
+    /// `tollgate reset` deleted this bucket's rows: forget what is cached about it.
+    Bucket(&'a str),
+    /// The session (re)started listening, or dropped notifications: any reset since the last
+    /// one may have been missed, so forget everything cached.
+    Missed,
+    /// Whether notifications reach this session. `false`: they are not delivered (a pooler in
+    /// transaction mode hands the `LISTEN` to a server connection this session does not
+    /// keep), so nothing cached can be trusted to be forgotten by a reset.
+    Hearing(bool),
+}
+
+impl PostgresStore {
+    /// This instance's id in `tollgate_instances` (random per process).
+    pub fn instance_id(&self) -> &str {
+        &self.instance_id
+    }
+
+    /// Refreshes this instance's row in `tollgate_instances` and answers how many instances
+    /// are live (this one included), within `store.timeout` (SPEC 5b).
+    pub async fn refresh_instance(&self) -> Result<u32, StoreError> {
+        self.require_initialized()?;
+        let live = INSTANCE_LIVE_FOR.as_secs_f64();
+        let expires = INSTANCE_EXPIRES_AFTER.as_secs_f64();
+        let id = self.instance_id.as_str();
+        let params: [(&(dyn ToSql + Sync), Type); 3] = [
+            (&id, Type::TEXT),
+            (&live, Type::FLOAT8),
+            (&expires, Type::FLOAT8),
+        ];
+        let row = self
+            .bounded(async {
+                let conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
+                conn.run(conn.query_typed_one(REFRESH_INSTANCE_SQL, &params))
+                    .await
+                    .map_err(|e| self.fail(&e))
+            })
+            .await?;
+        let live: i64 = row.try_get(0).map_err(query_error)?;
+        Ok(u32::try_from(live.max(1)).unwrap_or(u32::MAX))
+    }
+
+    /// Deletes the current and previous windows of `buckets` (bucket, window seconds) and
+    /// notifies every listening instance, in one transaction: the notifications go out when
+    /// the rows are gone (at commit), never before. Answers each bucket's old counts, in
+    /// batch order. NOTIFY is transactional, so this works through any pooler.
+    pub async fn reset(&self, buckets: &[(Arc<str>, u32)]) -> Result<Vec<ResetBucket>, StoreError> {
+        self.require_initialized()?;
+        let batch: Vec<Increment> = buckets
+            .iter()
+            .map(|(bucket, window_secs)| Increment {
+                bucket: bucket.clone(),
+                window_secs: *window_secs,
+                by: 0,
+            })
+            .collect();
+        let (names, windows) = columns(&batch)?;
+        let mut conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
+        let rows = async {
+            let tx = conn.transaction().await?;
+            let delete: [(&(dyn ToSql + Sync), Type); 2] =
+                [(&names, Type::TEXT_ARRAY), (&windows, Type::INT8_ARRAY)];
+            let rows = tx.query_typed(RESET_SQL, &delete).await?;
+            let notify: [(&(dyn ToSql + Sync), Type); 2] =
+                [(&RESET_CHANNEL, Type::TEXT), (&names, Type::TEXT_ARRAY)];
+            tx.execute_typed(
+                "SELECT pg_notify($1, b) FROM unnest($2::text[]) AS b",
+                &notify,
+            )
+            .await?;
+            tx.commit().await?;
+            Ok::<_, tokio_postgres::Error>(rows)
+        }
+        .await
+        .map_err(|e| self.fail(&e))?;
+        let mut out: Vec<ResetBucket> = buckets
+            .iter()
+            .map(|(bucket, _)| ResetBucket {
+                bucket: bucket.clone(),
+                count: 0,
+                previous: None,
+            })
+            .collect();
+        for row in &rows {
+            let bucket: &str = row.try_get(0).map_err(query_error)?;
+            let current: bool = row.try_get(1).map_err(query_error)?;
+            let count = count_from(row.try_get(2).map_err(query_error)?)?;
+            if let Some(entry) = out.iter_mut().find(|b| &*b.bucket == bucket) {
+                if current {
+                    entry.count = count;
+                } else {
+                    entry.previous = Some(count);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The `LISTEN` session of SPEC 3b, for as long as the returned future runs: a connection
+    /// of its own (a pooled one would be handed back after each statement, and bb8's
+    /// connection task throws notifications away), listening on [`RESET_CHANNEL`], and `on`
+    /// told of each reset bucket.
+    ///
+    /// It survives database restarts and failover: a lost session is reopened with back-off
+    /// ([`LISTEN_RETRY_FIRST`] to [`LISTEN_RETRY_LAST`]), and every (re)start reports
+    /// [`ResetEvent::Missed`], since resets made while it was away were not heard. Every
+    /// [`LISTEN_CHECK_EVERY`] it sends itself a notification through the pool:
+    /// [`LISTEN_CHECKS_MISSED`] in a row that do not arrive within [`LISTEN_CHECK_WAIT`] while
+    /// the session still answers mean notifications are not delivered to it ([`ResetEvent::Hearing`] `false`: a
+    /// transaction-mode pooler between tollgate and the database, see docs/operations.md);
+    /// a session that no longer answers is reopened.
+    pub async fn listen_for_resets(self: Arc<Self>, mut on: impl FnMut(ResetEvent<'_>) + Send) {
+        let mut delay = LISTEN_RETRY_FIRST;
+        let mut hearing: Option<bool> = None;
+        let mut was_up = false;
+        loop {
+            let started = Instant::now();
+            let err = self.listen_session(&mut on, &mut hearing, was_up).await;
+            if started.elapsed() > LISTEN_RETRY_LAST * 2 {
+                delay = LISTEN_RETRY_FIRST;
+            }
+            if was_up || hearing.is_some() {
+                tracing::warn!(error = %err, "reset listener: lost its database session; reconnecting");
+            } else {
+                tracing::debug!(error = %err, "reset listener: cannot listen yet");
+            }
+            was_up = was_up || hearing.is_some();
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(LISTEN_RETRY_LAST);
+        }
+    }
+
+    /// One listen session, until it fails; returns why.
+    async fn listen_session(
+        &self,
+        on: &mut (impl FnMut(ResetEvent<'_>) + Send),
+        hearing: &mut Option<bool>,
+        reconnect: bool,
+    ) -> String {
+        let (pg, tls) = &self.session;
+        let deadline = connect_deadline(pg);
+        let (client, mut connection) =
+            match tokio::time::timeout(deadline, pg.connect(tls.clone())).await {
+                Ok(Ok(pair)) => pair,
+                Ok(Err(e)) => return describe(&e),
+                Err(_) => return format!("no connection within {deadline:?}"),
+            };
+        // The connection is driven here rather than by a spawned task of tokio-postgres', so
+        // that its notifications come out. Bounded: past LISTEN_QUEUE waiting, the rest are
+        // dropped and the owner forgets everything instead.
+        let (tx, mut notified) = tokio::sync::mpsc::channel::<String>(LISTEN_QUEUE);
+        let overflowed = Arc::new(AtomicBool::new(false));
+        let dropped = overflowed.clone();
+        let driver = tokio::spawn(async move {
+            loop {
+                match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                    Some(Ok(tokio_postgres::AsyncMessage::Notification(n))) => {
+                        if tx.try_send(n.payload().to_owned()).is_err() {
+                            dropped.store(true, Ordering::Release);
+                        }
+                    }
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => return describe(&e),
+                    None => return "the session ended".to_owned(),
+                }
+            }
+        });
+        let _driver = AbortOnDrop(driver.abort_handle());
+        let listen = format!("LISTEN {RESET_CHANNEL}");
+        match tokio::time::timeout(LISTEN_STATEMENT_TIMEOUT, client.batch_execute(&listen)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return describe(&e),
+            Err(_) => return "LISTEN did not answer".to_owned(),
+        }
+        if reconnect {
+            tracing::info!("reset listener: listening again; cached denials forgotten, since resets may have been missed");
+        } else {
+            tracing::debug!(channel = RESET_CHANNEL, "reset listener: listening");
+        }
+        on(ResetEvent::Missed);
+
+        let token = format!("{LISTEN_CHECK_PREFIX}{:032x}", rand::random::<u128>());
+        let mut check = tokio::time::interval(LISTEN_CHECK_EVERY);
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // When the check sent last must have come back.
+        let mut awaiting: Option<tokio::time::Instant> = None;
+        let mut missed = 0u32;
+        loop {
+            let wait_until =
+                awaiting.unwrap_or_else(|| tokio::time::Instant::now() + LISTEN_CHECK_EVERY * 4);
+            tokio::select! {
+                payload = notified.recv() => match payload {
+                    Some(payload) if payload == token => {
+                        awaiting = None;
+                        missed = 0;
+                        if *hearing != Some(true) {
+                            if *hearing == Some(false) {
+                                tracing::info!("reset listener: notifications arrive again; resets reach this instance within a second");
+                            }
+                            *hearing = Some(true);
+                            on(ResetEvent::Hearing(true));
+                            // Whatever was cached meanwhile was cached without a listener.
+                            on(ResetEvent::Missed);
+                        }
+                    }
+                    Some(payload) if payload.starts_with(LISTEN_CHECK_PREFIX) => {}
+                    Some(bucket) => on(ResetEvent::Bucket(&bucket)),
+                    None => {
+                        return match driver_result(&client) {
+                            Some(why) => why,
+                            None => "the session ended".to_owned(),
+                        };
+                    }
+                },
+                _ = check.tick(), if awaiting.is_none() => {
+                    if self.send_check(&token).await {
+                        awaiting = Some(tokio::time::Instant::now() + LISTEN_CHECK_WAIT);
+                    }
+                }
+                _ = tokio::time::sleep_until(wait_until), if awaiting.is_some() => {
+                    awaiting = None;
+                    // The check did not come back. A session that still answers is deaf;
+                    // one that does not is gone.
+                    let alive = tokio::time::timeout(LISTEN_STATEMENT_TIMEOUT, client.simple_query("SELECT 1")).await;
+                    match alive {
+                        Ok(Ok(_)) => {
+                            missed += 1;
+                            if missed >= LISTEN_CHECKS_MISSED && *hearing != Some(false) {
+                                tracing::error!(
+                                    "reset listener: notifications do not reach this instance's LISTEN session \
+                                     (is store.url a pooler in transaction mode?); this instance stops caching \
+                                     denials so that tollgate reset still takes effect here at once \
+                                     (every denied request then costs a statement); see docs/operations.md"
+                                );
+                                *hearing = Some(false);
+                                on(ResetEvent::Hearing(false));
+                            }
+                        }
+                        Ok(Err(e)) => return describe(&e),
+                        Err(_) => return "the session stopped answering".to_owned(),
+                    }
+                }
+            }
+            if overflowed.swap(false, Ordering::AcqRel) {
+                tracing::warn!("reset listener: more resets than it could queue; every cached denial forgotten");
+                on(ResetEvent::Missed);
+            }
+        }
+    }
+
+    /// Sends the listen session's check through the pool (as `tollgate reset` would reach
+    /// it); false when the database did not take it (then there is nothing to wait for).
+    async fn send_check(&self, token: &str) -> bool {
+        let sent = self
+            .bounded(async {
+                let conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
+                conn.run(conn.execute_typed(
+                    "SELECT pg_notify($1, $2)",
+                    &[(&RESET_CHANNEL, Type::TEXT), (&token, Type::TEXT)],
+                ))
+                .await
+                .map_err(query_error)
+            })
+            .await;
+        sent.is_ok()
+    }
+}
+
+/// Why the listen session's client stopped, if it says.
+fn driver_result(client: &Client) -> Option<String> {
+    client
+        .is_closed()
+        .then(|| "the connection closed".to_owned())
+}
+
+/// Aborts a spawned task when dropped (the listen session's connection driver).
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

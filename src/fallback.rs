@@ -1,0 +1,232 @@
+//! The local fallback of `on_error = "local"` (SPEC 5b): while the store fails, each instance
+//! counts in memory, with the store's windows and buckets, against `ceil(requests / instances)`,
+//! `instances` being how many tollgate instances were live on the database when it last
+//! answered.
+//!
+//! - [`Instances`] is that count, and the `tollgate_instances` gauge. [`keep_registered`]
+//!   refreshes this instance's row in `tollgate_instances` every [`REFRESH_EVERY`] and
+//!   updates the count from the same statement (the database's clock decides who is live:
+//!   a row refreshed within 30 s). While the database does not answer, the last count stays.
+//! - [`LocalFallback`] decides: a [`MemoryStore`] (the same fixed windows, bounded by
+//!   `store.memory_buckets` like the memory store, least recently used forgotten first) and
+//!   the quota per instance. It announces the switch once in the log when the first request
+//!   is decided locally, and the way back once when the store decides again (the limiter
+//!   tells it: the breaker's recovery is the one that already exists in `limit.rs`).
+//!
+//! What was counted locally is not written back: when the database answers, its counts are
+//! the truth again (SPEC 5b). Across `n` live instances that each admit
+//! `ceil(requests / n)`, at most `requests + n - 1` requests per bucket and window get through
+//! during an outage, whatever the load balancer does, plus what the database had already
+//! admitted in that window before it failed.
+
+use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use prometheus_client::metrics::gauge::Gauge;
+
+use crate::limit::{judge, seconds_until, LimitOutcome, PlannedLimit, Verdict};
+use crate::metrics::MemoryStoreMetrics;
+use crate::store::memory::MemoryStore;
+use crate::store::postgres::PostgresStore;
+use crate::store::{Increment, Store};
+
+/// How often an instance refreshes its registry row. Well inside the 30 s liveness bound, so
+/// a few failed refreshes in a row do not make a live instance look dead.
+pub const REFRESH_EVERY: Duration = Duration::from_secs(3);
+
+/// How many instances are live on the database, as last seen (at least 1).
+#[derive(Debug)]
+pub struct Instances {
+    live: AtomicU32,
+    gauge: Gauge,
+}
+
+impl Instances {
+    /// One instance (this one) until the database says otherwise; `gauge` shows the count.
+    pub fn new(gauge: Gauge) -> Self {
+        gauge.set(1);
+        Instances {
+            live: AtomicU32::new(1),
+            gauge,
+        }
+    }
+
+    pub fn live(&self) -> u32 {
+        self.live.load(Ordering::Acquire).max(1)
+    }
+
+    pub fn set(&self, live: u32) {
+        let live = live.max(1);
+        self.live.store(live, Ordering::Release);
+        self.gauge.set(i64::from(live));
+    }
+}
+
+/// Keeps this instance registered (SPEC 5b) for as long as the future runs: a refresh every
+/// [`REFRESH_EVERY`] once the store is initialized, the live count into `instances`. A failed
+/// refresh keeps the last count; the first failure after a success is logged as a warning.
+pub async fn keep_registered(pg: Arc<PostgresStore>, instances: Arc<Instances>) {
+    let mut ticker = tokio::time::interval(REFRESH_EVERY);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failing = false;
+    loop {
+        ticker.tick().await;
+        if !pg.is_initialized() {
+            continue;
+        }
+        match pg.refresh_instance().await {
+            Ok(live) => {
+                if live != instances.live() {
+                    tracing::info!(instances = live, "live tollgate instances on the database");
+                }
+                instances.set(live);
+                if failing {
+                    tracing::info!(instances = live, "instance registry refreshed again");
+                }
+                failing = false;
+            }
+            Err(err) => {
+                if !failing {
+                    tracing::warn!(
+                        error = %err,
+                        instances = instances.live(),
+                        "cannot refresh this instance's row in tollgate_instances; the local \
+                         fallback keeps dividing by the last count"
+                    );
+                }
+                failing = true;
+            }
+        }
+    }
+}
+
+/// `ceil(requests / instances)`, at least 1: every live instance may admit that many alone.
+pub fn local_quota(requests: u32, instances: u32) -> u32 {
+    requests.div_ceil(instances.max(1)).max(1)
+}
+
+/// The in-memory limiter used while the store fails, for routes whose policy is `local`.
+pub struct LocalFallback {
+    counts: MemoryStore,
+    instances: Arc<Instances>,
+    /// Whether requests are being decided here now (for the transition log lines).
+    active: AtomicBool,
+}
+
+impl LocalFallback {
+    /// Counts in at most `buckets` buckets (`store.memory_buckets`).
+    pub fn new(buckets: NonZeroUsize, instances: Arc<Instances>) -> Self {
+        LocalFallback {
+            // Its own series: the memory store's gauges stay about the memory store.
+            counts: MemoryStore::bounded(buckets, MemoryStoreMetrics::default()),
+            instances,
+            active: AtomicBool::new(false),
+        }
+    }
+
+    pub fn instances(&self) -> &Arc<Instances> {
+        &self.instances
+    }
+
+    /// Counts `batch` (the increments of `plans`, in order) here and judges them against the
+    /// local quotas. The outcomes carry the local quota as `requests`, so the rate-limit
+    /// fields a client sees are those of the limit it is held to now.
+    pub async fn decide(&self, plans: &[PlannedLimit], batch: &[Increment]) -> Verdict {
+        let instances = self.instances.live();
+        if !self.active.swap(true, Ordering::AcqRel) {
+            tracing::warn!(
+                instances,
+                "rate-limit store failing: routes with on_store_error = \"local\" are limited by \
+                 each instance alone, at ceil(requests / {instances}), until it answers again"
+            );
+        }
+        let counted = match self.counts.increment(batch).await {
+            Ok(counted) if counted.len() == plans.len() => counted,
+            // Only a zero-second window fails here, which validation rules out.
+            _ => return Verdict::StoreFailed,
+        };
+        let outcomes = plans
+            .iter()
+            .zip(&counted)
+            .map(|(plan, c)| LimitOutcome {
+                policy: plan.policy.clone(),
+                requests: local_quota(plan.requests, instances),
+                window_secs: plan.window_secs,
+                count: c.count,
+                reset_secs: seconds_until(c.now_ms, c.window_end_ms),
+                shadow: plan.shadow,
+            })
+            .collect();
+        judge(outcomes)
+    }
+
+    /// The store decided a request again: if requests were being decided here, say once that
+    /// counting is back in the database.
+    pub fn store_answered(&self) {
+        if self.active.load(Ordering::Acquire) && self.active.swap(false, Ordering::AcqRel) {
+            tracing::warn!(
+                "rate-limit store answers again: local limiting ended, counting in the database"
+            );
+        }
+    }
+
+    /// Whether requests are being decided here now.
+    pub fn is_active(&self) -> bool {
+        self.active.load(Ordering::Acquire)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_quota_is_shared_out_rounding_up() {
+        assert_eq!(local_quota(5, 2), 3);
+        assert_eq!(local_quota(6, 2), 3);
+        assert_eq!(local_quota(1, 3), 1);
+        assert_eq!(local_quota(10, 1), 10);
+        assert_eq!(local_quota(10, 0), 10, "never divides by zero");
+    }
+
+    fn plan(requests: u32) -> (Vec<PlannedLimit>, Vec<Increment>) {
+        let plan = PlannedLimit {
+            policy: Arc::from("api:ip"),
+            bucket: Arc::from("api:ip:abc"),
+            requests,
+            window_secs: 3600,
+            shadow: false,
+        };
+        let inc = Increment {
+            bucket: plan.bucket.clone(),
+            window_secs: 3600,
+            by: 1,
+        };
+        (vec![plan], vec![inc])
+    }
+
+    #[tokio::test]
+    async fn each_instance_admits_its_share_and_says_so_in_the_fields() {
+        let instances = Arc::new(Instances::new(Gauge::default()));
+        instances.set(2);
+        let local = LocalFallback::new(NonZeroUsize::MIN.saturating_add(99), instances);
+        let (plans, batch) = plan(5);
+        let mut allowed = 0;
+        for _ in 0..10 {
+            match local.decide(&plans, &batch).await {
+                Verdict::Allow { outcomes, .. } => {
+                    allowed += 1;
+                    assert_eq!(outcomes[0].requests, 3, "the local quota");
+                }
+                Verdict::Deny { retry_after, .. } => assert!(retry_after >= 1),
+                Verdict::StoreFailed => panic!("memory cannot fail"),
+            }
+        }
+        assert_eq!(allowed, 3);
+        assert!(local.is_active());
+        local.store_answered();
+        assert!(!local.is_active());
+    }
+}
