@@ -9,6 +9,11 @@
 //! several layers of futures: a quarter of tollgate's instructions per request in the
 //! benchmark (docs/performance.md).
 //!
+//! With several origins (`urls`), requests go round robin; a connect that fails (refused,
+//! timed out, TLS) has sent nothing, so the request moves on to the next origin, and the
+//! origin is skipped by new requests for `fail_timeout` unless all have failed (SPEC 5, see
+//! `UpstreamPool::send`).
+//!
 //! Bodies are never buffered: the client's `Incoming` goes upstream as it arrives (as a
 //! [`RequestBody`], which cuts it at the route's `max_body_size`: a cut body is answered 413,
 //! not 502) and the upstream's `Incoming` comes back the same way, trailers included. An HTTP/1.1 WebSocket
@@ -20,7 +25,7 @@
 
 use std::cell::Cell;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
@@ -41,6 +46,7 @@ use crate::body::RequestBody;
 use crate::config::UpstreamConfig;
 use crate::error::{RequestError, StartupError};
 use crate::headers;
+use crate::metrics::Metrics;
 
 /// How long an idle upstream connection is kept for reuse.
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -79,6 +85,8 @@ pub struct UpstreamPool {
     /// that carries it stay on one thread, and the lane's lock is only ever contended by the
     /// once-a-second trim ([`trim_idle`]).
     lanes: Arc<[Mutex<Lane>]>,
+    /// When the pool was built: the clock of `Origin::failed_until`.
+    born: std::time::Instant,
 }
 
 struct Origin {
@@ -88,6 +96,9 @@ struct Origin {
     host: HeaderValue,
     /// `scheme://authority/`, what the connector dials.
     uri: Uri,
+    /// Until when (milliseconds on the pool's clock) new requests skip this origin because
+    /// it failed to connect; 0 = it did not.
+    failed_until: AtomicU64,
 }
 
 /// One worker's connections to one upstream, by origin index.
@@ -123,6 +134,27 @@ pub struct ForwardRequest<'a> {
     pub forwarded: headers::ForwardedFor<'a>,
     /// The route's `max_body_size`: a body growing past it is cut and the request aborted.
     pub max_body_size: Option<u64>,
+    /// Where connect failures are counted.
+    pub metrics: &'a Metrics,
+}
+
+/// Where the `Host` of a forwarded request comes from.
+enum HostHeader {
+    /// The client's, kept (`preserve_host`), already in the request.
+    Client,
+    /// The origin's authority, set for whichever origin the request goes to.
+    Origin,
+}
+
+/// Why one origin gave no response.
+enum Failure {
+    /// No connection could be made: nothing was sent, and the request comes back to go to
+    /// the next origin.
+    /// (Boxed: it is the rare case, and would otherwise make every attempt's result large.)
+    Connect(Box<Request<RequestBody>>, RequestError),
+    /// The request had started to go, or failed in a way another origin would not change:
+    /// answered as it is (502), never sent again.
+    Sent(RequestError),
 }
 
 impl UpstreamPool {
@@ -149,6 +181,7 @@ impl UpstreamPool {
                 authority: authority.clone(),
                 host,
                 uri,
+                failed_until: AtomicU64::new(0),
             });
         }
         let mut http = HttpConnector::new();
@@ -193,6 +226,7 @@ impl UpstreamPool {
             next: AtomicUsize::new(0),
             connector,
             lanes,
+            born: std::time::Instant::now(),
         })
     }
 
@@ -207,27 +241,8 @@ impl UpstreamPool {
         mut req: Request<Incoming>,
         fwd: ForwardRequest<'_>,
     ) -> Result<Response<Incoming>, RequestError> {
-        let origin = self.pick();
-        let Origin {
-            scheme,
-            authority,
-            host: origin_host,
-            ..
-        } = &self.origins[origin];
         let path_and_query = PathAndQuery::try_from(fwd.target)
             .map_err(|_| RequestError::BadRequest("unusable request target"))?;
-        // HTTP/1.1 sends the origin form (`/path?query`); HTTP/2 takes `:scheme` and
-        // `:authority` from an absolute URI.
-        let uri = if self.config.http2 {
-            Uri::builder()
-                .scheme(scheme.clone())
-                .authority(authority.clone())
-                .path_and_query(path_and_query)
-                .build()
-                .map_err(|_| RequestError::BadRequest("unusable request target"))?
-        } else {
-            Uri::from(path_and_query)
-        };
 
         // An HTTP/1.1 WebSocket upgrade is carried through as an upgrade (to `websocket`
         // alone, whatever else the client listed); any other request, other upgrades (h2c)
@@ -255,17 +270,22 @@ impl UpstreamPool {
         // insert.
         headers.reserve(7);
         headers::add_forwarded(headers, &fwd.forwarded);
-        // An HTTP/1.0 request may name no host; HTTP/1.1 upstream needs one: the origin's.
+        // An HTTP/1.0 request may name no host; HTTP/1.1 upstream needs one: the origin's,
+        // set by `aim` for whichever origin the request goes to.
         let host = match fwd.forwarded.host {
-            Some(host) if self.config.preserve_host => host,
-            _ => origin_host,
+            Some(host) if self.config.preserve_host => {
+                headers.insert(header::HOST, host.clone());
+                HostHeader::Client
+            }
+            _ => HostHeader::Origin,
         };
-        headers.insert(header::HOST, host.clone());
         if client_upgrade.is_some() {
             headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
             headers.insert(header::UPGRADE, headers::websocket_upgrade());
         }
-        *req.uri_mut() = uri;
+        // HTTP/1.1 sends the origin form (`/path?query`); HTTP/2 takes `:scheme` and
+        // `:authority` from an absolute URI, set by `aim`.
+        *req.uri_mut() = Uri::from(path_and_query);
         *req.version_mut() = if self.config.http2 {
             Version::HTTP_2
         } else {
@@ -283,13 +303,10 @@ impl UpstreamPool {
             None => (req.map(RequestBody::unlimited), None),
         };
         let worker = WORKER.with(Cell::get) % self.lanes.len();
-        let sent = tokio::time::timeout(self.config.response_timeout, async {
-            if self.config.http2 {
-                self.send_h2(worker, origin, req).await
-            } else {
-                self.send_h1(worker, origin, req).await
-            }
-        });
+        let sent = tokio::time::timeout(
+            self.config.response_timeout,
+            self.send(worker, req, &host, fwd.metrics),
+        );
         let sent = sent.await;
         // Whatever the upstream connection made of it, a body cut at the limit is the
         // client's doing: 413, not 502.
@@ -347,15 +364,147 @@ impl UpstreamPool {
         lock(&self.lanes[worker])
     }
 
+    /// Sends the request to the upstream's next origin (round robin). An origin that cannot
+    /// be connected to has been sent nothing, so the request goes on to the next, whatever
+    /// its method, each origin once (SPEC 5). Origins that failed to connect less than
+    /// `fail_timeout` ago are skipped, and tried (in their turn) only once every other one
+    /// has failed this request too: when all are down, they are all tried anyway, which is
+    /// also how an origin that came back is found when nothing else works.
+    async fn send(
+        &self,
+        worker: usize,
+        mut req: Request<RequestBody>,
+        host: &HostHeader,
+        metrics: &Metrics,
+    ) -> Result<Response<Incoming>, RequestError> {
+        let count = self.origins.len();
+        let start = self.pick();
+        // Filled only while some origin rests, so a request allocates nothing otherwise.
+        let mut skipped: Vec<usize> = Vec::new();
+        let mut step = 0;
+        let mut last = None;
+        loop {
+            let origin = if step < count {
+                let origin = (start + step) % count;
+                step += 1;
+                if count > 1 && self.resting(origin) {
+                    skipped.push(origin);
+                    continue;
+                }
+                origin
+            } else {
+                match skipped.get(step - count) {
+                    Some(&origin) => {
+                        step += 1;
+                        origin
+                    }
+                    None => break,
+                }
+            };
+            self.aim(&mut req, origin, host)?;
+            let attempt = if self.config.http2 {
+                self.send_h2(worker, origin, req).await
+            } else {
+                self.send_h1(worker, origin, req).await
+            };
+            match attempt {
+                Ok(response) => {
+                    // It connects again: new requests need not skip it any longer.
+                    let failed = &self.origins[origin].failed_until;
+                    if failed.load(Ordering::Relaxed) != 0 {
+                        failed.store(0, Ordering::Relaxed);
+                    }
+                    return Ok(response);
+                }
+                Err(Failure::Sent(err)) => return Err(err),
+                Err(Failure::Connect(unsent, err)) => {
+                    self.connect_failed(origin, &err, metrics);
+                    req = *unsent;
+                    last = Some(err);
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| {
+            RequestError::UpstreamUnreachable("upstream has no origin".to_string())
+        }))
+    }
+
+    /// Points the request at `origin`: its `Host` when the client's is not kept, and for
+    /// HTTP/2 the absolute URI (`:scheme`, `:authority`). Set again when a request moves on
+    /// to another origin.
+    fn aim(
+        &self,
+        req: &mut Request<RequestBody>,
+        origin: usize,
+        host: &HostHeader,
+    ) -> Result<(), RequestError> {
+        let Origin {
+            scheme,
+            authority,
+            host: origin_host,
+            ..
+        } = &self.origins[origin];
+        if let HostHeader::Origin = host {
+            req.headers_mut().insert(header::HOST, origin_host.clone());
+        }
+        if self.config.http2 {
+            let path_and_query = req
+                .uri()
+                .path_and_query()
+                .cloned()
+                .unwrap_or_else(|| PathAndQuery::from_static("/"));
+            *req.uri_mut() = Uri::builder()
+                .scheme(scheme.clone())
+                .authority(authority.clone())
+                .path_and_query(path_and_query)
+                .build()
+                .map_err(|_| RequestError::BadRequest("unusable request target"))?;
+        }
+        Ok(())
+    }
+
+    /// Milliseconds since the pool was built: the clock of `Origin::failed_until`.
+    fn clock(&self) -> u64 {
+        u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Whether `origin` failed to connect less than `fail_timeout` ago.
+    fn resting(&self, origin: usize) -> bool {
+        let until = self.origins[origin].failed_until.load(Ordering::Relaxed);
+        until != 0 && until > self.clock()
+    }
+
+    /// Counts and remembers a failed connect: new requests skip the origin for
+    /// `fail_timeout`. With one origin there is nothing to skip to, and the request's own
+    /// warning says it all.
+    fn connect_failed(&self, origin: usize, err: &RequestError, metrics: &Metrics) {
+        metrics.upstream_connect_failure(&self.name);
+        let fail_timeout = u64::try_from(self.config.fail_timeout.as_millis()).unwrap_or(u64::MAX);
+        let until = self.clock().saturating_add(fail_timeout).max(1);
+        self.origins[origin]
+            .failed_until
+            .store(until, Ordering::Relaxed);
+        if self.origins.len() > 1 {
+            // The origin by its place in `urls`: configuration, but no address in a log line.
+            tracing::warn!(
+                upstream = %self.name,
+                origin,
+                error = %err,
+                "upstream origin failed to connect; trying the next, and skipping it for fail_timeout"
+            );
+        }
+    }
+
     /// HTTP/1.1: an idle connection of this worker if one is still open, else a new one. A
     /// request that an idle connection could not even start to send (the upstream closed it
-    /// a moment ago) goes once more, on a new connection.
+    /// a moment ago) goes once more, on a new connection. Only a new connection that cannot
+    /// be made gives the request back ([`Failure::Connect`]).
     async fn send_h1(
         &self,
         worker: usize,
         origin: usize,
         mut req: Request<RequestBody>,
-    ) -> Result<Response<Incoming>, RequestError> {
+    ) -> Result<Response<Incoming>, Failure> {
         if let Some(mut sender) = self.idle_h1(worker, origin) {
             match sender.try_send_request(req).await {
                 Ok(response) => {
@@ -364,18 +513,21 @@ impl UpstreamPool {
                 }
                 Err(mut err) => match err.take_message() {
                     Some(unsent) => req = unsent,
-                    None => return Err(unreachable(&err.into_error())),
+                    None => return Err(Failure::Sent(unreachable(&err.into_error()))),
                 },
             }
         }
         // Boxed: connecting is the rare path, and its futures (TCP, TLS, handshake) would
         // otherwise make every request's future several times larger, and every move of it
         // a large copy.
-        let mut sender = Box::pin(self.open_h1(origin)).await?;
+        let mut sender = match Box::pin(self.open_h1(origin)).await {
+            Ok(sender) => sender,
+            Err(err) => return Err(Failure::Connect(Box::new(req), err)),
+        };
         let response = sender
             .send_request(req)
             .await
-            .map_err(|e| unreachable(&e))?;
+            .map_err(|e| Failure::Sent(unreachable(&e)))?;
         self.recycle_h1(worker, origin, sender);
         Ok(response)
     }
@@ -447,20 +599,26 @@ impl UpstreamPool {
         worker: usize,
         origin: usize,
         req: Request<RequestBody>,
-    ) -> Result<Response<Incoming>, RequestError> {
+    ) -> Result<Response<Incoming>, Failure> {
         let open = self.lane(worker).h2[origin]
             .clone()
             .filter(|sender| !sender.is_closed());
         let mut sender = match open {
             Some(sender) => sender,
             None => {
-                let sender = Box::pin(self.open_h2(origin)).await?;
+                let sender = match Box::pin(self.open_h2(origin)).await {
+                    Ok(sender) => sender,
+                    Err(err) => return Err(Failure::Connect(Box::new(req), err)),
+                };
                 self.lane(worker).h2[origin] = Some(sender.clone());
                 sender
             }
         };
-        sender.ready().await.map_err(|e| unreachable(&e))?;
-        sender.send_request(req).await.map_err(|e| unreachable(&e))
+        let sent = async {
+            sender.ready().await?;
+            sender.send_request(req).await
+        };
+        sent.await.map_err(|e| Failure::Sent(unreachable(&e)))
     }
 
     /// A new HTTP/2 connection, driven by a task on this worker.

@@ -45,6 +45,12 @@ pub struct ResultLabels {
     pub result: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UpstreamLabels {
+    /// The upstream's name in the configuration, never an address.
+    pub upstream: RouteName,
+}
+
 /// Route label for requests that matched no route.
 pub const NO_ROUTE: &str = "";
 
@@ -80,6 +86,7 @@ pub struct Metrics {
     pub memory: MemoryStoreMetrics,
     /// Live tollgate instances on the database, as last seen (SPEC 5b).
     pub instances: Gauge,
+    pub upstream_connect_failures: Family<UpstreamLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -103,6 +110,7 @@ impl Metrics {
         let config_reloads = Family::<ResultLabels, Counter>::default();
         let open_connections = Gauge::default();
         let memory = MemoryStoreMetrics::default();
+        let upstream_connect_failures = Family::<UpstreamLabels, Counter>::default();
         registry.register(
             "decisions",
             "Rate-limit decisions by route and outcome",
@@ -164,6 +172,11 @@ impl Metrics {
             "Live tollgate instances on the database when it last answered (the local store-failure policy divides limits by it; 1 on the memory store)",
             instances.clone(),
         );
+        registry.register(
+            "upstream_connect_failures",
+            "Connections to an upstream's origins that were refused, timed out or failed before anything was sent, by upstream",
+            upstream_connect_failures.clone(),
+        );
         Metrics {
             instances,
             registry,
@@ -177,7 +190,17 @@ impl Metrics {
             config_reloads,
             open_connections,
             memory,
+            upstream_connect_failures,
         }
+    }
+
+    /// One origin of `upstream` failed to connect (SPEC 5: the request goes on to the next).
+    pub fn upstream_connect_failure(&self, upstream: &Arc<str>) {
+        self.upstream_connect_failures
+            .get_or_create(&UpstreamLabels {
+                upstream: RouteName(upstream.clone()),
+            })
+            .inc();
     }
 
     pub fn decision(&self, route: &Arc<str>, decision: &'static str) {

@@ -420,6 +420,7 @@ impl Proxy {
                 host: authority_value.as_ref(),
             },
             max_body_size: route.max_body_size,
+            metrics: &self.metrics,
         };
         let upstream_started = Instant::now();
         let result = route.upstream.forward(req, fwd).await;

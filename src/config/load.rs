@@ -166,7 +166,7 @@ pub fn load_file(
 ///   `store.memory_buckets`: 1,000,000.
 /// - `keys.secret`: none (plain SHA-256 digests).
 /// - upstreams: `connect_timeout` 2s, `response_timeout` 30s, `preserve_host` true,
-///   `ca_file` none, `http2` false, `max_idle_connections` 128.
+///   `ca_file` none, `http2` false, `max_idle_connections` 128, `fail_timeout` 10s.
 /// - routes: `host` any, `path_prefix` `"/"`, `methods` any, `strip_prefix` false,
 ///   `on_store_error` = `store.on_error`, `shadow` false, `limits` none, `reject` none
 ///   (inside `[routes.reject]`: `status` 429, `content_type` none, `body` empty).
@@ -796,6 +796,7 @@ const UPSTREAM_KEYS: &[&str] = &[
     "ca_file",
     "http2",
     "max_idle_connections",
+    "fail_timeout",
 ];
 const ROUTE_KEYS: &[&str] = &[
     "name",
@@ -1262,6 +1263,8 @@ fn read_upstream(cx: &mut Cx<'_>, name: &str, node: &Node<'_>) -> Option<Upstrea
             .and_then(|i| usize::try_from(i).ok()),
         None => Some(DEFAULT_IDLE_CONNECTIONS),
     };
+    // nginx's default; meaningful only with several origins, harmless with one.
+    let fail_timeout = cx.duration_or(t.get("fail_timeout"), Duration::from_secs(10));
     t.finish(cx);
     Some(UpstreamConfig {
         name: name.to_string(),
@@ -1272,6 +1275,7 @@ fn read_upstream(cx: &mut Cx<'_>, name: &str, node: &Node<'_>) -> Option<Upstrea
         ca_file: ca_file?,
         http2: http2?,
         max_idle_connections: max_idle_connections?,
+        fail_timeout: fail_timeout?,
     })
 }
 
@@ -2741,6 +2745,31 @@ body = '{"error":"slow down"}'
         assert_eq!(a.response_timeout, Duration::from_secs(120));
         assert_eq!(a.max_idle_connections, 0);
         assert_eq!(c.upstreams[0].max_idle_connections, 128, "default");
+        assert_eq!(
+            c.upstreams[0].fail_timeout,
+            Duration::from_secs(10),
+            "default"
+        );
+    }
+
+    #[test]
+    fn fail_timeout_is_a_positive_duration() {
+        let c = load_ok("[upstreams.a]\nurls = [\"http://a\", \"http://b\"]\nfail_timeout = \"250ms\"\n[[routes]]\nname = \"r\"\nupstream = \"a\"\n");
+        assert_eq!(c.upstreams[0].fail_timeout, Duration::from_millis(250));
+        for (bad, message) in [
+            ("\"0s\"", "greater than zero"),
+            ("\"10\"", "invalid duration"),
+            ("10", "string"),
+            ("\"367d\"", "at most 366d"),
+        ] {
+            assert_error(
+                &format!("[upstreams.a]\nurls = [\"http://a\", \"http://b\"]\nfail_timeout = {bad}\n[[routes]]\nname = \"r\"\nupstream = \"a\"\n"),
+                3,
+                16,
+                "upstreams.a.fail_timeout",
+                message,
+            );
+        }
     }
 
     #[test]

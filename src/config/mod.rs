@@ -191,6 +191,9 @@ pub struct UpstreamConfig {
     /// Idle HTTP/1.1 connections kept for reuse, per worker and per origin (nginx's
     /// `keepalive`); one more that goes idle is closed.
     pub max_idle_connections: usize,
+    /// With several `urls`: how long an origin that failed to connect is skipped by new
+    /// requests (nginx's `fail_timeout`), unless every origin has failed (SPEC 5).
+    pub fail_timeout: Duration,
 }
 
 #[derive(Debug, Clone)]

@@ -91,10 +91,19 @@ impl Upstream {
         Self::start_mode(Mode::Tls(tls)).await
     }
 
+    /// HTTP/1.1 on a listener the test made (a given port, a chosen backlog).
+    pub async fn start_on(listener: TcpListener) -> Upstream {
+        Self::serve(listener, Mode::H1)
+    }
+
     async fn start_mode(mode: Mode) -> Upstream {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind upstream");
+        Self::serve(listener, mode)
+    }
+
+    fn serve(listener: TcpListener, mode: Mode) -> Upstream {
         let addr = listener.local_addr().expect("upstream addr");
         let received: Arc<Mutex<Vec<Recorded>>> = Arc::default();
         let rec = received.clone();
