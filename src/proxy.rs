@@ -103,6 +103,7 @@ impl Runtime {
                         count: 0,
                         reset_secs: 0,
                         shadow: limit.shadow || r.shadow,
+                        sliding: None,
                     })
                     .collect();
                 CompiledRoute {
@@ -313,6 +314,7 @@ impl Proxy {
                     requests: limit.requests,
                     window_secs: limit.window_secs,
                     shadow: limit.shadow || route.config.shadow,
+                    sliding: limit.algorithm == crate::config::Algorithm::Sliding,
                 })
             })
             .collect();

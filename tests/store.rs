@@ -26,6 +26,7 @@ fn inc(bucket: &str, window_secs: u32, by: u32) -> Increment {
         bucket: Arc::from(bucket),
         window_secs,
         by,
+        sliding: None,
     }
 }
 
@@ -283,7 +284,8 @@ async fn pg_concurrent_initialize_applies_each_migration_once() {
         got,
         [
             (1, "0001_rate_limits".to_owned()),
-            (2, "0002_tollgate_settings".to_owned())
+            (2, "0002_tollgate_settings".to_owned()),
+            (3, "0003_increment_function".to_owned())
         ]
     );
     // The seed's schema, in schema public.
@@ -306,7 +308,11 @@ async fn pg_migrate_twice_applies_nothing_the_second_time() {
     let first = store.migrate("fp", false).await.expect("first migrate");
     assert_eq!(
         first.applied,
-        ["0001_rate_limits", "0002_tollgate_settings"]
+        [
+            "0001_rate_limits",
+            "0002_tollgate_settings",
+            "0003_increment_function"
+        ]
     );
     assert_eq!(first.fingerprint, FingerprintChange::Written);
     let second = store.migrate("fp", false).await.expect("second migrate");
