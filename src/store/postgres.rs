@@ -1318,6 +1318,15 @@ async fn own_timeouts(tx: &tokio_postgres::Transaction<'_>) -> Result<(), tokio_
 /// Creating the bookkeeping table happens under the lock too: concurrent
 /// `CREATE TABLE IF NOT EXISTS` can fail on a catalog unique index.
 async fn apply_migrations(client: &mut Client) -> Result<Vec<&'static str>, InitError> {
+    // The usual start: every migration is recorded already. One read says so, instead of a
+    // locked transaction per migration (N instances starting at once would queue on the lock
+    // once per migration, and a slow start-up serves under the failure policy meanwhile).
+    // A recorded migration is committed and migrations only add, so skipping is safe.
+    match check_schema(client).await {
+        Ok(()) => return Ok(Vec::new()),
+        Err(InitError::SchemaBehind { .. }) => {}
+        Err(other) => return Err(other),
+    }
     let mut applied = Vec::new();
     for migration in MIGRATIONS {
         let db_err = |e: tokio_postgres::Error| classify(&e, InitError::Database);
