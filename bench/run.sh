@@ -17,6 +17,9 @@
 #   pg-10k      PostgreSQL store, `header:authorization` limit, 10,000 tokens (h1 only: h2load
 #               cannot vary a header per request)
 #   pg-flood    PostgreSQL store, `ip` limit of 10 per hour: all but the first 10 are denied
+#   pg-hot-sliding, pg-10k-sliding
+#               as pg-hot and pg-10k with `algorithm = "sliding"` (SPEC 3a); not in the default
+#               MODES: MODES="pg-hot pg-hot-sliding pg-10k pg-10k-sliding" gives same-run ratios
 # Non-flood limits are 2,000,000,000 per hour, so nothing is rejected (non-2xx must stay 0).
 #
 # Usage: [KNOB=value ...] bench/run.sh
@@ -219,7 +222,7 @@ fi
 ORDER=(nginx)
 for m in $MODES; do
   case $m in
-    nolimit | memory | memory-10k | pg-hot | pg-10k | pg-flood) ORDER+=("tollgate-$m") ;;
+    nolimit | memory | memory-10k | pg-hot | pg-10k | pg-flood | pg-hot-sliding | pg-10k-sliding) ORDER+=("tollgate-$m") ;;
     *) echo "unknown mode $m" >&2; exit 1 ;;
   esac
 done
@@ -284,6 +287,8 @@ EOF
       memory | pg-hot) printf '  [[routes.limits]]\n  key = "ip"\n  requests = 2000000000\n  window = "1h"\n' ;;
       memory-10k | pg-10k) printf '  [[routes.limits]]\n  key = "header:authorization"\n  requests = 2000000000\n  window = "1h"\n' ;;
       pg-flood) printf '  [[routes.limits]]\n  key = "ip"\n  requests = 10\n  window = "1h"\n' ;;
+      pg-hot-sliding) printf '  [[routes.limits]]\n  key = "ip"\n  requests = 2000000000\n  window = "1h"\n  algorithm = "sliding"\n' ;;
+      pg-10k-sliding) printf '  [[routes.limits]]\n  key = "header:authorization"\n  requests = 2000000000\n  window = "1h"\n  algorithm = "sliding"\n' ;;
     esac
   } >"$file"
 }
@@ -294,9 +299,9 @@ for t in "${ORDER[@]}"; do
   m=${t#tollgate-}
   port=$((BASE_PORT + 10 + i)); aport=$((BASE_PORT + 30 + i)); i=$((i + 1))
   URL[$t]=http://127.0.0.1:$port/
-  [[ $m == *10k ]] || H2URL[$t]=http://127.0.0.1:$port/
+  [[ $m == *10k* ]] || H2URL[$t]=http://127.0.0.1:$port/
   ADMIN[$t]=http://127.0.0.1:$aport
-  [[ $m == *10k ]] && LUA[$t]=$HERE/lua/tokens.lua
+  [[ $m == *10k* ]] && LUA[$t]=$HERE/lua/tokens.lua
   [[ $m == pg-flood ]] && EXPECT_DENY[$t]=1
   if [[ $m == pg-* ]]; then DB[$t]=tollgate_bench_${m//-/_}; fi
   CONF[$t]=$RUN/$t.toml

@@ -26,11 +26,13 @@ use std::time::Duration;
 
 use prometheus_client::metrics::gauge::Gauge;
 
-use crate::limit::{judge, seconds_until, LimitOutcome, PlannedLimit, Verdict};
+use crate::limit::{
+    increments, judge, seconds_until, sliding_outcome, LimitOutcome, PlannedLimit, Verdict,
+};
 use crate::metrics::MemoryStoreMetrics;
 use crate::store::memory::MemoryStore;
 use crate::store::postgres::PostgresStore;
-use crate::store::{Increment, Store};
+use crate::store::Store;
 
 /// How often an instance refreshes its registry row. Well inside the 30 s liveness bound, so
 /// a few failed refreshes in a row do not make a live instance look dead.
@@ -130,10 +132,10 @@ impl LocalFallback {
         &self.instances
     }
 
-    /// Counts `batch` (the increments of `plans`, in order) here and judges them against the
-    /// local quotas. The outcomes carry the local quota as `requests`, so the rate-limit
-    /// fields a client sees are those of the limit it is held to now.
-    pub async fn decide(&self, plans: &[PlannedLimit], batch: &[Increment]) -> Verdict {
+    /// Counts `plans` here and judges them against the local quotas. The outcomes carry the
+    /// local quota as `requests`, so the rate-limit fields a client sees are those of the
+    /// limit it is held to now; a sliding limit's estimate is judged against it too.
+    pub async fn decide(&self, plans: &[PlannedLimit]) -> Verdict {
         let instances = self.instances.live();
         if !self.active.swap(true, Ordering::AcqRel) {
             tracing::warn!(
@@ -142,21 +144,30 @@ impl LocalFallback {
                  each instance alone, at ceil(requests / {instances}), until it answers again"
             );
         }
-        let counted = match self.counts.increment(batch).await {
-            Ok(counted) if counted.len() == plans.len() => counted,
+        // The plans as this instance alone holds them: each limit at its local quota.
+        let local: Vec<PlannedLimit> = plans
+            .iter()
+            .map(|plan| PlannedLimit {
+                requests: local_quota(plan.requests, instances),
+                ..plan.clone()
+            })
+            .collect();
+        let counted = match self.counts.increment(&increments(&local)).await {
+            Ok(counted) if counted.len() == local.len() => counted,
             // Only a zero-second window fails here, which validation rules out.
             _ => return Verdict::StoreFailed,
         };
-        let outcomes = plans
+        let outcomes = local
             .iter()
             .zip(&counted)
             .map(|(plan, c)| LimitOutcome {
                 policy: plan.policy.clone(),
-                requests: local_quota(plan.requests, instances),
+                requests: plan.requests,
                 window_secs: plan.window_secs,
                 count: c.count,
                 reset_secs: seconds_until(c.now_ms, c.window_end_ms),
                 shadow: plan.shadow,
+                sliding: plan.sliding.then(|| sliding_outcome(plan, c)),
             })
             .collect();
         judge(outcomes)
@@ -191,20 +202,33 @@ mod tests {
         assert_eq!(local_quota(10, 0), 10, "never divides by zero");
     }
 
-    fn plan(requests: u32) -> (Vec<PlannedLimit>, Vec<Increment>) {
-        let plan = PlannedLimit {
+    fn plan(requests: u32, sliding: bool) -> Vec<PlannedLimit> {
+        vec![PlannedLimit {
             policy: Arc::from("api:ip"),
             bucket: Arc::from("api:ip:abc"),
             requests,
             window_secs: 3600,
             shadow: false,
-        };
-        let inc = Increment {
-            bucket: plan.bucket.clone(),
-            window_secs: 3600,
-            by: 1,
-        };
-        (vec![plan], vec![inc])
+            sliding,
+        }]
+    }
+
+    /// A sliding limit's estimate is judged against the local quota, not the limit: with
+    /// no previous window, exactly ceil(5 / 2) of ten are admitted.
+    #[tokio::test]
+    async fn a_sliding_limit_admits_its_local_share() {
+        let instances = Arc::new(Instances::new(Gauge::default()));
+        instances.set(2);
+        let local = LocalFallback::new(NonZeroUsize::MIN.saturating_add(99), instances);
+        let plans = plan(5, true);
+        let mut allowed = 0;
+        for _ in 0..10 {
+            if let Verdict::Allow { outcomes, .. } = local.decide(&plans).await {
+                allowed += 1;
+                assert_eq!(outcomes[0].requests, 3, "the local quota");
+            }
+        }
+        assert_eq!(allowed, 3);
     }
 
     #[tokio::test]
@@ -212,10 +236,10 @@ mod tests {
         let instances = Arc::new(Instances::new(Gauge::default()));
         instances.set(2);
         let local = LocalFallback::new(NonZeroUsize::MIN.saturating_add(99), instances);
-        let (plans, batch) = plan(5);
+        let plans = plan(5, false);
         let mut allowed = 0;
         for _ in 0..10 {
-            match local.decide(&plans, &batch).await {
+            match local.decide(&plans).await {
                 Verdict::Allow { outcomes, .. } => {
                     allowed += 1;
                     assert_eq!(outcomes[0].requests, 3, "the local quota");

@@ -50,6 +50,8 @@ pub struct PlannedLimit {
     pub window_secs: u32,
     /// Counted and reported in logs and metrics, never enforced.
     pub shadow: bool,
+    /// `algorithm = "sliding"` (SPEC 3a).
+    pub sliding: bool,
 }
 
 /// Where one limit stands after this request.
@@ -62,16 +64,94 @@ pub struct LimitOutcome {
     /// Whole seconds until this window ends (at least 1).
     pub reset_secs: u64,
     pub shadow: bool,
+    /// For a sliding-window limit (SPEC 3a): what the estimate said. `None`: a fixed window.
+    pub sliding: Option<SlidingOutcome>,
+}
+
+/// Where a sliding-window limit stands after this request. `count` of its [`LimitOutcome`]
+/// is the current window's count (this request included when admitted).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SlidingOutcome {
+    /// The store admitted this request (and counted it).
+    pub admitted: bool,
+    /// `previous * (window - elapsed) / window`: the previous window's share of the estimate.
+    pub weighted_previous: f64,
+    /// Denied: whole seconds until the estimate would admit one request if nothing else were
+    /// allowed meanwhile (`Retry-After`).
+    pub retry_secs: u64,
 }
 
 impl LimitOutcome {
     pub fn exceeded(&self) -> bool {
-        self.count > self.requests
+        match &self.sliding {
+            Some(s) => !s.admitted,
+            None => self.count > self.requests,
+        }
     }
 
+    /// `r`: for a sliding limit `floor(requests - estimate)`, at least 0 (SPEC 3a).
     pub fn remaining(&self) -> u32 {
-        self.requests.saturating_sub(self.count)
+        match &self.sliding {
+            Some(s) if s.admitted => {
+                let left = f64::from(self.requests) - s.weighted_previous - f64::from(self.count);
+                if left <= 0.0 {
+                    0
+                } else {
+                    left.floor().min(f64::from(self.requests)) as u32
+                }
+            }
+            Some(_) => 0,
+            None => self.requests.saturating_sub(self.count),
+        }
     }
+
+    /// Seconds until this limit would admit the request again (for `Retry-After`).
+    pub fn retry_secs(&self) -> u64 {
+        self.sliding.map_or(self.reset_secs, |s| s.retry_secs)
+    }
+}
+
+/// The previous window's share of a sliding estimate: `previous * left / len`.
+pub fn weighted_previous(previous: u32, left_ms: i64, len_ms: i64) -> f64 {
+    f64::from(previous) * left_ms.clamp(0, len_ms.max(1)) as f64 / len_ms.max(1) as f64
+}
+
+/// Milliseconds until a sliding limit would admit one more request, if nothing else were
+/// admitted meanwhile (SPEC 3a): `previous` and `current` are the counts of the previous and
+/// current windows now, `elapsed_ms` how far into the current window of `len_ms` we are.
+///
+/// Within this window the estimate `previous * (len - e) / len + current + 1` falls as `e`
+/// grows; it is at most `requests` from `e = len * (1 - (requests - current - 1) / previous)`
+/// on. If `current + 1 > requests` nothing fits before the window ends; in the next window the
+/// current count becomes "previous" and the count is 0, so one fits from
+/// `e = len * (1 - (requests - 1) / current)` into it (a whole window when `requests` is 1).
+/// The estimate is continuous across the boundary, and never rises while nothing is admitted,
+/// so this is the first moment at which one request fits.
+pub fn sliding_wait_ms(
+    requests: u32,
+    previous: u32,
+    current: u32,
+    elapsed_ms: i64,
+    len_ms: i64,
+) -> i64 {
+    let len = len_ms.max(1) as f64;
+    let elapsed = elapsed_ms.clamp(0, len_ms.max(1)) as f64;
+    let (r, p, c) = (f64::from(requests), f64::from(previous), f64::from(current));
+    let at = if c + 1.0 <= r {
+        if p <= 0.0 {
+            elapsed
+        } else {
+            (len * (1.0 - (r - c - 1.0) / p)).max(elapsed)
+        }
+    } else {
+        let into_next = if c <= 0.0 {
+            0.0
+        } else {
+            len * (1.0 - (r - 1.0) / c).max(0.0)
+        };
+        len + into_next
+    };
+    (at - elapsed).max(0.0).ceil() as i64
 }
 
 #[derive(Debug)]
@@ -132,7 +212,7 @@ impl Limiter {
     /// The request decided in memory by this instance alone, for a route whose store-failure
     /// policy is `local` after [`Limiter::decide`] answered [`Verdict::StoreFailed`].
     pub async fn decide_locally(&self, plans: &[PlannedLimit]) -> Verdict {
-        self.local.decide(plans, &increments(plans)).await
+        self.local.decide(plans).await
     }
 
     pub async fn decide(&self, plans: &[PlannedLimit]) -> Verdict {
@@ -187,16 +267,36 @@ impl Limiter {
                 count: c.count,
                 reset_secs: seconds_until(c.now_ms, c.window_end_ms),
                 shadow: plan.shadow,
+                sliding: plan.sliding.then(|| sliding_outcome(plan, c)),
             })
             .collect();
-        for (plan, c) in plans.iter().zip(&counted) {
-            if !plan.shadow && c.count > plan.requests {
-                // The store's "now" is no earlier than `started`, so this deadline is no later
-                // than the real end of the window: the cache never outlives it.
-                let left =
-                    Duration::from_millis(c.window_end_ms.saturating_sub(c.now_ms).max(0) as u64);
-                self.exhausted.insert(&plan.bucket, started + left, c.count);
+        for ((plan, c), outcome) in plans.iter().zip(&counted).zip(&outcomes) {
+            if plan.shadow || !outcome.exceeded() {
+                continue;
             }
+            // The store's "now" is no earlier than `started`, so these deadlines are no later
+            // than the real moment the bucket could admit again: the cache never outlives it.
+            // A fixed window: until it ends. A sliding one: until the estimate would admit one
+            // request if nothing else were admitted meanwhile; anything admitted meanwhile
+            // (by another instance) only pushes that moment later, so the denial stays exact.
+            let left_ms = if plan.sliding {
+                let len_ms = i64::from(plan.window_secs) * 1000;
+                let elapsed = len_ms - c.window_end_ms.saturating_sub(c.now_ms);
+                sliding_wait_ms(plan.requests, c.previous, c.count, elapsed, len_ms)
+            } else {
+                c.window_end_ms.saturating_sub(c.now_ms)
+            };
+            let left = Duration::from_millis(left_ms.max(0) as u64);
+            // Which limits would still deny: a fixed count denies any `requests` below it; a
+            // sliding denial is known only for the limit it was decided against (a reload
+            // that raised it must ask the store again).
+            let denies_up_to = if plan.sliding {
+                plan.requests
+            } else {
+                c.count.saturating_sub(1)
+            };
+            self.exhausted
+                .insert(&plan.bucket, started + left, c.count, denies_up_to);
         }
         judge(outcomes)
     }
@@ -214,6 +314,19 @@ impl Limiter {
     }
 }
 
+/// A sliding limit's outcome from the store's answer (SPEC 3a): admitted when the store
+/// counted this request; `Retry-After` from the counts as they are after this request.
+pub(crate) fn sliding_outcome(plan: &PlannedLimit, c: &crate::store::Counted) -> SlidingOutcome {
+    let len_ms = i64::from(plan.window_secs) * 1000;
+    let left_ms = c.window_end_ms.saturating_sub(c.now_ms);
+    let wait = sliding_wait_ms(plan.requests, c.previous, c.count, len_ms - left_ms, len_ms);
+    SlidingOutcome {
+        admitted: c.added >= 1,
+        weighted_previous: weighted_previous(c.previous, left_ms, len_ms),
+        retry_secs: (wait.max(1) as u64).div_ceil(1000).max(1),
+    }
+}
+
 impl Limiter {
     /// Exhausted buckets remembered at most (see [`Exhausted`]).
     pub const CACHED_DENIALS_MAX: usize = Exhausted::SHARDS * Exhausted::PER_SHARD;
@@ -226,19 +339,20 @@ impl Limiter {
 
 /// One increment per planned limit, in plan order: what the store (or the local fallback)
 /// counts for this request.
-fn increments(plans: &[PlannedLimit]) -> Vec<Increment> {
+pub(crate) fn increments(plans: &[PlannedLimit]) -> Vec<Increment> {
     plans
         .iter()
         .map(|p| Increment {
             bucket: p.bucket.clone(),
             window_secs: p.window_secs,
             by: 1,
+            sliding: p.sliding.then_some(p.requests),
         })
         .collect()
 }
 
-/// Bucket -> (end of its window, last count seen).
-type ExhaustedShard = HashMap<Arc<str>, (Instant, u32), RandomState>;
+/// Bucket -> (until when it denies, last count seen, the largest `requests` it denies).
+type ExhaustedShard = HashMap<Arc<str>, (Instant, u32, u32), RandomState>;
 
 /// Buckets over their limit, with the instant their window ends. Sharded so that concurrent
 /// requests rarely meet on one lock; bounded so that a flood of distinct keys cannot grow it
@@ -320,7 +434,9 @@ impl Exhausted {
         &self.shards[index]
     }
 
-    pub fn insert(&self, bucket: &Arc<str>, until: Instant, count: u32) {
+    /// Remembers that `bucket` denies every limit of at most `denies_up_to` requests until
+    /// `until` (the end of a fixed window; for a sliding one, the moment its estimate falls).
+    pub fn insert(&self, bucket: &Arc<str>, until: Instant, count: u32, denies_up_to: u32) {
         if !self.enabled.load(Ordering::Relaxed) {
             return;
         }
@@ -329,12 +445,12 @@ impl Exhausted {
         };
         if shard.len() >= Self::PER_SHARD {
             let now = Instant::now();
-            shard.retain(|_, (end, _)| *end > now);
+            shard.retain(|_, (end, _, _)| *end > now);
             if shard.len() >= Self::PER_SHARD {
                 return;
             }
         }
-        shard.insert(bucket.clone(), (until, count));
+        shard.insert(bucket.clone(), (until, count, denies_up_to));
     }
 
     /// A denial for `plans` if an enforced limit among them is known to be exhausted, without
@@ -375,6 +491,18 @@ impl Exhausted {
                 };
                 let (count, reset_secs) =
                     exhausted.unwrap_or_else(|| (0, window_left_secs(unix_ms, plan.window_secs)));
+                // A cached sliding denial: `t` is still the end of the window; `Retry-After`
+                // is the moment the cache entry ends.
+                let sliding = plan.sliding.then(|| SlidingOutcome {
+                    admitted: exhausted.is_none(),
+                    weighted_previous: 0.0,
+                    retry_secs: reset_secs,
+                });
+                let reset_secs = if plan.sliding {
+                    window_left_secs(unix_ms, plan.window_secs)
+                } else {
+                    reset_secs
+                };
                 LimitOutcome {
                     policy: plan.policy.clone(),
                     requests: plan.requests,
@@ -382,6 +510,7 @@ impl Exhausted {
                     count,
                     reset_secs,
                     shadow: false,
+                    sliding,
                 }
             })
             .collect();
@@ -394,13 +523,13 @@ impl Exhausted {
         let Ok(mut shard) = self.shard(&plan.bucket).lock() else {
             return None;
         };
-        let &(until, count) = shard.get(&*plan.bucket)?;
+        let &(until, count, denies_up_to) = shard.get(&*plan.bucket)?;
         if until <= now {
             shard.remove(&*plan.bucket);
             return None;
         }
-        // A reload may have raised the limit above the remembered count.
-        (count > plan.requests).then(|| {
+        // A reload may have raised the limit above what the entry is known to deny.
+        (plan.requests <= denies_up_to).then(|| {
             let reset_secs = (until - now).as_millis().div_ceil(1000).max(1) as u64;
             (count, reset_secs)
         })
@@ -436,7 +565,7 @@ pub fn judge(outcomes: Vec<LimitOutcome>) -> Verdict {
         };
     }
     // The request is admitted again only once every violated window has ended.
-    let retry_after = violated.iter().map(|o| o.reset_secs).max().unwrap_or(1);
+    let retry_after = violated.iter().map(|o| o.retry_secs()).max().unwrap_or(1);
     let violated = violated.iter().map(|o| o.policy.clone()).collect();
     Verdict::Deny {
         outcomes,
@@ -568,6 +697,7 @@ mod tests {
             count,
             reset_secs: reset,
             shadow,
+            sliding: None,
         }
     }
 
@@ -621,6 +751,7 @@ mod tests {
             requests,
             window_secs,
             shadow,
+            sliding: false,
         }
     }
 
@@ -637,6 +768,7 @@ mod tests {
             &plans[2].bucket,
             Instant::now() + Duration::from_secs(30),
             101,
+            100,
         );
         let Some(Verdict::Deny {
             outcomes,
@@ -657,6 +789,111 @@ mod tests {
         // A reload that raised the limit above the remembered count: no cached denial.
         let raised = [plan("b:ip", 200, 86_400, false)];
         assert!(cache.deny(&raised).is_none());
+    }
+
+    /// The estimate of one more request `t_ms` from now, if nothing is admitted meanwhile:
+    /// this window, then the next (where `current` becomes "previous"), then an empty one.
+    fn estimate_after(previous: u32, current: u32, elapsed: i64, len: i64, t_ms: i64) -> f64 {
+        let e = elapsed + t_ms;
+        if e < len {
+            weighted_previous(previous, len - e, len) + f64::from(current) + 1.0
+        } else if e < 2 * len {
+            weighted_previous(current, 2 * len - e, len) + 1.0
+        } else {
+            1.0
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig {
+            failure_persistence: None,
+            ..proptest::prelude::ProptestConfig::with_cases(512)
+        })]
+
+        /// `sliding_wait_ms` is the first millisecond at which the estimate admits one more
+        /// request, and the Postgres function's rule (`sliding_admits`) admits exactly the units
+        /// whose estimate stays within the limit.
+        #[test]
+        fn sliding_wait_is_the_first_moment_the_estimate_admits(
+            requests in 1u32..2000,
+            previous in 0u32..4000,
+            current_frac in 0u32..=100,
+            len_s in 1i64..100_000,
+            elapsed_frac in 0i64..1000,
+            by in 1u32..50,
+        ) {
+            let current = (u64::from(requests) * u64::from(current_frac) / 100) as u32;
+            let len = len_s * 1000;
+            let elapsed = len * elapsed_frac / 1000;
+            let wait = sliding_wait_ms(requests, previous, current, elapsed, len);
+            proptest::prop_assert!(wait >= 0 && wait <= 2 * len);
+            let r = f64::from(requests);
+            proptest::prop_assert!(
+                estimate_after(previous, current, elapsed, len, wait) <= r + 1e-6,
+                "not admitted after the wait"
+            );
+            if wait > 1 {
+                proptest::prop_assert!(
+                    estimate_after(previous, current, elapsed, len, wait - 2) > r - 1e-6,
+                    "admitted before the wait"
+                );
+            }
+            // The header's whole seconds never undercut the wait.
+            let secs = (wait.max(1) as u64).div_ceil(1000).max(1);
+            proptest::prop_assert!(secs * 1000 >= wait as u64);
+
+            let admitted = crate::store::memory::sliding_admits(
+                requests, previous, current, by, len - elapsed, len,
+            );
+            let weighted = weighted_previous(previous, len - elapsed, len);
+            let expected = (1..=by)
+                .take_while(|k| weighted + f64::from(current) + f64::from(*k) <= r + 1e-9)
+                .count() as u32;
+            proptest::prop_assert!(admitted == expected || admitted + 1 == expected || admitted == expected + 1);
+            proptest::prop_assert!(admitted <= by);
+            proptest::prop_assert!(current + admitted <= requests, "over the limit");
+        }
+    }
+
+    #[test]
+    fn a_sliding_outcome_reports_the_estimate() {
+        let plan = PlannedLimit {
+            sliding: true,
+            ..plan("s:ip", 10, 100, false)
+        };
+        // A quarter into the window, previous 8 weighs 6; count 3 after this request.
+        let c = crate::store::Counted {
+            count: 3,
+            window_end_ms: 175_000,
+            now_ms: 100_000,
+            added: 1,
+            previous: 8,
+        };
+        let s = sliding_outcome(&plan, &c);
+        assert!(s.admitted);
+        let outcome = LimitOutcome {
+            policy: plan.policy.clone(),
+            requests: 10,
+            window_secs: 100,
+            count: 3,
+            reset_secs: 75,
+            shadow: false,
+            sliding: Some(s),
+        };
+        assert_eq!(outcome.remaining(), 1, "floor(10 - 6 - 3)");
+        assert!(!outcome.exceeded());
+        // Denied (not counted): count 3 stays; one more fits once 8 * left / 100 <= 6, i.e.
+        // from 25 s in: at once... so ask with a full current window instead.
+        let c = crate::store::Counted {
+            count: 10,
+            added: 0,
+            ..c
+        };
+        let s = sliding_outcome(&plan, &c);
+        assert!(!s.admitted);
+        // Nothing fits in this window; in the next, 10 * (100 - e) / 100 + 1 <= 10 from
+        // e = 10 s: 75 s + 10 s.
+        assert_eq!(s.retry_secs, 85);
     }
 
     #[test]

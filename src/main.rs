@@ -304,10 +304,11 @@ fn print_check(config: &Config) {
         );
         for limit in &route.limits {
             say!(
-                "  limit     {} {} per {}s{}",
+                "  limit     {} {} per {}s {}{}",
                 limit.policy_name(),
                 limit.requests,
                 limit.window_secs,
+                limit.algorithm.as_str(),
                 if limit.shadow { " (shadow)" } else { "" }
             );
         }
@@ -496,6 +497,7 @@ async fn explain(
             bucket: planned.bucket.clone(),
             window_secs: planned.window_secs,
             by: 0,
+            sliding: None,
         }];
         let peeked = match store.peek(&probe).await {
             Ok(mut p) if p.len() == 1 => p.remove(0),

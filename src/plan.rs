@@ -35,6 +35,7 @@ pub fn planned_limit(
         requests: limit.requests,
         window_secs: limit.window_secs,
         shadow: limit.shadow || route.shadow,
+        sliding: limit.algorithm == crate::config::Algorithm::Sliding,
     })
 }
 

@@ -107,6 +107,7 @@ impl Runtime {
                         count: 0,
                         reset_secs: 0,
                         shadow: limit.shadow || r.shadow,
+                        sliding: None,
                     })
                     .collect();
                 CompiledRoute {

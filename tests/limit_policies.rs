@@ -238,6 +238,7 @@ async fn stored_count(proxy: &Proxy, db: Option<&TestDb>, bucket: &str, window_s
                     bucket: Arc::from(bucket),
                     window_secs,
                     by: 1,
+                    sliding: None,
                 }])
                 .await
                 .expect("peek the memory store");

@@ -198,6 +198,7 @@ async fn exhausted_cache_stays_bounded_and_denials_stay_exact_when_it_is_full() 
             requests: 1,
             window_secs: 3600,
             shadow: false,
+            sliding: false,
         }]
     };
     for n in 0..bound + 2000 {

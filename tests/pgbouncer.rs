@@ -386,7 +386,7 @@ async fn migrate_through(mode: PoolMode) {
         first.status.success(),
         "migrate through {mode:?} pgbouncer: {out}"
     );
-    assert!(out.contains("applied 3 migration(s)"), "{out}");
+    assert!(out.contains("applied 4 migration(s)"), "{out}");
     let second = migrate();
     let out = String::from_utf8_lossy(&second.stdout).into_owned();
     assert!(second.status.success(), "{out}");
@@ -438,8 +438,10 @@ async fn increment_turns_synchronous_commit_off_for_its_own_transaction_only() {
     let buckets = ["t:global"];
     let windows = [60i64];
     let amounts = [1i64];
+    let limits: Option<Vec<i64>> = None;
     for (synchronous_commit, expected) in [(false, "off"), (true, "on")] {
-        let sql = tollgate::store::postgres::increment_sql(synchronous_commit);
+        let sql = tollgate::store::postgres::increment_sql();
+        let async_commit = !synchronous_commit;
         let wrapped = format!(
             "WITH inc AS ({sql}) SELECT current_setting('synchronous_commit'), count(*) FROM inc"
         );
@@ -450,6 +452,8 @@ async fn increment_turns_synchronous_commit_off_for_its_own_transaction_only() {
                     (&&buckets[..], Type::TEXT_ARRAY),
                     (&&windows[..], Type::INT8_ARRAY),
                     (&&amounts[..], Type::INT8_ARRAY),
+                    (&limits, Type::INT8_ARRAY),
+                    (&async_commit, Type::BOOL),
                 ],
             )
             .await

@@ -26,6 +26,7 @@ fn inc(bucket: &str, window_secs: u32, by: u32) -> Increment {
         bucket: Arc::from(bucket),
         window_secs,
         by,
+        sliding: None,
     }
 }
 
@@ -284,6 +285,7 @@ async fn pg_concurrent_initialize_applies_each_migration_once() {
         [
             (1, "0001_rate_limits".to_owned()),
             (2, "0002_tollgate_settings".to_owned()),
+            (3, "0003_increment_function".to_owned()),
             (4, "0004_instances".to_owned())
         ]
     );
@@ -310,6 +312,7 @@ async fn pg_migrate_twice_applies_nothing_the_second_time() {
         [
             "0001_rate_limits",
             "0002_tollgate_settings",
+            "0003_increment_function",
             "0004_instances"
         ]
     );

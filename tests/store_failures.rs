@@ -569,6 +569,7 @@ async fn store_failure_warning_names_cause_and_database_once_a_second() {
         bucket: Arc::from("api:ip:x"),
         window_secs: 3600,
         by: 1,
+        sliding: None,
     }];
     store.increment(&batch).await.expect("healthy");
     db.client()

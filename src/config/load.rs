@@ -37,9 +37,9 @@ use toml_edit::{ImDocument, Item, Table, TableLike, Value};
 
 use super::ProxyProtocolConfig;
 use super::{
-    AdminConfig, CertConfig, Config, HostPattern, KeyPart, KeySpec, KeysConfig, LimitConfig,
-    RateLimitHeaders, RejectConfig, RouteConfig, ServerConfig, StoreConfig, StoreErrorPolicy,
-    UpstreamConfig, DEFAULT_MEMORY_BUCKETS, MAX_MEMORY_BUCKETS,
+    AdminConfig, Algorithm, CertConfig, Config, HostPattern, KeyPart, KeySpec, KeysConfig,
+    LimitConfig, RateLimitHeaders, RejectConfig, RouteConfig, ServerConfig, StoreConfig,
+    StoreErrorPolicy, UpstreamConfig, DEFAULT_MEMORY_BUCKETS, MAX_MEMORY_BUCKETS,
 };
 
 /// The environment lookup the caller provides (`std::env::var(..).ok()` in `main`).
@@ -811,7 +811,7 @@ const ROUTE_KEYS: &[&str] = &[
     "reject",
     "max_body_size",
 ];
-const LIMIT_KEYS: &[&str] = &["key", "requests", "window", "scope", "shadow"];
+const LIMIT_KEYS: &[&str] = &["key", "requests", "window", "scope", "shadow", "algorithm"];
 const REJECT_KEYS: &[&str] = &["status", "content_type", "body"];
 
 const STORE_POLICIES: &[(&str, StoreErrorPolicy)] = &[
@@ -1330,6 +1330,7 @@ struct BucketOwner {
     route: String,
     requests: u32,
     window_secs: u32,
+    algorithm: Algorithm,
 }
 
 fn read_routes(
@@ -1539,6 +1540,19 @@ fn read_limits(
         }
         mine.insert(id.clone(), n.path.clone());
         match buckets.get(&id) {
+            Some(owner) if owner.algorithm != limit.algorithm => {
+                let msg = format!(
+                    "conflicts with {} (route {:?}): both write bucket prefix {:?}, there with algorithm = {:?}, here with algorithm = {:?}; one row cannot be counted both ways: use the same algorithm, or a different scope",
+                    owner.path,
+                    owner.route,
+                    limit.policy_name(),
+                    owner.algorithm.as_str(),
+                    limit.algorithm.as_str(),
+                );
+                cx.error(&n.span, &n.path, msg);
+                ok = false;
+                continue;
+            }
             Some(owner)
                 if owner.requests != limit.requests || owner.window_secs != limit.window_secs =>
             {
@@ -1565,6 +1579,7 @@ fn read_limits(
                         route: route.unwrap_or_default().to_string(),
                         requests: limit.requests,
                         window_secs: limit.window_secs,
+                        algorithm: limit.algorithm,
                     },
                 );
             }
@@ -1598,6 +1613,21 @@ fn read_limit(cx: &mut Cx<'_>, node: &Node<'_>, route: Option<&str>) -> Option<L
         None => route.map(str::to_string),
     };
     let shadow = cx.bool_or(t.get("shadow"), false);
+    let algorithm = match t.get("algorithm") {
+        None => Some(Algorithm::Fixed),
+        Some(n) => cx.string(&n).and_then(|s| match s.as_str() {
+            "fixed" => Some(Algorithm::Fixed),
+            "sliding" => Some(Algorithm::Sliding),
+            other => {
+                cx.error(
+                    &n.span,
+                    &n.path,
+                    format!("algorithm must be \"fixed\" or \"sliding\", got {other:?}"),
+                );
+                None
+            }
+        }),
+    };
     t.finish(cx);
     Some(LimitConfig {
         key: key?,
@@ -1605,6 +1635,7 @@ fn read_limit(cx: &mut Cx<'_>, node: &Node<'_>, route: Option<&str>) -> Option<L
         window_secs: window_secs?,
         scope: scope?,
         shadow: shadow?,
+        algorithm: algorithm?,
     })
 }
 

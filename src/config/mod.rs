@@ -234,6 +234,28 @@ pub struct LimitConfig {
     /// Defaults to the route's name.
     pub scope: String,
     pub shadow: bool,
+    /// `algorithm`: fixed (the default) or sliding windows (SPEC 3a).
+    pub algorithm: Algorithm,
+}
+
+/// How a limit's windows count (SPEC 2 `algorithm`, 3 and 3a).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Algorithm {
+    /// One counter per epoch-aligned window; up to twice the limit across a boundary.
+    #[default]
+    Fixed,
+    /// The current window's count plus the previous window's, weighted by how much of it
+    /// still overlaps the last `window` seconds; denied requests are not counted.
+    Sliding,
+}
+
+impl Algorithm {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Algorithm::Fixed => "fixed",
+            Algorithm::Sliding => "sliding",
+        }
+    }
 }
 
 impl LimitConfig {

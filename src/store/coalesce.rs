@@ -166,6 +166,8 @@ async fn dispatch(
 /// One bucket's row in a statement and the waiters who share it.
 struct Row {
     window_secs: u32,
+    /// The sliding limit, or `None` for a fixed window (one bucket is counted one way).
+    sliding: Option<u32>,
     total: u32,
     /// (job index, increment index within the job, offset of its first unit in the row).
     waiters: Vec<(usize, usize, u32)>,
@@ -185,8 +187,9 @@ impl Statement {
         let mut kept = Vec::with_capacity(jobs.len());
         for job in jobs {
             let conflicts = job.increments.iter().any(|inc| {
-                rows.get(&inc.bucket)
-                    .is_some_and(|row| row.window_secs != inc.window_secs)
+                rows.get(&inc.bucket).is_some_and(|row| {
+                    row.window_secs != inc.window_secs || row.sliding != inc.sliding
+                })
             });
             let repeated = job
                 .increments
@@ -208,6 +211,7 @@ impl Statement {
             for (k, inc) in job.increments.iter().enumerate() {
                 let row = rows.entry(inc.bucket.clone()).or_insert(Row {
                     window_secs: inc.window_secs,
+                    sliding: inc.sliding,
                     total: 0,
                     waiters: Vec::new(),
                 });
@@ -230,6 +234,7 @@ impl Statement {
                 bucket: bucket.clone(),
                 window_secs: row.window_secs,
                 by: row.total,
+                sliding: row.sliding,
             })
             .collect();
         let result = inner.increment(&batch).await;
@@ -248,10 +253,7 @@ impl Statement {
         for ((_, row), after) in self.rows.iter().zip(counted) {
             for &(job, k, offset) in &row.waiters {
                 let by = self.jobs[job].increments[k].by;
-                answers[job][k] = Some(Counted {
-                    count: position(after.count, row.total, offset, by),
-                    ..after
-                });
+                answers[job][k] = Some(share(after, row.total, offset, by));
             }
         }
         for (job, answer) in self.jobs.into_iter().zip(answers) {
@@ -265,6 +267,33 @@ impl Statement {
 fn fail_all(jobs: Vec<Job>, err: StoreError) {
     for job in jobs {
         let _ = job.reply.send(Err(err.clone()));
+    }
+}
+
+/// One waiter's part of its row's answer. Fixed windows count every unit: the waiter's count
+/// is where its last unit landed ([`position`]). A sliding window admits a prefix of the row's
+/// units (unit `k` is admitted while the estimate stays within the limit, and the estimate
+/// grows with `k`), so units `1 ..= added` were admitted in arrival order: a waiter whose units
+/// all fall in that prefix was admitted, at its position; the others were not counted and see
+/// the row's count without them.
+fn share(after: Counted, total: u32, offset: u32, by: u32) -> Counted {
+    if after.added >= total {
+        return Counted {
+            count: position(after.count, total, offset, by),
+            added: by,
+            ..after
+        };
+    }
+    let before = after.count.saturating_sub(after.added);
+    let admitted = after.added.saturating_sub(offset).min(by);
+    Counted {
+        count: if admitted == by {
+            before.saturating_add(offset).saturating_add(by)
+        } else {
+            after.count
+        },
+        added: admitted,
+        ..after
     }
 }
 
@@ -293,6 +322,34 @@ mod tests {
         assert_eq!(position(i32::MAX as u32, 3, 0, 1), i32::MAX as u32);
     }
 
+    #[test]
+    fn a_sliding_row_admits_its_first_waiters_only() {
+        // Row went from 10 to 12: of three waiters, the first two were admitted.
+        let after = Counted {
+            count: 12,
+            window_end_ms: 0,
+            now_ms: 0,
+            added: 2,
+            previous: 7,
+        };
+        let seen: Vec<(u32, u32)> = (0..3)
+            .map(|offset| {
+                let c = share(after, 3, offset, 1);
+                (c.count, c.added)
+            })
+            .collect();
+        assert_eq!(seen, [(11, 1), (12, 1), (12, 0)]);
+        assert_eq!(share(after, 3, 2, 1).previous, 7);
+        // Fixed rows: every waiter counted.
+        let fixed = Counted {
+            added: 3,
+            count: 13,
+            ..after
+        };
+        assert_eq!(share(fixed, 3, 2, 1).count, 13);
+        assert_eq!(share(fixed, 3, 2, 1).added, 1);
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn concurrent_increments_get_distinct_positions() {
         let statements = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -313,12 +370,14 @@ mod tests {
                     bucket: Arc::from("hot"),
                     window_secs: 3600,
                     by: 1,
+                    sliding: None,
                 }];
                 if i % 2 == 0 {
                     batch.push(Increment {
                         bucket: Arc::from(format!("cold-{i}")),
                         window_secs: 3600,
                         by: 1,
+                        sliding: None,
                     });
                 }
                 store.increment(&batch).await.expect("counted")

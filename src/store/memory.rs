@@ -74,6 +74,11 @@ struct Window {
     start_ms: i64,
     end_ms: i64,
     count: u32,
+    /// Sliding windows: the count of the window just before this one (0 if it was not kept).
+    previous: u32,
+    /// When the bucket may be forgotten: the window's end, or one window later for a sliding
+    /// limit, whose count is still read as "previous" then (like `expires_at` in Postgres).
+    keep_ms: i64,
 }
 
 /// A bucket in its shard's least-recently-used list.
@@ -202,7 +207,7 @@ impl Shard {
         let before = self.len();
         let mut i = 0;
         while i < self.slots.len() {
-            if self.slots[i].window.end_ms <= now_ms {
+            if self.slots[i].window.keep_ms <= now_ms {
                 // `i` now holds the slot that was last: look at it again.
                 self.remove(i as u32);
             } else {
@@ -222,7 +227,7 @@ impl Shard {
         } else {
             // Full: forget the least recently used bucket and reuse its slot.
             let i = self.oldest;
-            let ended = self.slots[i as usize].window.end_ms <= now_ms;
+            let ended = self.slots[i as usize].window.keep_ms <= now_ms;
             self.unlink(i);
             let slot = &mut self.slots[i as usize];
             let old = std::mem::replace(&mut slot.bucket, Arc::clone(bucket));
@@ -416,13 +421,41 @@ impl MemoryStore {
                 // window is *later* than ours (the clock stepped back) keeps counting: resetting
                 // it would forget requests already allowed.
                 if window.end_ms <= now_ms || window.start_ms < current.start_ms {
+                    // A sliding limit reads the window that just ended as "previous"; one
+                    // that ended longer ago weighs nothing, like a missing row.
+                    let previous = if window.end_ms == current.start_ms {
+                        window.count
+                    } else {
+                        0
+                    };
                     *window = current;
+                    window.previous = previous;
                 }
-                window.count = window.count.saturating_add(inc.by).min(COUNT_MAX);
+                let added = match inc.sliding {
+                    None => inc.by,
+                    Some(limit) => {
+                        window.keep_ms = window.end_ms + (window.end_ms - window.start_ms);
+                        sliding_admits(
+                            limit,
+                            window.previous,
+                            window.count,
+                            inc.by,
+                            window.end_ms - now_ms,
+                            window.end_ms - window.start_ms,
+                        )
+                    }
+                };
+                window.count = window.count.saturating_add(added).min(COUNT_MAX);
                 Ok(Counted {
                     count: window.count,
                     window_end_ms: window.end_ms,
                     now_ms,
+                    added,
+                    previous: if inc.sliding.is_some() {
+                        window.previous
+                    } else {
+                        0
+                    },
                 })
             })
             .collect()
@@ -495,7 +528,31 @@ fn window_at(now_ms: i64, window_secs: u32) -> Result<Window, StoreError> {
         start_ms,
         end_ms: start_ms + len_ms,
         count: 0,
+        previous: 0,
+        keep_ms: start_ms + len_ms,
     })
+}
+
+/// How many of `by` new units a sliding window admits (SPEC 3a), the same rule as the
+/// Postgres function: unit `k` is admitted when
+/// `previous * left / len + current + k <= limit`, `left` being the milliseconds left in the
+/// current window (`window - elapsed`). The estimate grows with `k`, so the admitted units are
+/// a prefix: `clamp(floor(limit - previous * left / len) - current, 0, by)`.
+pub fn sliding_admits(
+    limit: u32,
+    previous: u32,
+    current: u32,
+    by: u32,
+    left_ms: i64,
+    len_ms: i64,
+) -> u32 {
+    let weighted = f64::from(previous) * left_ms.max(0) as f64 / len_ms.max(1) as f64;
+    let room = (f64::from(limit) - weighted).floor() - f64::from(current);
+    if room <= 0.0 {
+        0
+    } else {
+        room.min(f64::from(by)) as u32
+    }
 }
 
 #[cfg(test)]
@@ -508,7 +565,57 @@ mod tests {
             bucket: Arc::from(bucket),
             window_secs,
             by: 1,
+            sliding: None,
         }
+    }
+
+    fn sliding(bucket: &str, window_secs: u32, requests: u32, by: u32) -> Increment {
+        Increment {
+            bucket: Arc::from(bucket),
+            window_secs,
+            by,
+            sliding: Some(requests),
+        }
+    }
+
+    #[test]
+    fn a_sliding_window_weighs_the_previous_one_and_does_not_count_denials() {
+        let now = Arc::new(AtomicI64::new(3_600_000 * 10));
+        let store = bounded(100, &now);
+        // No previous window: exactly min(N, requests).
+        let c = store.count(&[sliding("s", 100, 10, 25)]).expect("count")[0];
+        assert_eq!((c.added, c.count, c.previous), (10, 10, 0));
+        let c = store.count(&[sliding("s", 100, 10, 1)]).expect("count")[0];
+        assert_eq!((c.added, c.count), (0, 10), "denied, not counted");
+        // A quarter into the next window: 10 * 0.75 = 7.5 weighs, floor(10 - 7.5) = 2 fit.
+        now.fetch_add(125_000, Ordering::SeqCst);
+        let c = store.count(&[sliding("s", 100, 10, 5)]).expect("count")[0];
+        assert_eq!((c.added, c.count, c.previous), (2, 2, 10));
+        // A fixed-window control admits the whole burst after the boundary.
+        now.store(3_600_000 * 10 + 99_999, Ordering::SeqCst);
+        let f = store
+            .count(&[Increment {
+                by: 10,
+                ..inc("f", 100)
+            }])
+            .expect("f")[0];
+        assert_eq!(f.count, 10);
+        now.store(3_600_000 * 10 + 100_001, Ordering::SeqCst);
+        let f = store
+            .count(&[Increment {
+                by: 10,
+                ..inc("f", 100)
+            }])
+            .expect("f")[0];
+        assert_eq!((f.count, f.added), (10, 10));
+        // Two windows later the old count weighs nothing, and the bucket is forgotten by a
+        // sweep only once it cannot be "previous" any more.
+        now.store(3_600_000 * 10 + 200_000, Ordering::SeqCst);
+        assert_eq!(store.sweep(), 1, "f ended");
+        now.store(3_600_000 * 10 + 300_000, Ordering::SeqCst);
+        assert_eq!(store.sweep(), 1, "s kept for one more window");
+        let c = store.count(&[sliding("s", 100, 10, 25)]).expect("count")[0];
+        assert_eq!((c.added, c.previous), (10, 0));
     }
 
     fn bounded(n: usize, now: &Arc<AtomicI64>) -> MemoryStore {

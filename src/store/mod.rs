@@ -23,6 +23,9 @@ pub struct Increment {
     pub window_secs: u32,
     /// How many requests this increment stands for (1, or more when coalesced).
     pub by: u32,
+    /// `Some(requests)` for a sliding-window limit (SPEC 3a): the store counts only the units
+    /// that the estimate admits against `requests`. `None`: a fixed window, every unit counts.
+    pub sliding: Option<u32>,
 }
 
 /// The state of one bucket right after an increment.
@@ -34,6 +37,11 @@ pub struct Counted {
     pub window_end_ms: i64,
     /// The store's clock when it counted, in unix milliseconds.
     pub now_ms: i64,
+    /// How many of the increment's units were counted: all of `by` for a fixed window; for a
+    /// sliding one the first `added` units were admitted and the rest denied (not counted).
+    pub added: u32,
+    /// Sliding windows: the count of the previous window's row (0 if none; 0 for fixed).
+    pub previous: u32,
 }
 
 /// The state of one bucket as read, without incrementing (`tollgate explain`).

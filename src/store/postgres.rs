@@ -127,89 +127,42 @@ const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../migrations/0002_tollgate_settings.sql"),
     },
     Migration {
+        version: 3,
+        name: "0003_increment_function",
+        sql: include_str!("../../migrations/0003_increment_function.sql"),
+    },
+    Migration {
         version: 4,
         name: "0004_instances",
         sql: include_str!("../../migrations/0004_instances.sql"),
     },
 ];
 
-/// The batch increment (SPEC 6), as [`INCREMENT_SQL`] and [`INCREMENT_ASYNC_COMMIT_SQL`].
-/// Parameters: buckets (`text[]`), window lengths in seconds and amounts (`int8[]`, so a `u32`
-/// never overflows on the way in).
-///
-/// - `window_start = floor(unix_seconds / window) * window` from the database clock (SPEC 3);
-///   integer division on non-negative seconds is that floor.
-/// - `ORDER BY bucket`: every batch takes its row locks in the same order, so two batches
-///   sharing buckets wait for each other instead of deadlocking.
-/// - The sum is done in `int8` and clamped, so a flooded bucket saturates at `i32::MAX`
-///   instead of failing with an overflow.
-/// - RETURNING order is not guaranteed; rows carry their bucket and are matched back.
+/// The batch increment (SPEC 3, 3a, 6): a call of `public.tollgate_increment`
+/// (`migrations/0003_increment_function.sql`, which holds the seed's atomic
+/// `INSERT ... ON CONFLICT ... DO UPDATE ... RETURNING` and the sliding-window variant).
+/// Parameters: `$1 text[]` buckets, `$2 int8[]` window lengths in seconds, `$3 int8[]`
+/// amounts (`int8`, so a `u32` never overflows on the way in), `$4 int8[]` sliding limits
+/// (`NULL` for a fixed window; the whole array `NULL` when the batch has no sliding limit),
+/// `$5 boolean` = commit with `synchronous_commit = off` (`store.synchronous_commit = false`).
 ///
 /// It is sent as the unnamed statement (`query_typed`: Parse, Bind, Describe, Execute and
 /// Sync in one round trip), never prepared under a name: behind a transaction-mode pooler the
 /// next statement may run on another server connection, where a named statement does not
-/// exist, or another client's of the same name does (issue 15).
-macro_rules! increment_statement {
-    ($with:literal, $from:literal) => {
-        concat!(
-            "WITH ",
-            $with,
-            "input AS (
-    SELECT b.bucket,
-           b.amount,
-           b.win,
-           (floor(extract(epoch FROM now()))::int8 / b.win) * b.win AS start_secs
-    FROM ",
-            $from,
-            "unnest($1::text[], $2::int8[], $3::int8[]) AS b(bucket, win, amount)
-)
-INSERT INTO public.rate_limits AS r (bucket, window_start, count, expires_at)
-SELECT bucket,
-       to_timestamp(start_secs),
-       LEAST(amount, 2147483647)::int4,
-       to_timestamp(start_secs + win)
-FROM input
-ORDER BY bucket
-ON CONFLICT (bucket, window_start) DO UPDATE
-    SET count = LEAST(r.count::int8 + EXCLUDED.count, 2147483647)::int4
-RETURNING r.bucket,
-          r.count,
-          floor(extract(epoch FROM r.expires_at) * 1000)::int8,
-          floor(extract(epoch FROM now()) * 1000)::int8"
-        )
-    };
-}
-
-/// The increment under the server's (or role's) own `synchronous_commit`
-/// (`store.synchronous_commit = true`).
-const INCREMENT_SQL: &str = increment_statement!("", "");
-
-/// The increment with `synchronous_commit = off` for its own transaction only (the default,
-/// `store.synchronous_commit = false`), without a round trip, a startup parameter or a
-/// session `SET`, so it holds through any pooler and leaks to no other client.
-///
-/// `set_config(..., true)` is `SET LOCAL`: it lasts until the end of the current transaction,
-/// which for a statement outside `BEGIN` is the statement's implicit one. PostgreSQL reads
-/// `synchronous_commit` when it writes the commit record (`RecordTransactionCommit`) and only
-/// afterwards resets transaction-local settings (`AtEOXact_GUC`), so the commit of this very
-/// statement is asynchronous. `MATERIALIZED` plus the cross join make the planner evaluate it
-/// exactly once, before the first row (an unreferenced CTE would not run at all); the test
-/// `increment_turns_synchronous_commit_off_for_its_own_transaction_only` reads it back inside
-/// the statement and checks that the next statement sees the default again.
-const INCREMENT_ASYNC_COMMIT_SQL: &str = increment_statement!(
-    "local_commit AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true)),\n",
-    "local_commit, "
-);
+/// exist, or another client's of the same name does (issue 15). The call is tiny to parse and
+/// plan; PL/pgSQL plans the upsert inside once per server session (docs/performance.md has
+/// the pgbench figures). `synchronous_commit` is set inside with `set_config(..., true)`, i.e.
+/// `SET LOCAL` for the call's own implicit transaction: PostgreSQL reads it when it writes the
+/// commit record and only then resets transaction-local settings, so the commit of this very
+/// statement is asynchronous, and nothing outlives it (the test
+/// `increment_turns_synchronous_commit_off_for_its_own_transaction_only` reads it back).
+const INCREMENT_SQL: &str = "SELECT bucket, count, added, previous, window_end_ms, now_ms \
+     FROM public.tollgate_increment($1, $2, $3, $4, $5)";
 
 /// The text of the increment statement (for tests and for operators who want to `EXPLAIN`
-/// it). Parameters: `$1 text[]` buckets, `$2 int8[]` window lengths, `$3 int8[]` amounts.
-/// `synchronous_commit` is `store.synchronous_commit`.
-pub fn increment_sql(synchronous_commit: bool) -> &'static str {
-    if synchronous_commit {
-        INCREMENT_SQL
-    } else {
-        INCREMENT_ASYNC_COMMIT_SQL
-    }
+/// it); parameters as documented on [`INCREMENT_SQL`].
+pub fn increment_sql() -> &'static str {
+    INCREMENT_SQL
 }
 
 /// The read-only twin of [`INCREMENT_SQL`] for `tollgate explain`: same window arithmetic,
@@ -428,7 +381,7 @@ impl PooledClient {
     /// The increment statement `sql` on [`PROBE_BUCKET`] in a transaction that is rolled back.
     /// A probe cut off midway leaves the connection marked in flight, so it is not reused with
     /// a transaction open.
-    async fn probe_increment(&mut self, sql: &str) -> Result<(), tokio_postgres::Error> {
+    async fn probe_increment(&mut self, async_commit: bool) -> Result<(), tokio_postgres::Error> {
         self.in_flight.store(true, Ordering::Release);
         let client = &mut self.client;
         let result = async {
@@ -436,12 +389,15 @@ impl PooledClient {
             let buckets = [PROBE_BUCKET];
             let windows = [1i64];
             let amounts = [1i64];
+            let limits: Option<Vec<i64>> = None;
             tx.query_typed(
-                sql,
+                INCREMENT_SQL,
                 &[
                     (&&buckets[..], Type::TEXT_ARRAY),
                     (&&windows[..], Type::INT8_ARRAY),
                     (&&amounts[..], Type::INT8_ARRAY),
+                    (&limits, Type::INT8_ARRAY),
+                    (&async_commit, Type::BOOL),
                 ],
             )
             .await?;
@@ -514,8 +470,8 @@ pub struct PostgresStore {
     failures: FailureLog,
     /// Held by the one readiness probe in flight.
     probe_gate: tokio::sync::Mutex<()>,
-    /// [`increment_sql`] for `store.synchronous_commit`.
-    increment_sql: &'static str,
+    /// `!store.synchronous_commit`: the increment commits with `synchronous_commit = off`.
+    async_commit: bool,
     /// How to open the `LISTEN` session, which lives outside the pool (see
     /// [`PostgresStore::listen_for_resets`]).
     session: (tokio_postgres::Config, MakeRustls),
@@ -540,7 +496,7 @@ impl PostgresStore {
     /// maintenance task).
     ///
     /// Unless `cfg.synchronous_commit`, every increment commits with `synchronous_commit = off`,
-    /// set by the statement for its own transaction ([`INCREMENT_ASYNC_COMMIT_SQL`]).
+    /// set by the increment for its own transaction ([`INCREMENT_SQL`]).
     pub fn new(cfg: &StoreConfig) -> Result<Arc<Self>, StoreError> {
         let (pg, tls) = connection_config(cfg)?;
         if tokio::runtime::Handle::try_current().is_err() {
@@ -580,7 +536,7 @@ impl PostgresStore {
             last_connect_error,
             failures,
             probe_gate: tokio::sync::Mutex::new(()),
-            increment_sql: increment_sql(cfg.synchronous_commit),
+            async_commit: !cfg.synchronous_commit,
             session,
             instance_id: format!("{:032x}", rand::random::<u128>()),
         }))
@@ -694,7 +650,7 @@ impl PostgresStore {
         let result = self
             .bounded(async {
                 let mut conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
-                conn.probe_increment(self.increment_sql)
+                conn.probe_increment(self.async_commit)
                     .await
                     .map_err(|e| self.fail(&e))
             })
@@ -867,17 +823,25 @@ impl PostgresStore {
         }
         let (buckets, windows) = columns(batch)?;
         let amounts: Vec<i64> = batch.iter().map(|inc| i64::from(inc.by)).collect();
+        // NULL unless a limit of the batch is sliding: the function then runs only the
+        // fixed-window upsert.
+        let limits: Option<Vec<Option<i64>>> = batch
+            .iter()
+            .any(|inc| inc.sliding.is_some())
+            .then(|| batch.iter().map(|inc| inc.sliding.map(i64::from)).collect());
         // Typed parameters: the unnamed statement needs no Describe round trip first, so the
         // batch is ONE round trip and leaves nothing on the server connection.
-        let params: [(&(dyn ToSql + Sync), Type); 3] = [
+        let params: [(&(dyn ToSql + Sync), Type); 5] = [
             (&buckets, Type::TEXT_ARRAY),
             (&windows, Type::INT8_ARRAY),
             (&amounts, Type::INT8_ARRAY),
+            (&limits, Type::INT8_ARRAY),
+            (&self.async_commit, Type::BOOL),
         ];
         let result = self
             .bounded(async {
                 let conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
-                conn.run(conn.query_typed(self.increment_sql, &params))
+                conn.run(conn.query_typed(INCREMENT_SQL, &params))
                     .await
                     .map_err(|e| self.fail(&e))
             })
@@ -890,18 +854,35 @@ impl PostgresStore {
                     FastMap::with_capacity_and_hasher(rows.len(), Default::default());
                 for row in &rows {
                     let bucket: &str = row.try_get(0).map_err(query_error)?;
-                    let counted = Counted {
-                        count: count_from(row.try_get(1).map_err(query_error)?)?,
-                        window_end_ms: row.try_get(2).map_err(query_error)?,
-                        now_ms: row.try_get(3).map_err(query_error)?,
-                    };
+                    // NULL: every unit counted (a fixed window).
+                    let added: Option<i64> = row.try_get(2).map_err(query_error)?;
+                    let counted = (
+                        count_from(row.try_get(1).map_err(query_error)?)?,
+                        added,
+                        count_from(row.try_get(3).map_err(query_error)?)?,
+                        row.try_get::<_, i64>(4).map_err(query_error)?,
+                        row.try_get::<_, i64>(5).map_err(query_error)?,
+                    );
                     by_bucket.insert(bucket, counted);
                 }
                 batch
                     .iter()
                     .map(|inc| {
-                        by_bucket.get(&*inc.bucket).copied().ok_or_else(|| {
-                            StoreError::Query("the increment returned no row for a bucket".into())
+                        let &(count, added, previous, window_end_ms, now_ms) =
+                            by_bucket.get(&*inc.bucket).ok_or_else(|| {
+                                StoreError::Query(
+                                    "the increment returned no row for a bucket".into(),
+                                )
+                            })?;
+                        let added = added.map_or(inc.by, |a| {
+                            u32::try_from(a.clamp(0, i64::from(inc.by))).unwrap_or(0)
+                        });
+                        Ok(Counted {
+                            count,
+                            window_end_ms,
+                            now_ms,
+                            added,
+                            previous,
                         })
                     })
                     .collect()
@@ -1086,6 +1067,7 @@ impl PostgresStore {
                 bucket: bucket.clone(),
                 window_secs: *window_secs,
                 by: 0,
+                sliding: None,
             })
             .collect();
         let (names, windows) = columns(&batch)?;
@@ -1730,6 +1712,15 @@ async fn own_timeouts(tx: &tokio_postgres::Transaction<'_>) -> Result<(), tokio_
 /// Creating the bookkeeping table happens under the lock too: concurrent
 /// `CREATE TABLE IF NOT EXISTS` can fail on a catalog unique index.
 async fn apply_migrations(client: &mut Client) -> Result<Vec<&'static str>, InitError> {
+    // The usual start: every migration is recorded already. One read says so, instead of a
+    // locked transaction per migration (N instances starting at once would queue on the lock
+    // once per migration, and a slow start-up serves under the failure policy meanwhile).
+    // A recorded migration is committed and migrations only add, so skipping is safe.
+    match check_schema(client).await {
+        Ok(()) => return Ok(Vec::new()),
+        Err(InitError::SchemaBehind { .. }) => {}
+        Err(other) => return Err(other),
+    }
     let mut applied = Vec::new();
     for migration in MIGRATIONS {
         let db_err = |e: tokio_postgres::Error| classify(&e, InitError::Database);
