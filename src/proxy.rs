@@ -105,6 +105,7 @@ impl Runtime {
                         shadow: limit.shadow || r.shadow,
                     })
                     .collect();
+                let metrics = RouteMetrics::with_policies(Arc::from(r.name.as_str()), &policies);
                 CompiledRoute {
                     config: r.clone(),
                     name: Arc::from(r.name.as_str()),
@@ -114,7 +115,7 @@ impl Runtime {
                     upstream: pools[r.upstream].clone(),
                     on_store_error: r.on_store_error.unwrap_or(config.store.on_error),
                     max_body_size: r.max_body_size.or(config.server.max_body_size),
-                    metrics: RouteMetrics::new(Arc::from(r.name.as_str())),
+                    metrics,
                 }
             })
             .collect();
@@ -318,7 +319,9 @@ impl Proxy {
             .collect();
 
         // Step 4: the decision, before a byte of the body is read.
-        let (decision, outcomes) = match self.limiter.decide(&plans).await {
+        let verdict = self.limiter.decide(&plans).await;
+        self.count_policies(route, &plans, &verdict);
+        let (decision, outcomes) = match verdict {
             Verdict::Allow {
                 outcomes,
                 shadow_limited,
@@ -442,6 +445,40 @@ impl Proxy {
                 handled.upstream = upstream_name;
                 handled
             }
+        }
+    }
+}
+
+impl Proxy {
+    /// `tollgate_policy_decisions_total` (SPEC 7): which of a route's limits denied. Each
+    /// limit with an outcome counts `limited` if it was exceeded, `shadow_limited` if it
+    /// was exceeded but is shadow, else `allowed` (it did not deny, whatever the others
+    /// did); when the store failed, every limit that applied counts the route's decision.
+    fn count_policies(&self, route: &CompiledRoute, plans: &[PlannedLimit], verdict: &Verdict) {
+        let outcomes = match verdict {
+            Verdict::Allow { outcomes, .. } | Verdict::Deny { outcomes, .. } => outcomes,
+            Verdict::StoreFailed => {
+                let decision = match route.on_store_error {
+                    StoreErrorPolicy::Allow => "failed_open",
+                    StoreErrorPolicy::Deny => "failed_closed",
+                };
+                for plan in plans {
+                    route
+                        .metrics
+                        .policy_decision(&self.metrics, &plan.policy, decision);
+                }
+                return;
+            }
+        };
+        for outcome in outcomes {
+            let decision = match (outcome.exceeded(), outcome.shadow) {
+                (false, _) => "allowed",
+                (true, true) => "shadow_limited",
+                (true, false) => "limited",
+            };
+            route
+                .metrics
+                .policy_decision(&self.metrics, &outcome.policy, decision);
         }
     }
 }
