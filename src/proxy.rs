@@ -29,7 +29,7 @@ use crate::framing;
 use crate::headers;
 use crate::key::{self, BucketHasher, RequestIdentity};
 use crate::limit::{LimitOutcome, Limiter, PlannedLimit, Verdict};
-use crate::metrics::{Metrics, RouteMetrics, NO_ROUTE};
+use crate::metrics::{Decision, Metrics, RouteMetrics, NO_ROUTE};
 use crate::normalise;
 use crate::route;
 
@@ -459,8 +459,8 @@ impl Proxy {
             Verdict::Allow { outcomes, .. } | Verdict::Deny { outcomes, .. } => outcomes,
             Verdict::StoreFailed => {
                 let decision = match route.on_store_error {
-                    StoreErrorPolicy::Allow => "failed_open",
-                    StoreErrorPolicy::Deny => "failed_closed",
+                    StoreErrorPolicy::Allow => Decision::FailedOpen,
+                    StoreErrorPolicy::Deny => Decision::FailedClosed,
                 };
                 for plan in plans {
                     route
@@ -472,9 +472,9 @@ impl Proxy {
         };
         for outcome in outcomes {
             let decision = match (outcome.exceeded(), outcome.shadow) {
-                (false, _) => "allowed",
-                (true, true) => "shadow_limited",
-                (true, false) => "limited",
+                (false, _) => Decision::Allowed,
+                (true, true) => Decision::ShadowLimited,
+                (true, false) => Decision::Limited,
             };
             route
                 .metrics
