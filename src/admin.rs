@@ -1,6 +1,8 @@
 //! The admin listener (SPEC section 7): `/healthz` (the process serves), `/readyz` (decisions
 //! succeed: the outcome of recent decisions, or when there were none a probe that runs the
-//! store's real statement) and `/metrics` (Prometheus text). It is a separate listener so
+//! store's real statement) and `/metrics` (Prometheus text 0.0.4, or OpenMetrics when the
+//! scraper's `Accept` asks for it; readiness is sampled into `tollgate_ready` on each scrape,
+//! the same answer `/readyz` gives). It is a separate listener so
 //! that it can be bound to loopback or an internal network while the proxy faces the world.
 
 use std::convert::Infallible;
@@ -15,7 +17,7 @@ use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 
 use crate::body::ProxyBody;
-use crate::metrics::Metrics;
+use crate::metrics::{Format, Metrics};
 use crate::store::Store;
 
 pub async fn serve(
@@ -68,20 +70,36 @@ async fn answer(
             // Recent decisions, else a round trip with the real statement: a dropped table, a
             // revoked privilege or a read-only database is not ready, and a store that
             // recovered is seen as ready even with no traffic.
-            if store.probe().await.is_ok() {
+            let ready = store.probe().await.is_ok();
+            metrics.ready.set(i64::from(ready));
+            if ready {
                 text(StatusCode::OK, "ready\n")
             } else {
                 text(StatusCode::SERVICE_UNAVAILABLE, "decisions are failing\n")
             }
         }
         "/metrics" => {
-            let mut response = Response::new(ProxyBody::text(metrics.render()));
+            let ready = store.probe().await.is_ok();
+            metrics.ready.set(i64::from(ready));
+            // Several Accept fields are one list (RFC 9110 5.3); one that is not text asks
+            // for nothing.
+            let accept: Vec<&str> = req
+                .headers()
+                .get_all(header::ACCEPT)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .collect();
+            let accept = accept.join(",");
+            let format = Format::negotiate((!accept.is_empty()).then_some(accept.as_str()));
+            let mut response = Response::new(ProxyBody::text(metrics.render_as(format)));
             response.headers_mut().insert(
                 header::CONTENT_TYPE,
-                header::HeaderValue::from_static(
-                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                ),
+                header::HeaderValue::from_static(format.content_type()),
             );
+            // Caches between the scraper and tollgate must not hand one format to the other.
+            response
+                .headers_mut()
+                .insert(header::VARY, header::HeaderValue::from_static("accept"));
             response
         }
         _ => text(StatusCode::NOT_FOUND, "not found\n"),

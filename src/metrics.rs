@@ -1,8 +1,19 @@
 //! Prometheus metrics (SPEC section 7). Labels are route names, decisions, status codes and
 //! reload results: values from the configuration or a fixed set, never anything a client sent,
 //! so no subject can reach a label and cardinality stays bounded.
+//!
+//! `/metrics` speaks two formats (SPEC 7): the Prometheus text format 0.0.4 by default, and
+//! OpenMetrics 1.0.0 when the scraper's `Accept` asks for it ([`Format::negotiate`]).
+//! prometheus_client writes only OpenMetrics; [`prometheus_text`] turns that into 0.0.4.
+//!
+//! Adding a family: a field on [`Metrics`], created and registered in [`Metrics::new`] (name
+//! without the `tollgate_` prefix and, for a counter, without `_total`; a one-line help text),
+//! with labels from a `derive(EncodeLabelSet)` struct whose values come from the configuration
+//! or a fixed set. Counters, gauges, histograms and info metrics come out right in both
+//! formats; tests/prometheus.rs runs both through promtool.
 
 use std::fmt::Write as _;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
 
 use prometheus_client::encoding::text::encode;
@@ -19,13 +30,40 @@ pub struct RouteName(pub Arc<str>);
 
 impl EncodeLabelValue for RouteName {
     fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
-        encoder.write_str(&self.0)
+        write_escaped(encoder, &self.0)
     }
+}
+
+/// A label value with `\`, `"` and newlines escaped, as both text formats want.
+/// prometheus_client writes values as they are; configuration names cannot hold these
+/// characters today (validation), so this only keeps a future name from breaking the page.
+fn write_escaped(out: &mut impl std::fmt::Write, value: &str) -> std::fmt::Result {
+    if !value.contains(['\\', '"', '\n']) {
+        return out.write_str(value);
+    }
+    for c in value.chars() {
+        match c {
+            '\\' => out.write_str("\\\\")?,
+            '"' => out.write_str("\\\"")?,
+            '\n' => out.write_str("\\n")?,
+            c => out.write_char(c)?,
+        }
+    }
+    Ok(())
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DecisionLabels {
     pub route: RouteName,
+    pub decision: &'static str,
+}
+
+/// `tollgate_policy_decisions_total`: one limit's part in a decision (SPEC 7). `policy` is
+/// `<scope>:<label>`, a configuration name like `route`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PolicyDecisionLabels {
+    pub route: RouteName,
+    pub policy: RouteName,
     pub decision: &'static str,
 }
 
@@ -87,6 +125,13 @@ pub struct Metrics {
     /// Live tollgate instances on the database, as last seen (SPEC 5b).
     pub instances: Gauge,
     pub upstream_connect_failures: Family<UpstreamLabels, Counter>,
+    pub policy_decisions: Family<PolicyDecisionLabels, Counter>,
+    /// 1 while decisions succeed (what `/readyz` answers), else 0; set on each scrape.
+    pub ready: Gauge,
+    /// Unix time of this instance's last sweep round that ended without an error.
+    pub sweep_last_success: Gauge<f64, AtomicU64>,
+    /// 1 when the last reload was applied (or none was tried), 0 after a rejected one.
+    pub config_last_reload_successful: Gauge,
 }
 
 impl Default for Metrics {
@@ -111,6 +156,15 @@ impl Metrics {
         let open_connections = Gauge::default();
         let memory = MemoryStoreMetrics::default();
         let upstream_connect_failures = Family::<UpstreamLabels, Counter>::default();
+        let policy_decisions = Family::<PolicyDecisionLabels, Counter>::default();
+        let ready = Gauge::default();
+        let sweep_last_success = Gauge::<f64, AtomicU64>::default();
+        let config_last_reload_successful = Gauge::default();
+        config_last_reload_successful.set(1);
+        // Both results exist from the start, so the first failure is an increase.
+        for result in ["success", "failure"] {
+            let _ = config_reloads.get_or_create(&ResultLabels { result });
+        }
         registry.register(
             "decisions",
             "Rate-limit decisions by route and outcome",
@@ -177,6 +231,26 @@ impl Metrics {
             "Connections to an upstream's origins that were refused, timed out or failed before anything was sent, by upstream",
             upstream_connect_failures.clone(),
         );
+        registry.register(
+            "policy_decisions",
+            "Each applicable limit's part in a decision, by route, policy (scope:label) and outcome",
+            policy_decisions.clone(),
+        );
+        registry.register(
+            "ready",
+            "1 while decisions succeed (GET /readyz answers 200), else 0",
+            ready.clone(),
+        );
+        registry.register(
+            "sweep_last_success_timestamp_seconds",
+            "Unix time of the last sweep round that ended without an error (0 = none yet)",
+            sweep_last_success.clone(),
+        );
+        registry.register(
+            "config_last_reload_successful",
+            "1 if the last configuration reload was applied (or none was tried), 0 if it was rejected",
+            config_last_reload_successful.clone(),
+        );
         Metrics {
             instances,
             registry,
@@ -191,6 +265,10 @@ impl Metrics {
             open_connections,
             memory,
             upstream_connect_failures,
+            policy_decisions,
+            ready,
+            sweep_last_success,
+            config_last_reload_successful,
         }
     }
 
@@ -233,27 +311,248 @@ impl Metrics {
         self.config_reloads
             .get_or_create(&ResultLabels { result })
             .inc();
+        self.config_last_reload_successful
+            .set(i64::from(result == "success"));
     }
 
-    /// The Prometheus text exposition.
+    /// A sweep round ended without an error (it may have found nothing to delete, or another
+    /// instance holding the sweep lock).
+    pub fn sweep_succeeded(&self) {
+        let now_ms = crate::store::unix_now_ms();
+        self.sweep_last_success.set(now_ms as f64 / 1000.0);
+    }
+
+    /// The OpenMetrics text exposition.
     pub fn render(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &self.registry);
         out
     }
+
+    /// The exposition in `format`.
+    pub fn render_as(&self, format: Format) -> String {
+        match format {
+            Format::OpenMetrics => self.render(),
+            Format::Prometheus => prometheus_text(&self.render()),
+        }
+    }
+}
+
+/// The two text formats `/metrics` speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// The Prometheus text format 0.0.4: what `promtool check metrics` reads, the default.
+    Prometheus,
+    /// OpenMetrics 1.0.0 text.
+    OpenMetrics,
+}
+
+impl Format {
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::Prometheus => "text/plain; version=0.0.4; charset=utf-8",
+            Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        }
+    }
+
+    /// The format an `Accept` header asks for (RFC 9110 12.5.1): each format's quality is
+    /// that of the most specific media range that matches it (`application/openmetrics-text`
+    /// with `version` absent, 1.0.0 or 0.0.1; `text/plain` with `version` absent, 0.0.4 or
+    /// 1.0.0; `text/*`, `application/*`, `*/*`); q=0 refuses. The higher quality wins, a tie
+    /// goes to the range listed first (as client_golang does). No header, or nothing
+    /// acceptable: the Prometheus text, as client_golang answers rather than 406.
+    pub fn negotiate(accept: Option<&str>) -> Format {
+        let Some(accept) = accept else {
+            return Format::Prometheus;
+        };
+        // Per format: (specificity, q, position) of the most specific range matching it.
+        let mut best: [Option<(u8, u16, usize)>; 2] = [None, None];
+        for (position, range) in accept.split(',').enumerate() {
+            let mut parts = range.split(';');
+            let media = parts.next().unwrap_or("").trim();
+            let Some((kind, sub)) = media.split_once('/') else {
+                continue;
+            };
+            let (mut version, mut q) = (None, 1000u16);
+            for param in parts {
+                let Some((name, value)) = param.split_once('=') else {
+                    continue;
+                };
+                let value = value.trim().trim_matches('"');
+                match name.trim().to_ascii_lowercase().as_str() {
+                    "q" => q = parse_q(value),
+                    "version" => version = Some(value),
+                    _ => {}
+                }
+            }
+            for (slot, format) in [Format::Prometheus, Format::OpenMetrics]
+                .into_iter()
+                .enumerate()
+            {
+                let Some(specificity) = format.matches(kind.trim(), sub.trim(), version) else {
+                    continue;
+                };
+                if best[slot].is_none_or(|(s, _, _)| specificity > s) {
+                    best[slot] = Some((specificity, q, position));
+                }
+            }
+        }
+        let quality = |slot: usize| best[slot].filter(|&(_, q, _)| q > 0);
+        match (quality(0), quality(1)) {
+            (_, None) => Format::Prometheus,
+            (None, Some(_)) => Format::OpenMetrics,
+            (Some((_, qp, pp)), Some((_, qo, po))) => {
+                if qo > qp || (qo == qp && po < pp) {
+                    Format::OpenMetrics
+                } else {
+                    Format::Prometheus
+                }
+            }
+        }
+    }
+
+    /// How specifically `kind/sub` (with its `version` parameter) names this format: 3 =
+    /// type, subtype and version; 2 = type and subtype; 1 = `type/*`; 0 = `*/*`.
+    fn matches(self, kind: &str, sub: &str, version: Option<&str>) -> Option<u8> {
+        let (own_kind, own_sub, versions): (&str, &str, &[&str]) = match self {
+            Format::Prometheus => ("text", "plain", &["0.0.4", "1.0.0"]),
+            Format::OpenMetrics => ("application", "openmetrics-text", &["1.0.0", "0.0.1"]),
+        };
+        if kind == "*" && sub == "*" {
+            return Some(0);
+        }
+        if !kind.eq_ignore_ascii_case(own_kind) {
+            return None;
+        }
+        if sub == "*" {
+            return Some(1);
+        }
+        if !sub.eq_ignore_ascii_case(own_sub) {
+            return None;
+        }
+        match version {
+            None => Some(2),
+            Some(v) if versions.contains(&v) => Some(3),
+            Some(_) => None,
+        }
+    }
+}
+
+/// A quality value in thousandths; malformed means 0 (not acceptable), as a value above 1.
+fn parse_q(value: &str) -> u16 {
+    match value.parse::<f64>() {
+        Ok(q) if (0.0..=1.0).contains(&q) => (q * 1000.0).round() as u16,
+        _ => 0,
+    }
+}
+
+/// The Prometheus text format 0.0.4 of an OpenMetrics exposition written by
+/// prometheus_client. The two differ, for what that crate writes, in: a counter family is
+/// named with its `_total` suffix (`# TYPE x_total counter`), an info family `x_info` is a
+/// gauge, `unknown` is `untyped`; there is no `# UNIT`, no `# EOF`, no `_created` sample and
+/// no exemplar. Sample lines are otherwise the same (names, label escaping, `+Inf`).
+pub fn prometheus_text(openmetrics: &str) -> String {
+    let mut out = String::with_capacity(openmetrics.len());
+    // HELP comes before TYPE, and a counter's name in it depends on the type.
+    let mut help: Option<(&str, &str)> = None;
+    let mut family = "";
+    for line in openmetrics.lines() {
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            help = Some(rest.split_once(' ').unwrap_or((rest, "")));
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap_or((rest, "unknown"));
+            let (suffix, kind) = match kind {
+                "counter" => ("_total", "counter"),
+                "info" => ("_info", "gauge"),
+                "gauge" | "histogram" | "summary" => ("", kind),
+                _ => ("", "untyped"),
+            };
+            family = name;
+            if let Some((help_name, text)) = help.take() {
+                let _ = writeln!(out, "# HELP {help_name}{suffix} {text}");
+            }
+            let _ = writeln!(out, "# TYPE {name}{suffix} {kind}");
+            continue;
+        }
+        if line.starts_with('#') {
+            // `# UNIT`, `# EOF`.
+            continue;
+        }
+        let sample_name = line.split(['{', ' ']).next().unwrap_or("");
+        if sample_name
+            .strip_prefix(family)
+            .is_some_and(|rest| rest == "_created")
+        {
+            continue;
+        }
+        // An exemplar follows the value (and timestamp) after " # ", past the labels.
+        let labels_end = labels_end(line);
+        let sample = match line[labels_end..].find(" # ") {
+            Some(at) => &line[..labels_end + at],
+            None => line,
+        };
+        out.push_str(sample);
+        out.push('\n');
+    }
+    out
+}
+
+/// Where a sample line's label set ends (just past its `}`), or 0 without labels; quoted
+/// values may hold any character.
+fn labels_end(line: &str) -> usize {
+    let Some(open) = line.find('{') else {
+        return 0;
+    };
+    let (mut quoted, mut escaped) = (false, false);
+    for (i, b) in line.bytes().enumerate().skip(open) {
+        match b {
+            _ if escaped => escaped = false,
+            b'\\' if quoted => escaped = true,
+            b'"' => quoted = !quoted,
+            b'}' if !quoted => return i + 1,
+            _ => {}
+        }
+    }
+    line.len()
+}
+
+/// A decision word as an index into [`DECISIONS`], for the per-policy series: counting one
+/// then needs no string comparison at all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    Allowed,
+    ShadowLimited,
+    Limited,
+    FailedOpen,
+    FailedClosed,
+    LocalAllowed,
+    LocalLimited,
+}
+
+impl Decision {
+    pub fn as_str(self) -> &'static str {
+        DECISIONS[self as usize]
+    }
 }
 
 /// Decisions a route counts, in [`RouteMetrics`]' order.
-const DECISIONS: [&str; 5] = [
+const DECISIONS: [&str; 7] = [
     "allowed",
     "shadow_limited",
     "limited",
     "failed_open",
     "failed_closed",
+    "local_allowed",
+    "local_limited",
 ];
 const FIRST_STATUS: u16 = 100;
 const STATUSES: usize = 500;
+
+/// One series per decision word, in [`DECISIONS`]' order, resolved on first use.
+type DecisionSlots = [OnceLock<Counter>; DECISIONS.len()];
 
 /// One route's series, each looked up in its family once and then kept: a request touches
 /// three of them, and a family lookup (hashing the labels under a lock) cost as much as the
@@ -261,24 +560,61 @@ const STATUSES: usize = 500;
 /// series, created on first use as before. Rebuilt (empty) by a reload.
 pub struct RouteMetrics {
     route: Arc<str>,
-    decisions: [OnceLock<Counter>; DECISIONS.len()],
+    decisions: DecisionSlots,
     /// By status code, from 100.
     responses: Box<[OnceLock<Counter>]>,
     upstream_seconds: OnceLock<Histogram>,
+    /// Per limit, in the route's limit order: its policy name (the very `Arc` the route's
+    /// plans carry, so a request finds its slot by pointer, without hashing a string) and
+    /// its `tollgate_policy_decisions_total` series by decision.
+    policies: Box<[(Arc<str>, DecisionSlots)]>,
 }
 
 impl RouteMetrics {
     pub fn new(route: Arc<str>) -> Self {
+        Self::with_policies(route, &[])
+    }
+
+    /// A route whose limits are named `policies` (`<scope>:<label>`, in limit order).
+    pub fn with_policies(route: Arc<str>, policies: &[Arc<str>]) -> Self {
         RouteMetrics {
             route,
             decisions: Default::default(),
             responses: (0..STATUSES).map(|_| OnceLock::new()).collect(),
             upstream_seconds: OnceLock::new(),
+            policies: policies
+                .iter()
+                .map(|p| (p.clone(), Default::default()))
+                .collect(),
+        }
+    }
+
+    /// One limit's part in a decision: `policy` is one of the route's policy `Arc`s (from its
+    /// plans or outcomes); another `Arc` with the same name still counts, through the family.
+    #[inline]
+    pub fn policy_decision(&self, metrics: &Metrics, policy: &Arc<str>, decision: Decision) {
+        let slots = self
+            .policies
+            .iter()
+            .find(|(p, _)| Arc::ptr_eq(p, policy))
+            .map(|(_, slots)| slots);
+        let labels = || PolicyDecisionLabels {
+            route: RouteName(self.route.clone()),
+            policy: RouteName(policy.clone()),
+            decision: decision.as_str(),
+        };
+        match slots {
+            Some(slots) => {
+                resolved(&slots[decision as usize], &metrics.policy_decisions, labels).inc();
+            }
+            None => {
+                metrics.policy_decisions.get_or_create(&labels()).inc();
+            }
         }
     }
 
     pub fn decision(&self, metrics: &Metrics, decision: &'static str) {
-        let Some(i) = DECISIONS.iter().position(|known| *known == decision) else {
+        let Some(i) = decision_index(decision) else {
             return metrics.decision(&self.route, decision);
         };
         resolved(&self.decisions[i], &metrics.decisions, || DecisionLabels {
@@ -310,6 +646,11 @@ impl RouteMetrics {
         })
         .observe(seconds);
     }
+}
+
+/// `decision`'s place in [`DECISIONS`].
+fn decision_index(decision: &str) -> Option<usize> {
+    DECISIONS.iter().position(|known| *known == decision)
 }
 
 /// The handle in `slot`, looked up in `family` (and kept) on first use. The clone shares the
@@ -373,5 +714,165 @@ mod tests {
                 "missing {series} in\n{text}"
             );
         }
+    }
+
+    #[test]
+    fn policy_handles_count_into_the_family_by_route_policy_and_decision() {
+        let metrics = Metrics::new();
+        let ip: Arc<str> = Arc::from("api:ip");
+        let tenant: Arc<str> = Arc::from("tenants:x-tenant");
+        let route = RouteMetrics::with_policies(Arc::from("api"), &[ip.clone(), tenant.clone()]);
+        route.policy_decision(&metrics, &ip, Decision::Allowed);
+        route.policy_decision(&metrics, &ip, Decision::Limited);
+        route.policy_decision(&metrics, &ip, Decision::Limited);
+        route.policy_decision(&metrics, &tenant, Decision::FailedOpen);
+        // Another Arc with the same name (not pre-resolved) still lands in the same series.
+        route.policy_decision(&metrics, &Arc::from("api:ip"), Decision::Limited);
+        let text = metrics.render_as(Format::Prometheus);
+        for series in [
+            r#"tollgate_policy_decisions_total{route="api",policy="api:ip",decision="allowed"} 1"#,
+            r#"tollgate_policy_decisions_total{route="api",policy="api:ip",decision="limited"} 3"#,
+            r#"tollgate_policy_decisions_total{route="api",policy="tenants:x-tenant",decision="failed_open"} 1"#,
+        ] {
+            assert!(
+                text.lines().any(|l| l == series),
+                "missing {series} in\n{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_decision_word_has_its_slot() {
+        for (i, word) in DECISIONS.iter().enumerate() {
+            assert_eq!(decision_index(word), Some(i), "{word}");
+        }
+        assert_eq!(decision_index("bogus"), None);
+        let all = [
+            Decision::Allowed,
+            Decision::ShadowLimited,
+            Decision::Limited,
+            Decision::FailedOpen,
+            Decision::FailedClosed,
+            Decision::LocalAllowed,
+            Decision::LocalLimited,
+        ];
+        for (i, decision) in all.into_iter().enumerate() {
+            assert_eq!(decision.as_str(), DECISIONS[i]);
+        }
+    }
+
+    #[test]
+    fn accept_negotiation_follows_quality_then_order() {
+        use Format::{OpenMetrics as Om, Prometheus as P};
+        let prometheus_2 = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+        let cases = [
+            (None, P),
+            (Some(prometheus_2), Om),
+            (Some("application/openmetrics-text"), Om),
+            (Some("Application/OpenMetrics-Text; Version=1.0.0"), Om),
+            (Some("application/openmetrics-text; version=\"0.0.1\""), Om),
+            (Some("application/openmetrics-text;version=2.0.0"), P),
+            (Some("text/plain;version=0.0.4"), P),
+            (Some("text/plain;version=1.0.0;escaping=allow-utf-8"), P),
+            (Some("*/*"), P),
+            (Some("application/*"), Om),
+            (Some("application/json"), P),
+            (Some(""), P),
+            (
+                Some("application/openmetrics-text;q=0.3, text/plain;q=0.5"),
+                P,
+            ),
+            (
+                Some("text/plain;q=0.3, application/openmetrics-text;q=0.5"),
+                Om,
+            ),
+            // Equal quality: the first listed.
+            (Some("application/openmetrics-text, text/plain"), Om),
+            (Some("text/plain, application/openmetrics-text"), P),
+            // q=0 refuses, even when a wildcard would take it.
+            (Some("text/plain;q=0, */*"), Om),
+            (Some("application/openmetrics-text;q=0, */*"), P),
+            // The most specific range decides a format's quality.
+            (Some("*/*;q=0.1, application/openmetrics-text;q=0.2"), Om),
+            (
+                Some("application/openmetrics-text;q=0.9, application/*;q=0.1, text/plain;q=0.5"),
+                Om,
+            ),
+            // Malformed or out-of-range q is 0.
+            (
+                Some("application/openmetrics-text;q=abc, text/plain;q=0.1"),
+                P,
+            ),
+            (Some("application/openmetrics-text;q=1.5"), P),
+            (Some("garbage, ;;, /"), P),
+        ];
+        for (accept, expected) in cases {
+            assert_eq!(Format::negotiate(accept), expected, "Accept: {accept:?}");
+        }
+    }
+
+    #[test]
+    fn prometheus_text_renames_counters_and_drops_what_0_0_4_lacks() {
+        let openmetrics = "\
+# HELP tollgate_hits Hits.
+# TYPE tollgate_hits counter
+tollgate_hits_total{route=\"a\"} 3 # {trace=\"x\"} 1.0
+tollgate_hits_created{route=\"a\"} 1700000000.0
+# HELP tollgate_build Build.
+# TYPE tollgate_build info
+tollgate_build_info{version=\"1 # 2\"} 1
+# HELP tollgate_odd Odd.
+# TYPE tollgate_odd unknown
+tollgate_odd 2
+# HELP tollgate_size_bytes Size.
+# TYPE tollgate_size_bytes gauge
+# UNIT tollgate_size_bytes bytes
+tollgate_size_bytes 7
+# HELP tollgate_wait_seconds Wait.
+# TYPE tollgate_wait_seconds histogram
+tollgate_wait_seconds_sum 0.5
+tollgate_wait_seconds_count 1
+tollgate_wait_seconds_bucket{le=\"+Inf\"} 1
+# EOF
+";
+        let expected = "\
+# HELP tollgate_hits_total Hits.
+# TYPE tollgate_hits_total counter
+tollgate_hits_total{route=\"a\"} 3
+# HELP tollgate_build_info Build.
+# TYPE tollgate_build_info gauge
+tollgate_build_info{version=\"1 # 2\"} 1
+# HELP tollgate_odd Odd.
+# TYPE tollgate_odd untyped
+tollgate_odd 2
+# HELP tollgate_size_bytes Size.
+# TYPE tollgate_size_bytes gauge
+tollgate_size_bytes 7
+# HELP tollgate_wait_seconds Wait.
+# TYPE tollgate_wait_seconds histogram
+tollgate_wait_seconds_sum 0.5
+tollgate_wait_seconds_count 1
+tollgate_wait_seconds_bucket{le=\"+Inf\"} 1
+";
+        assert_eq!(prometheus_text(openmetrics), expected);
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        let mut out = String::new();
+        write_escaped(&mut out, "a\"b\\c\nd").expect("write");
+        assert_eq!(out, "a\\\"b\\\\c\\nd");
+    }
+
+    #[test]
+    fn reload_results_and_their_gauge() {
+        let metrics = Metrics::new();
+        let text = metrics.render_as(Format::Prometheus);
+        assert!(text.contains("tollgate_config_reloads_total{result=\"failure\"} 0\n"));
+        assert!(text.contains("tollgate_config_last_reload_successful 1\n"));
+        metrics.reload("failure");
+        assert_eq!(metrics.config_last_reload_successful.get(), 0);
+        metrics.reload("success");
+        assert_eq!(metrics.config_last_reload_successful.get(), 1);
     }
 }

@@ -29,7 +29,7 @@ use crate::framing;
 use crate::headers;
 use crate::key::{self, BucketHasher, RequestIdentity};
 use crate::limit::{LimitOutcome, Limiter, PlannedLimit, Verdict};
-use crate::metrics::{Metrics, RouteMetrics, NO_ROUTE};
+use crate::metrics::{Decision, Metrics, RouteMetrics, NO_ROUTE};
 use crate::normalise;
 use crate::plan;
 use crate::route;
@@ -110,6 +110,7 @@ impl Runtime {
                         sliding: None,
                     })
                     .collect();
+                let metrics = RouteMetrics::with_policies(Arc::from(r.name.as_str()), &policies);
                 CompiledRoute {
                     config: r.clone(),
                     name: Arc::from(r.name.as_str()),
@@ -119,7 +120,7 @@ impl Runtime {
                     upstream: pools[r.upstream].clone(),
                     on_store_error: r.on_store_error.unwrap_or(config.store.on_error),
                     max_body_size: r.max_body_size.or(config.server.max_body_size),
-                    metrics: RouteMetrics::new(Arc::from(r.name.as_str())),
+                    metrics,
                 }
             })
             .collect();
@@ -325,6 +326,7 @@ impl Proxy {
         if local {
             verdict = self.limiter.decide_locally(&plans).await;
         }
+        self.count_policies(route, &plans, &verdict, local);
         let (decision, outcomes) = match verdict {
             Verdict::Allow {
                 outcomes,
@@ -455,6 +457,52 @@ impl Proxy {
                 handled.upstream = upstream_name;
                 handled
             }
+        }
+    }
+}
+
+impl Proxy {
+    /// `tollgate_policy_decisions_total` (SPEC 7): which of a route's limits denied. Each
+    /// limit with an outcome counts `limited` if it was exceeded, `shadow_limited` if it
+    /// was exceeded but is shadow, else `allowed` (it did not deny, whatever the others
+    /// did); when the store failed, every limit that applied counts the route's decision.
+    /// `local`: the verdict is the local fallback's (SPEC 5b), so its parts are counted as
+    /// `local_allowed` / `local_limited`.
+    fn count_policies(
+        &self,
+        route: &CompiledRoute,
+        plans: &[PlannedLimit],
+        verdict: &Verdict,
+        local: bool,
+    ) {
+        let outcomes = match verdict {
+            Verdict::Allow { outcomes, .. } | Verdict::Deny { outcomes, .. } => outcomes,
+            Verdict::StoreFailed => {
+                let decision = match route.on_store_error {
+                    StoreErrorPolicy::Allow => Decision::FailedOpen,
+                    // `Local` fails here only if the in-memory count failed: closed, as the
+                    // request is answered.
+                    StoreErrorPolicy::Deny | StoreErrorPolicy::Local => Decision::FailedClosed,
+                };
+                for plan in plans {
+                    route
+                        .metrics
+                        .policy_decision(&self.metrics, &plan.policy, decision);
+                }
+                return;
+            }
+        };
+        for outcome in outcomes {
+            let decision = match (outcome.exceeded(), outcome.shadow, local) {
+                (false, _, false) => Decision::Allowed,
+                (false, _, true) => Decision::LocalAllowed,
+                (true, true, _) => Decision::ShadowLimited,
+                (true, false, false) => Decision::Limited,
+                (true, false, true) => Decision::LocalLimited,
+            };
+            route
+                .metrics
+                .policy_decision(&self.metrics, &outcome.policy, decision);
         }
     }
 }

@@ -397,6 +397,7 @@ async fn sweep_postgres(pg: Arc<PostgresStore>, every: Duration, metrics: Arc<Me
         match pg.sweep_once(SWEEP_BATCH).await {
             Ok(deleted) => {
                 metrics.sweep_deleted_rows.inc_by(deleted);
+                metrics.sweep_succeeded();
                 if deleted > 0 {
                     tracing::debug!(deleted, "sweep deleted expired counters");
                 }
@@ -413,6 +414,7 @@ async fn sweep_memory(memory: Arc<MemoryStore>, every: Duration, metrics: Arc<Me
     loop {
         ticker.tick().await;
         metrics.sweep_deleted_rows.inc_by(memory.sweep());
+        metrics.sweep_succeeded();
     }
 }
 

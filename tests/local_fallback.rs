@@ -174,6 +174,26 @@ async fn database_cut_each_of_two_instances_admits_its_share_then_counting_retur
             "{text}"
         );
         assert_eq!(metric_value(&text, &series("failed_open")), None, "{text}");
+        // The route's one limit counts the same, per policy.
+        let policy = |d: &str| -> f64 {
+            text.lines()
+                .filter(|l| {
+                    l.starts_with("tollgate_policy_decisions_total{route=\"api\",")
+                        && l.contains(&format!("decision=\"{d}\""))
+                })
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum()
+        };
+        assert_eq!(
+            (policy("local_allowed"), policy("local_limited")),
+            (3.0, 7.0),
+            "{text}"
+        );
+        assert_eq!(
+            policy("failed_open") + policy("failed_closed"),
+            0.0,
+            "{text}"
+        );
     }
     assert_eq!(
         log.lines()
