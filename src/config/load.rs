@@ -1834,7 +1834,7 @@ fn parse_window(s: &str) -> Result<u32, String> {
 /// Seconds in the largest unit that divides them, for messages.
 fn format_secs(secs: u32) -> String {
     for (unit, size) in [("d", 86_400), ("h", 3_600), ("m", 60)] {
-        if secs >= size && secs % size == 0 {
+        if secs >= size && secs.is_multiple_of(size) {
             return format!("{}{unit}", secs / size);
         }
     }
