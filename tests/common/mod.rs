@@ -369,6 +369,26 @@ impl Proxy {
         self.server.as_ref().expect("server running")
     }
 
+    /// Waits until the store decides (for PostgreSQL: migrated, fingerprint checked, and a
+    /// probe increment answered), or panics after `within`. Tests of exact counts call it
+    /// before their flood: `Server::start` waits only briefly for the database, and under
+    /// `on_error = "allow"` a decision before that is (announced) fail-open.
+    pub async fn until_store_ready(&self, within: Duration) {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let store = self.server().store();
+            if store.probe().await.is_ok() {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the store of tollgate at {} was not ready within {within:?}",
+                self.addr
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.addr, path)
     }
