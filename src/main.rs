@@ -402,6 +402,44 @@ async fn command_store(
     Ok(pg)
 }
 
+/// The first half of `explain` and `reset`: plans `request` as the proxy would and prints
+/// the request and route lines. `Err` is the exit code to stop with: a usage error, or
+/// success when no route matches.
+fn plan_and_say_route<'c>(
+    config: &'c Config,
+    hasher: &BucketHasher,
+    ip: IpAddr,
+    request: &CommandRequest,
+    usage: impl Fn(String) -> ExitCode,
+) -> Result<RequestPlan<'c>, ExitCode> {
+    let plan = match plan::plan_request(
+        config,
+        hasher,
+        ip,
+        &request.method,
+        &request.uri,
+        &request.headers,
+    ) {
+        Ok(plan) => plan,
+        Err(PlanError::Normalise(e @ NormaliseError::MissingHost)) => {
+            return Err(usage(format!(
+                "{e} (give an absolute URL or a Host header)"
+            )))
+        }
+        Err(e) => return Err(usage(e.to_string())),
+    };
+    say!(
+        "request     {} {}{} from {ip}",
+        request.method,
+        plan.authority,
+        plan.path
+    );
+    if !say_route(config, &plan) {
+        return Err(ExitCode::SUCCESS);
+    }
+    Ok(plan)
+}
+
 /// Prints the route line of `explain`/`reset`; false when there is nothing more to say.
 fn say_route(config: &Config, plan: &RequestPlan<'_>) -> bool {
     let Some((_, route)) = plan.route else {
@@ -454,29 +492,10 @@ async fn explain(
         Err(message) => return usage(message),
     };
     let hasher = BucketHasher::new(config.keys.secret.as_deref());
-    let plan = match plan::plan_request(
-        &config,
-        &hasher,
-        ip,
-        &request.method,
-        &request.uri,
-        &request.headers,
-    ) {
+    let plan = match plan_and_say_route(&config, &hasher, ip, &request, usage) {
         Ok(plan) => plan,
-        Err(PlanError::Normalise(e @ NormaliseError::MissingHost)) => {
-            return usage(format!("{e} (give an absolute URL or a Host header)"))
-        }
-        Err(e) => return usage(e.to_string()),
+        Err(code) => return code,
     };
-    say!(
-        "request     {} {}{} from {ip}",
-        request.method,
-        plan.authority,
-        plan.path
-    );
-    if !say_route(&config, &plan) {
-        return ExitCode::SUCCESS;
-    }
     let store: Arc<dyn Store> = match &config.store.url {
         Some(_) => match command_store(&config, &hasher).await {
             Ok(pg) => pg,
@@ -564,29 +583,10 @@ async fn reset(
         return ExitCode::from(1);
     }
     let hasher = BucketHasher::new(config.keys.secret.as_deref());
-    let plan = match plan::plan_request(
-        &config,
-        &hasher,
-        ip,
-        &request.method,
-        &request.uri,
-        &request.headers,
-    ) {
+    let plan = match plan_and_say_route(&config, &hasher, ip, &request, usage) {
         Ok(plan) => plan,
-        Err(PlanError::Normalise(e @ NormaliseError::MissingHost)) => {
-            return usage(format!("{e} (give an absolute URL or a Host header)"))
-        }
-        Err(e) => return usage(e.to_string()),
+        Err(code) => return code,
     };
-    say!(
-        "request     {} {}{} from {ip}",
-        request.method,
-        plan.authority,
-        plan.path
-    );
-    if !say_route(&config, &plan) {
-        return ExitCode::SUCCESS;
-    }
     for (limit, planned) in &plan.limits {
         if planned.is_none() {
             say_not_applying(limit, &request.headers);
