@@ -26,9 +26,7 @@ use std::time::Duration;
 
 use prometheus_client::metrics::gauge::Gauge;
 
-use crate::limit::{
-    increments, judge, seconds_until, sliding_outcome, LimitOutcome, PlannedLimit, Verdict,
-};
+use crate::limit::{increments, judge, LimitOutcome, PlannedLimit, Verdict};
 use crate::metrics::MemoryStoreMetrics;
 use crate::store::memory::MemoryStore;
 use crate::store::postgres::PostgresStore;
@@ -160,15 +158,7 @@ impl LocalFallback {
         let outcomes = local
             .iter()
             .zip(&counted)
-            .map(|(plan, c)| LimitOutcome {
-                policy: plan.policy.clone(),
-                requests: plan.requests,
-                window_secs: plan.window_secs,
-                count: c.count,
-                reset_secs: seconds_until(c.now_ms, c.window_end_ms),
-                shadow: plan.shadow,
-                sliding: plan.sliding.then(|| sliding_outcome(plan, c)),
-            })
+            .map(|(plan, c)| LimitOutcome::counted(plan, c))
             .collect();
         judge(outcomes)
     }

@@ -82,6 +82,19 @@ pub struct SlidingOutcome {
 }
 
 impl LimitOutcome {
+    /// What the store (or the local fallback) counted for `plan`, judged against it.
+    pub(crate) fn counted(plan: &PlannedLimit, c: &crate::store::Counted) -> LimitOutcome {
+        LimitOutcome {
+            policy: plan.policy.clone(),
+            requests: plan.requests,
+            window_secs: plan.window_secs,
+            count: c.count,
+            reset_secs: seconds_until(c.now_ms, c.window_end_ms),
+            shadow: plan.shadow,
+            sliding: plan.sliding.then(|| sliding_outcome(plan, c)),
+        }
+    }
+
     pub fn exceeded(&self) -> bool {
         match &self.sliding {
             Some(s) => !s.admitted,
@@ -260,15 +273,7 @@ impl Limiter {
         let outcomes: Vec<LimitOutcome> = plans
             .iter()
             .zip(&counted)
-            .map(|(plan, c)| LimitOutcome {
-                policy: plan.policy.clone(),
-                requests: plan.requests,
-                window_secs: plan.window_secs,
-                count: c.count,
-                reset_secs: seconds_until(c.now_ms, c.window_end_ms),
-                shadow: plan.shadow,
-                sliding: plan.sliding.then(|| sliding_outcome(plan, c)),
-            })
+            .map(|(plan, c)| LimitOutcome::counted(plan, c))
             .collect();
         for ((plan, c), outcome) in plans.iter().zip(&counted).zip(&outcomes) {
             if plan.shadow || !outcome.exceeded() {
@@ -316,7 +321,7 @@ impl Limiter {
 
 /// A sliding limit's outcome from the store's answer (SPEC 3a): admitted when the store
 /// counted this request; `Retry-After` from the counts as they are after this request.
-pub(crate) fn sliding_outcome(plan: &PlannedLimit, c: &crate::store::Counted) -> SlidingOutcome {
+fn sliding_outcome(plan: &PlannedLimit, c: &crate::store::Counted) -> SlidingOutcome {
     let len_ms = i64::from(plan.window_secs) * 1000;
     let left_ms = c.window_end_ms.saturating_sub(c.now_ms);
     let wait = sliding_wait_ms(plan.requests, c.previous, c.count, len_ms - left_ms, len_ms);
