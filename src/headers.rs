@@ -381,7 +381,11 @@ pub fn new_request_id() -> HeaderValue {
     let mut text = [0u8; 32];
     // 16 bytes always fit 32 hex digits.
     let _ = hex::encode_to_slice(bits.to_be_bytes(), &mut text);
-    HeaderValue::from_bytes(&text).unwrap_or_else(|_| HeaderValue::from_static("0"))
+    // The id goes upstream and onto the response: an owned array is one allocation whose
+    // clone is a reference count, where a copied slice is promoted to a second, shared
+    // allocation at its first clone.
+    HeaderValue::from_maybe_shared(bytes::Bytes::from_owner(text))
+        .unwrap_or_else(|_| HeaderValue::from_static("0"))
 }
 
 /// The request's id, set on `headers` (replacing every copy the client sent): the one it
