@@ -246,9 +246,14 @@ impl Limiter {
         };
         let batch = increments(plans);
         let started = Instant::now();
-        let answer = match tokio::time::timeout(self.timeout, self.store.increment(&batch)).await {
-            Ok(result) => result,
-            Err(_) => Err(StoreError::Timeout),
+        let increment = self.store.increment(&batch);
+        let answer = if self.store.answers_inline() {
+            increment.await
+        } else {
+            match tokio::time::timeout(self.timeout, increment).await {
+                Ok(result) => result,
+                Err(_) => Err(StoreError::Timeout),
+            }
         };
         self.metrics
             .store_seconds

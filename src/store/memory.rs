@@ -511,6 +511,10 @@ impl Store for MemoryStore {
         Box::pin(async { Ok(()) })
     }
 
+    fn answers_inline(&self) -> bool {
+        true
+    }
+
     fn kind(&self) -> &'static str {
         "memory"
     }

@@ -97,4 +97,11 @@ pub trait Store: Send + Sync + 'static {
 
     /// A short name for logs: `memory` or `postgres`.
     fn kind(&self) -> &'static str;
+
+    /// Whether [`Store::increment`] answers without ever waiting (no I/O, no await), so a
+    /// decision needs no timer for its budget: arming and dropping one costs more than the
+    /// memory store's whole increment.
+    fn answers_inline(&self) -> bool {
+        false
+    }
 }
