@@ -105,17 +105,57 @@ fn env(name: &str) -> Option<String> {
     std::env::var(name).ok()
 }
 
+/// Where the configuration path came from (SPEC 1: `--config`, then `$TOLLGATE_CONFIG`, then
+/// `./proxy.toml`), so that a missing file's message can say which one to change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ConfigFrom {
+    Flag,
+    Env,
+    Default,
+}
+
+fn config_path(flag: Option<PathBuf>) -> (PathBuf, ConfigFrom) {
+    if let Some(path) = flag {
+        return (path, ConfigFrom::Flag);
+    }
+    match env("TOLLGATE_CONFIG").filter(|p| !p.is_empty()) {
+        Some(path) => (PathBuf::from(path), ConfigFrom::Env),
+        None => (PathBuf::from("proxy.toml"), ConfigFrom::Default),
+    }
+}
+
+/// The second line of a "cannot read" error for a file that does not exist: how the path was
+/// chosen and how to give another. A newcomer who ran `tollgate` in the wrong directory sees
+/// only `proxy.toml: cannot read` otherwise, with no hint that a flag or a variable exists.
+fn missing_config_hint(path: &std::path::Path, from: ConfigFrom) -> String {
+    let why = match from {
+        ConfigFrom::Flag => "the file given with --config does not exist".to_owned(),
+        ConfigFrom::Env => format!(
+            "TOLLGATE_CONFIG names {}, which does not exist",
+            path.display()
+        ),
+        ConfigFrom::Default => {
+            "neither --config nor TOLLGATE_CONFIG is set, so tollgate looked for ./proxy.toml"
+                .to_owned()
+        }
+    };
+    format!(
+        "tollgate: {why}; give the configuration file with --config PATH or TOLLGATE_CONFIG=PATH \
+         (proxy.toml.example is a complete one to start from)"
+    )
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging();
-    let path = cli
-        .config
-        .or_else(|| env("TOLLGATE_CONFIG").map(PathBuf::from))
-        .unwrap_or_else(|| PathBuf::from("proxy.toml"));
+    let (path, from) = config_path(cli.config);
     let config = match config::load_file(&path, &env) {
         Ok(config) => config,
         Err(errors) => {
             eprintln!("{errors}");
+            if !path.exists() {
+                eprintln!("{}", missing_config_hint(&path, from));
+            }
             return ExitCode::from(2);
         }
     };

@@ -81,6 +81,59 @@ fn missing_config_file_exits_2() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/proxy.toml"));
 }
 
+/// A newcomer who runs `tollgate` where there is no `proxy.toml` is told how to give one:
+/// both ways (`--config`, `TOLLGATE_CONFIG`), and which of them chose the missing path.
+#[test]
+fn missing_config_file_says_how_to_give_one() {
+    let dir = std::env::temp_dir().join(format!("tollgate-cli-noconf-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp dir");
+    let run = |args: &[&str], env: Option<&str>| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_tollgate"));
+        command
+            .args(args)
+            .current_dir(&dir)
+            .env_remove("TOLLGATE_CONFIG")
+            .env_remove("TOLLGATE_DATABASE_URL");
+        if let Some(value) = env {
+            command.env("TOLLGATE_CONFIG", value);
+        }
+        let out = command.output().expect("run tollgate");
+        assert_eq!(out.status.code(), Some(2));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    for (args, env, names) in [
+        (
+            &["check"][..],
+            None,
+            "neither --config nor TOLLGATE_CONFIG is set",
+        ),
+        (
+            &["check"][..],
+            Some("/nonexistent/env.toml"),
+            "TOLLGATE_CONFIG names /nonexistent/env.toml",
+        ),
+        (
+            &["check", "--config", "/nonexistent/flag.toml"][..],
+            None,
+            "given with --config",
+        ),
+    ] {
+        let stderr = run(args, env);
+        assert!(stderr.contains("cannot read"), "{stderr}");
+        assert!(stderr.contains(names), "{stderr}");
+        assert!(
+            stderr.contains("--config PATH") && stderr.contains("TOLLGATE_CONFIG=PATH"),
+            "{stderr}"
+        );
+    }
+    // A file that exists but is broken gets no such hint: the path was right.
+    let broken = dir.join("proxy.toml");
+    std::fs::write(&broken, "[server\n").expect("write");
+    let stderr = run(&["check"], None);
+    assert!(!stderr.contains("TOLLGATE_CONFIG=PATH"), "{stderr}");
+    std::fs::remove_file(&broken).expect("remove");
+}
+
 #[test]
 fn port_in_use_exits_1_with_one_line() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
