@@ -315,7 +315,7 @@ fn print_check(config: &Config) {
         None => say!("store       memory (counters not shared between instances)"),
     }
     for upstream in &config.upstreams {
-        let urls: Vec<String> = upstream.urls.iter().map(|u| u.to_string()).collect();
+        let urls: Vec<String> = upstream.urls.iter().map(origin_text).collect();
         say!("upstream    {} -> {}", upstream.name, urls.join(", "));
     }
     for route in &config.routes {
@@ -352,6 +352,15 @@ fn print_check(config: &Config) {
                 if limit.shadow { " (shadow)" } else { "" }
             );
         }
+    }
+}
+
+/// An upstream origin as the file wrote it: `scheme://authority`. `Uri`'s own `Display`
+/// adds the path `/` that an origin has none of, which reads as if tollgate changed the URL.
+fn origin_text(origin: &Uri) -> String {
+    match (origin.scheme_str(), origin.authority()) {
+        (Some(scheme), Some(authority)) => format!("{scheme}://{authority}"),
+        _ => origin.to_string(),
     }
 }
 

@@ -34,6 +34,41 @@ fn example_configuration_passes_check() {
     assert!(stdout.contains("login:ip 5 per 60s"), "{stdout}");
 }
 
+/// `check` speaks the file's language: policies as the file spells them (`local`, not the
+/// Rust `Local`), upstream URLs as written, without a `/` the user never typed.
+#[test]
+fn check_prints_values_as_the_file_spells_them() {
+    let dir = std::env::temp_dir().join(format!("tollgate-cli-spelling-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp dir");
+    let path = dir.join("proxy.toml");
+    std::fs::write(
+        &path,
+        "[store]\nurl = \"postgres://tollgate@127.0.0.1:9/none\"\non_error = \"local\"\n\
+         [upstreams.a]\nurls = [\"http://127.0.0.1:9\", \"http://b.test:8080\"]\n\
+         [[routes]]\nname = \"r\"\nupstream = \"a\"\non_store_error = \"deny\"\n",
+    )
+    .expect("write config");
+    let out = tollgate(&["check", "--config", path.to_str().expect("utf-8 path")]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("store       postgres (on_error = local)"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("(on_store_error = deny)"), "{stdout}");
+    assert!(
+        stdout.contains("upstream    a -> http://127.0.0.1:9, http://b.test:8080\n"),
+        "{stdout}"
+    );
+    for debug in ["Local", "Deny", "Allow", ":9/", ":8080/"] {
+        assert!(!stdout.contains(debug), "{debug} in {stdout}");
+    }
+}
+
 #[test]
 fn every_broken_fixture_exits_2_naming_each_place() {
     let dir = repo("tests/fixtures");
