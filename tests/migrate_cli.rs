@@ -159,6 +159,40 @@ fn migrate_without_a_database_exits_1() {
     assert!(stderr.starts_with("tollgate: migrate failed"), "{stderr}");
 }
 
+/// PostgreSQL's NOTICEs (`relation "tollgate_migrations" already exists, skipping` from the
+/// migrations' `IF NOT EXISTS`) are routine: at DEBUG, not in an operator's INFO log.
+#[tokio::test]
+async fn postgres_notices_are_logged_at_debug_not_info() {
+    for (level, tag) in [("info", "notice-info"), ("debug", "notice-debug")] {
+        let db = TestDb::new().await;
+        let path = write_config(&db, tag);
+        let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(["migrate", "--config"])
+            .arg(&path)
+            .env("TOLLGATE_KEY_SECRET", "alpha")
+            .env("RUST_LOG", level)
+            .env_remove("TOLLGATE_LOG")
+            .env_remove("TOLLGATE_DATABASE_URL")
+            .output()
+            .expect("run tollgate migrate");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stderr}");
+        let notices: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.contains("already exists, skipping"))
+            .collect();
+        if level == "info" {
+            assert!(notices.is_empty(), "a NOTICE at INFO:\n{stderr}");
+        } else {
+            assert!(
+                !notices.is_empty(),
+                "the NOTICE is gone altogether:\n{stderr}"
+            );
+            assert!(notices.iter().all(|l| l.contains("DEBUG")), "{stderr}");
+        }
+    }
+}
+
 /// `explain` reads the counters in PostgreSQL and never increments them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explain_reads_postgres_counts_without_incrementing() {

@@ -56,7 +56,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bb8::{ErrorSink, Pool, RunError};
-use bb8_postgres::PostgresConnectionManager;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Client;
 
@@ -418,8 +417,13 @@ impl PooledClient {
     }
 }
 
-/// bb8-postgres' manager, with [`PooledClient`]'s idea of a broken connection and a deadline
-/// on the whole connection attempt.
+/// The pool's connection manager: [`PooledClient`]'s idea of a broken connection, a deadline
+/// on the whole connection attempt, and a connection driver of its own.
+///
+/// bb8-postgres' manager spawned `Connection` as a future, and tokio-postgres logs every
+/// NOTICE it gets that way at INFO: the migrations' `CREATE ... IF NOT EXISTS` put
+/// "relation already exists, skipping" into every operator's log at each start (issue 19).
+/// [`drive`] logs them at DEBUG instead.
 ///
 /// tokio-postgres' `connect_timeout` bounds only the TCP connect of each host. A server that
 /// accepts and then goes quiet (hung, or a network black hole after the SYN) held the start-up
@@ -427,7 +431,8 @@ impl PooledClient {
 /// another only when more callers wait than connections are being made, so a few such
 /// attempts starved the pool long after the database came back (issue 14, item 7).
 pub struct Manager {
-    inner: PostgresConnectionManager<MakeRustls>,
+    pg: tokio_postgres::Config,
+    tls: MakeRustls,
     /// Bound on one whole attempt: the connect timeout for every host it may try.
     deadline: Duration,
 }
@@ -438,9 +443,11 @@ impl bb8::ManageConnection for Manager {
     type Error = PoolError;
 
     async fn connect(&self) -> Result<PooledClient, PoolError> {
-        let client = tokio::time::timeout(self.deadline, self.inner.connect())
-            .await
-            .map_err(|_| PoolError::Deadline(self.deadline))??;
+        let (client, connection) =
+            tokio::time::timeout(self.deadline, self.pg.connect(self.tls.clone()))
+                .await
+                .map_err(|_| PoolError::Deadline(self.deadline))??;
+        tokio::spawn(drive(connection));
         Ok(PooledClient {
             client,
             in_flight: AtomicBool::new(false),
@@ -449,11 +456,39 @@ impl bb8::ManageConnection for Manager {
     }
 
     async fn is_valid(&self, conn: &mut PooledClient) -> Result<(), PoolError> {
-        Ok(self.inner.is_valid(&mut conn.client).await?)
+        conn.client.simple_query("").await?;
+        Ok(())
     }
 
     fn has_broken(&self, conn: &mut PooledClient) -> bool {
         conn.unusable()
+    }
+}
+
+/// Runs one pooled connection until it closes. NOTICEs (routine: "already exists,
+/// skipping") go to DEBUG; a connection error is seen by the next statement on the client,
+/// which classifies and logs it, so it is only traced here.
+async fn drive<S, T>(mut connection: tokio_postgres::Connection<S, T>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    loop {
+        match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+            Some(Ok(tokio_postgres::AsyncMessage::Notice(notice))) => {
+                tracing::debug!(
+                    severity = notice.severity(),
+                    "database notice: {}",
+                    notice.message()
+                );
+            }
+            Some(Ok(_)) => {}
+            Some(Err(e)) => {
+                tracing::trace!(error = %e, "store connection ended");
+                return;
+            }
+            None => return,
+        }
     }
 }
 
@@ -525,7 +560,8 @@ impl PostgresStore {
             .error_sink(Box::new(last_connect_error.clone()))
             .build_unchecked(Manager {
                 deadline: connect_deadline(&pg),
-                inner: PostgresConnectionManager::new(pg, tls),
+                pg,
+                tls,
             });
 
         Ok(Arc::new(PostgresStore {
