@@ -176,10 +176,13 @@ WITH input AS (
 )
 SELECT COALESCE(r.count, 0),
        (i.start_secs + i.win) * 1000,
-       floor(extract(epoch FROM now()) * 1000)::int8
+       floor(extract(epoch FROM now()) * 1000)::int8,
+       COALESCE(p.count, 0)
 FROM input i
 LEFT JOIN public.rate_limits r
        ON r.bucket = i.bucket AND r.window_start = to_timestamp(i.start_secs)
+LEFT JOIN public.rate_limits p
+       ON p.bucket = i.bucket AND p.window_start = to_timestamp(i.start_secs - i.win)
 ORDER BY i.ord";
 
 /// One sweep batch. `FOR UPDATE SKIP LOCKED` leaves rows another session holds (a late
@@ -957,6 +960,7 @@ impl PostgresStore {
                             count: count_from(row.try_get(0).map_err(query_error)?)?,
                             window_end_ms: row.try_get(1).map_err(query_error)?,
                             now_ms: row.try_get(2).map_err(query_error)?,
+                            previous: count_from(row.try_get(3).map_err(query_error)?)?,
                         })
                     })
                     .collect()
@@ -1498,6 +1502,12 @@ fn describe_pool(e: &PoolError) -> String {
 
 /// A whole connection attempt may try every host of the URL, each within its connect
 /// timeout.
+/// How long making one connection for `cfg` may take (every host's connect timeout): what
+/// the one-off commands (`explain`, `reset`) allow on top of their own budget.
+pub fn connect_deadline_for(cfg: &StoreConfig) -> Result<Duration, StoreError> {
+    connection_config(cfg).map(|(pg, _)| connect_deadline(&pg))
+}
+
 fn connect_deadline(pg: &tokio_postgres::Config) -> Duration {
     let per_host = pg.get_connect_timeout().copied().unwrap_or(CONNECT_TIMEOUT);
     let hosts = pg.get_hosts().len().max(pg.get_hostaddrs().len()).max(1);
