@@ -194,3 +194,39 @@ fn port_in_use_exits_1_with_one_line() {
         "{stderr}"
     );
 }
+
+/// The README's layout section names every module under `src/`, so a newcomer finds each
+/// file's purpose there (issue 19: several were missing).
+#[test]
+fn readme_layout_lists_every_module() {
+    let readme = std::fs::read_to_string(repo("README.md")).expect("README.md");
+    let layout = readme
+        .split("## Layout")
+        .nth(1)
+        .and_then(|rest| rest.split("```").nth(1))
+        .expect("a Layout section with a code block");
+    let listed: Vec<&str> = layout
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    let mut missing = Vec::new();
+    let mut stack = vec![repo("src")];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).expect("src dir") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let relative = path
+                    .strip_prefix(env!("CARGO_MANIFEST_DIR"))
+                    .expect("under the crate")
+                    .to_string_lossy()
+                    .into_owned();
+                if !listed.contains(&relative.as_str()) {
+                    missing.push(relative);
+                }
+            }
+        }
+    }
+    assert!(missing.is_empty(), "README layout lacks {missing:?}");
+}
