@@ -446,18 +446,19 @@ fn command_request(
 /// cannot keep to it (issue 19: `explain` failed under load).
 const COMMAND_STORE_GRACE: Duration = Duration::from_secs(5);
 
-/// Why a command could not use the Postgres store: the `store` line of `explain`'s output
-/// (`unreachable: ...`), and the one stderr line of the command.
+/// Why a command could not use the store: the `store` line of `explain`'s output
+/// (`unreachable (...)`), and the cause for the command's one stderr line.
 struct StoreProblem {
     line: String,
-    error: String,
+    cause: String,
 }
 
 impl StoreProblem {
-    fn unreachable(err: impl std::fmt::Display) -> StoreProblem {
+    /// A store that was reached but did not answer as needed, or could not be set up.
+    fn failed(err: impl std::fmt::Display) -> StoreProblem {
         StoreProblem {
-            line: format!("unreachable ({err})"),
-            error: format!("cannot read the counters: {err}"),
+            line: format!("not usable ({err})"),
+            cause: err.to_string(),
         }
     }
 
@@ -465,25 +466,22 @@ impl StoreProblem {
         match err {
             // `run`'s message for this says how to rotate the secret; a command that only
             // reads or resets must not send an operator off rotating keys: most likely it was
-            // given another file than the running instances'.
+            // given another file (or secret) than the running instances'.
             InitError::FingerprintMismatch(_) => StoreProblem {
                 line: "key fingerprint mismatch: the database's counters were made with another \
                        keys.secret; the buckets below are this configuration's, not the ones the \
                        running instances count in"
                     .to_owned(),
-                error: "this configuration's keys.secret is not the one the database's instances \
+                cause: "this configuration's keys.secret is not the one the database's instances \
                         use (key fingerprint mismatch): give the command the same configuration, \
                         and TOLLGATE_KEY_SECRET, as the running instances"
                     .to_owned(),
             },
             InitError::Unreachable(ref m) => StoreProblem {
                 line: format!("unreachable ({m})"),
-                error: format!("cannot read the counters: {err}"),
+                cause: err.to_string(),
             },
-            other => StoreProblem {
-                line: format!("not usable ({other})"),
-                error: format!("cannot read the counters: {other}"),
-            },
+            other => StoreProblem::failed(other),
         }
     }
 }
@@ -496,9 +494,9 @@ async fn command_store(
     hasher: &BucketHasher,
 ) -> Result<Arc<PostgresStore>, StoreProblem> {
     let mut store = config.store.clone();
-    let connect = postgres::connect_deadline_for(&store).map_err(StoreProblem::unreachable)?;
+    let connect = postgres::connect_deadline_for(&store).map_err(StoreProblem::failed)?;
     store.timeout = store.timeout.max(connect + COMMAND_STORE_GRACE);
-    let pg = PostgresStore::new(&store).map_err(StoreProblem::unreachable)?;
+    let pg = PostgresStore::new(&store).map_err(StoreProblem::failed)?;
     pg.initialize(&hasher.fingerprint(), false)
         .await
         .map_err(StoreProblem::from_init)?;
@@ -650,7 +648,10 @@ async fn explain(
     }
     if let Some(problem) = problem {
         say!("decision    unknown: the counters could not be read");
-        eprintln!("tollgate explain: {}", problem.error);
+        eprintln!(
+            "tollgate explain: cannot read the counters: {}",
+            problem.cause
+        );
         return ExitCode::from(1);
     }
     say!(
@@ -696,8 +697,8 @@ async fn explain_counts(
             say!("{line}");
             Ok(peeked)
         }
-        Ok(_) => Err(StoreProblem::unreachable("the store answered oddly")),
-        Err(err) => Err(StoreProblem::unreachable(err)),
+        Ok(_) => Err(StoreProblem::failed("the store answered oddly")),
+        Err(err) => Err(StoreProblem::failed(err)),
     }
 }
 
@@ -779,7 +780,10 @@ async fn reset(
     let pg = match command_store(&config, &hasher).await {
         Ok(pg) => pg,
         Err(problem) => {
-            eprintln!("tollgate reset: {}", problem.error);
+            eprintln!(
+                "tollgate reset: cannot reset the counters: {}",
+                problem.cause
+            );
             return ExitCode::from(1);
         }
     };
