@@ -9,6 +9,7 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri};
@@ -16,10 +17,11 @@ use tracing_subscriber::EnvFilter;
 
 use tollgate::config::{self, Config, HostPattern, KeyPart};
 use tollgate::key::BucketHasher;
+use tollgate::limit::PlannedLimit;
 use tollgate::normalise::NormaliseError;
 use tollgate::plan::{self, PlanError, RequestPlan};
-use tollgate::store::postgres::PostgresStore;
-use tollgate::store::{Increment, Store};
+use tollgate::store::postgres::{self, InitError, PostgresStore};
+use tollgate::store::{Increment, Peeked, Store};
 use tollgate::Server;
 
 /// `println!` for a command's output (`check`, `migrate`, `explain`), through [`say_line`].
@@ -105,17 +107,63 @@ fn env(name: &str) -> Option<String> {
     std::env::var(name).ok()
 }
 
+/// Where the configuration path came from (SPEC 1: `--config`, then `$TOLLGATE_CONFIG`, then
+/// `./proxy.toml`), so that a missing file's message can say which one to change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ConfigFrom {
+    Flag,
+    Env,
+    Default,
+}
+
+fn config_path(flag: Option<PathBuf>) -> (PathBuf, ConfigFrom) {
+    if let Some(path) = flag {
+        return (path, ConfigFrom::Flag);
+    }
+    match env("TOLLGATE_CONFIG").filter(|p| !p.is_empty()) {
+        Some(path) => (PathBuf::from(path), ConfigFrom::Env),
+        None => (PathBuf::from("proxy.toml"), ConfigFrom::Default),
+    }
+}
+
+/// The second line of a "cannot read" error for a file that does not exist: how the path was
+/// chosen and how to give another. A newcomer who ran `tollgate` in the wrong directory sees
+/// only `proxy.toml: cannot read` otherwise, with no hint that a flag or a variable exists.
+fn missing_config_hint(path: &std::path::Path, from: ConfigFrom) -> String {
+    let why = match from {
+        ConfigFrom::Flag => "the file given with --config does not exist".to_owned(),
+        ConfigFrom::Env => format!(
+            "TOLLGATE_CONFIG names {}, which does not exist",
+            path.display()
+        ),
+        ConfigFrom::Default => {
+            "neither --config nor TOLLGATE_CONFIG is set, so tollgate looked for ./proxy.toml"
+                .to_owned()
+        }
+    };
+    format!(
+        "tollgate: {why}; give the configuration file with --config PATH or TOLLGATE_CONFIG=PATH \
+         (proxy.toml.example is a complete one to start from)"
+    )
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
-    let path = cli
-        .config
-        .or_else(|| env("TOLLGATE_CONFIG").map(PathBuf::from))
-        .unwrap_or_else(|| PathBuf::from("proxy.toml"));
+    // `explain` and `reset` end every failure with a line of their own on stderr (SPEC 1: one
+    // clear line); the store's failure log would say the same thing again as a WARN.
+    let quiet = matches!(
+        cli.command,
+        Some(Command::Explain { .. } | Command::Reset { .. })
+    );
+    init_logging(if quiet { "error" } else { "info" });
+    let (path, from) = config_path(cli.config);
     let config = match config::load_file(&path, &env) {
         Ok(config) => config,
         Err(errors) => {
             eprintln!("{errors}");
+            if !path.exists() {
+                eprintln!("{}", missing_config_hint(&path, from));
+            }
             return ExitCode::from(2);
         }
     };
@@ -178,8 +226,9 @@ fn certificate_errors(config: &Config) -> Vec<String> {
         .collect()
 }
 
-fn init_logging() {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+/// Logs to stderr at `RUST_LOG`, or `default` when it is unset.
+fn init_logging(default: &str) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     use std::io::IsTerminal;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -275,7 +324,7 @@ fn print_check(config: &Config) {
         None => say!("store       memory (counters not shared between instances)"),
     }
     for upstream in &config.upstreams {
-        let urls: Vec<String> = upstream.urls.iter().map(|u| u.to_string()).collect();
+        let urls: Vec<String> = upstream.urls.iter().map(origin_text).collect();
         say!("upstream    {} -> {}", upstream.name, urls.join(", "));
     }
     for route in &config.routes {
@@ -312,6 +361,15 @@ fn print_check(config: &Config) {
                 if limit.shadow { " (shadow)" } else { "" }
             );
         }
+    }
+}
+
+/// An upstream origin as the file wrote it: `scheme://authority`. `Uri`'s own `Display`
+/// adds the path `/` that an origin has none of, which reads as if tollgate changed the URL.
+fn origin_text(origin: &Uri) -> String {
+    match (origin.scheme_str(), origin.authority()) {
+        (Some(scheme), Some(authority)) => format!("{scheme}://{authority}"),
+        _ => origin.to_string(),
     }
 }
 
@@ -382,23 +440,66 @@ fn command_request(
     })
 }
 
+/// The one-off commands' budget for a call to the store beyond making its connection: the
+/// request path's `store.timeout` (100 ms by default) is a decision's budget, pool connect
+/// included, and a command that connects afresh on a loaded machine or to a distant database
+/// cannot keep to it (issue 19: `explain` failed under load).
+const COMMAND_STORE_GRACE: Duration = Duration::from_secs(5);
+
+/// Why a command could not use the store: the `store` line of `explain`'s output
+/// (`unreachable (...)`), and the cause for the command's one stderr line.
+struct StoreProblem {
+    line: String,
+    cause: String,
+}
+
+impl StoreProblem {
+    /// A store that was reached but did not answer as needed, or could not be set up.
+    fn failed(err: impl std::fmt::Display) -> StoreProblem {
+        StoreProblem {
+            line: format!("not usable ({err})"),
+            cause: err.to_string(),
+        }
+    }
+
+    fn from_init(err: InitError) -> StoreProblem {
+        match err {
+            // `run`'s message for this says how to rotate the secret; a command that only
+            // reads or resets must not send an operator off rotating keys: most likely it was
+            // given another file (or secret) than the running instances'.
+            InitError::FingerprintMismatch(_) => StoreProblem {
+                line: "key fingerprint mismatch: the database's counters were made with another \
+                       keys.secret; the buckets below are this configuration's, not the ones the \
+                       running instances count in"
+                    .to_owned(),
+                cause: "this configuration's keys.secret is not the one the database's instances \
+                        use (key fingerprint mismatch): give the command the same configuration, \
+                        and TOLLGATE_KEY_SECRET, as the running instances"
+                    .to_owned(),
+            },
+            InitError::Unreachable(ref m) => StoreProblem {
+                line: format!("unreachable ({m})"),
+                cause: err.to_string(),
+            },
+            other => StoreProblem::failed(other),
+        }
+    }
+}
+
 /// The Postgres store for a command that reads or writes counters: no migration, but the key
 /// fingerprint must match, or the buckets would not be the ones the running instances use.
+/// Every call gets the time to make a connection plus [`COMMAND_STORE_GRACE`].
 async fn command_store(
     config: &Config,
     hasher: &BucketHasher,
-) -> Result<Arc<PostgresStore>, ExitCode> {
-    let pg = match PostgresStore::new(&config.store) {
-        Ok(pg) => pg,
-        Err(err) => {
-            eprintln!("tollgate: {err}");
-            return Err(ExitCode::from(1));
-        }
-    };
-    if let Err(err) = pg.initialize(&hasher.fingerprint(), false).await {
-        eprintln!("tollgate: {err}");
-        return Err(ExitCode::from(1));
-    }
+) -> Result<Arc<PostgresStore>, StoreProblem> {
+    let mut store = config.store.clone();
+    let connect = postgres::connect_deadline_for(&store).map_err(StoreProblem::failed)?;
+    store.timeout = store.timeout.max(connect + COMMAND_STORE_GRACE);
+    let pg = PostgresStore::new(&store).map_err(StoreProblem::failed)?;
+    pg.initialize(&hasher.fingerprint(), false)
+        .await
+        .map_err(StoreProblem::from_init)?;
     Ok(pg)
 }
 
@@ -496,14 +597,24 @@ async fn explain(
         Ok(plan) => plan,
         Err(code) => return code,
     };
-    let store: Arc<dyn Store> = match &config.store.url {
-        Some(_) => match command_store(&config, &hasher).await {
-            Ok(pg) => pg,
-            Err(code) => return code,
-        },
-        None => {
-            say!("store       memory: counts live inside the running process; shown as 0 here");
-            Arc::new(tollgate::store::memory::MemoryStore::new())
+    // What the store says, or why it says nothing: either way every limit and its bucket is
+    // shown, since those come from the configuration alone (issue 19).
+    let planned: Vec<&PlannedLimit> = plan.planned().collect();
+    let counts = if planned.is_empty() {
+        Ok(Vec::new())
+    } else {
+        explain_counts(&config, &hasher, &planned).await
+    };
+    let (mut counts, problem) = match counts {
+        Ok(counts) => (counts.into_iter(), None),
+        Err(problem) => {
+            let kind = if config.store.url.is_some() {
+                "postgres"
+            } else {
+                "memory"
+            };
+            say!("store       {kind}: {}", problem.line);
+            (Vec::new().into_iter(), Some(problem))
         }
     };
     let mut would_allow = true;
@@ -512,39 +623,36 @@ async fn explain(
             say_not_applying(limit, &request.headers);
             continue;
         };
-        let probe = [Increment {
-            bucket: planned.bucket.clone(),
-            window_secs: planned.window_secs,
-            by: 0,
-            sliding: None,
-        }];
-        let peeked = match store.peek(&probe).await {
-            Ok(mut p) if p.len() == 1 => p.remove(0),
-            Ok(_) => {
-                eprintln!("tollgate: the store answered oddly");
-                return ExitCode::from(1);
-            }
-            Err(err) => {
-                eprintln!("tollgate: cannot read the counters: {err}");
-                return ExitCode::from(1);
-            }
-        };
-        let next = peeked.count.saturating_add(1);
-        let fits = next <= planned.requests;
-        if !fits && !planned.shadow {
-            would_allow = false;
-        }
-        say!(
-            "limit       {}{}: {} per {}s, bucket {}, count {}, window resets in {}s -> {}",
+        let head = format!(
+            "limit       {}{}: {} per {}s{}, bucket {}",
             planned.policy,
             if planned.shadow { " (shadow)" } else { "" },
             planned.requests,
             planned.window_secs,
+            if planned.sliding { " sliding" } else { "" },
             planned.bucket,
-            peeked.count,
+        );
+        let Some(peeked) = counts.next() else {
+            say!("{head}, count unknown");
+            continue;
+        };
+        let (standing, fits) = standing(planned, &peeked);
+        if !fits && !planned.shadow {
+            would_allow = false;
+        }
+        say!(
+            "{head}, {standing}, window resets in {}s -> {}",
             tollgate::limit::seconds_until(peeked.now_ms, peeked.window_end_ms),
             if fits { "within" } else { "exceeded" }
         );
+    }
+    if let Some(problem) = problem {
+        say!("decision    unknown: the counters could not be read");
+        eprintln!(
+            "tollgate explain: cannot read the counters: {}",
+            problem.cause
+        );
+        return ExitCode::from(1);
     }
     say!(
         "decision    {}",
@@ -555,6 +663,72 @@ async fn explain(
         }
     );
     ExitCode::SUCCESS
+}
+
+/// `explain`'s one read of the counters of `planned` (one round trip), in that order, and
+/// the `store` line that says where they come from. The memory store's counts live in the
+/// running process: a fresh one here reads 0.
+async fn explain_counts(
+    config: &Config,
+    hasher: &BucketHasher,
+    planned: &[&PlannedLimit],
+) -> Result<Vec<Peeked>, StoreProblem> {
+    let (store, line): (Arc<dyn Store>, &str) = match &config.store.url {
+        Some(_) => (
+            command_store(config, hasher).await?,
+            "store       postgres: counts as the database has them now",
+        ),
+        None => (
+            Arc::new(tollgate::store::memory::MemoryStore::new()),
+            "store       memory: counts live inside the running process; shown as 0 here",
+        ),
+    };
+    let probe: Vec<Increment> = planned
+        .iter()
+        .map(|p| Increment {
+            bucket: p.bucket.clone(),
+            window_secs: p.window_secs,
+            by: 0,
+            sliding: None,
+        })
+        .collect();
+    match store.peek(&probe).await {
+        Ok(peeked) if peeked.len() == probe.len() => {
+            say!("{line}");
+            Ok(peeked)
+        }
+        Ok(_) => Err(StoreProblem::failed("the store answered oddly")),
+        Err(err) => Err(StoreProblem::failed(err)),
+    }
+}
+
+/// Where one limit stands for `explain`, and whether this request would fit: a fixed window
+/// by its count (`count + 1 <= requests`); a sliding one by SPEC 3a's estimate
+/// `previous * (window - elapsed) / window + count + 1`, with the rule the stores admit by.
+fn standing(planned: &PlannedLimit, peeked: &Peeked) -> (String, bool) {
+    if !planned.sliding {
+        let fits = peeked.count.saturating_add(1) <= planned.requests;
+        return (format!("count {}", peeked.count), fits);
+    }
+    let len_ms = i64::from(planned.window_secs) * 1000;
+    let left_ms = (peeked.window_end_ms - peeked.now_ms).clamp(0, len_ms);
+    let weighs = tollgate::limit::weighted_previous(peeked.previous, left_ms, len_ms);
+    let estimate = weighs + f64::from(peeked.count) + 1.0;
+    let fits = tollgate::store::memory::sliding_admits(
+        planned.requests,
+        peeked.previous,
+        peeked.count,
+        1,
+        left_ms,
+        len_ms,
+    ) == 1;
+    (
+        format!(
+            "count {}, previous window {} (weighs {weighs:.2}), estimate {estimate:.2} with this request",
+            peeked.count, peeked.previous
+        ),
+        fits,
+    )
 }
 
 /// `tollgate reset` (SPEC 3b): the buckets `explain` names, deleted for the current and the
@@ -605,7 +779,13 @@ async fn reset(
     }
     let pg = match command_store(&config, &hasher).await {
         Ok(pg) => pg,
-        Err(code) => return code,
+        Err(problem) => {
+            eprintln!(
+                "tollgate reset: cannot reset the counters: {}",
+                problem.cause
+            );
+            return ExitCode::from(1);
+        }
     };
     match pg.reset(&buckets).await {
         Ok(done) => {

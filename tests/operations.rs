@@ -284,6 +284,16 @@ async fn json_logs_parse_and_carry_no_credentials() {
     assert_eq!(access[1]["policy"], "api:ip");
     assert_eq!(access[1]["status"], 429);
     assert!(access[0]["duration_ms"].as_f64().is_some());
+    // Milliseconds to the microsecond, not an f64's 17 digits (`58.901799999999994`).
+    for line in lines.iter().filter(|l| l.contains("\"duration_ms\":")) {
+        let value = line
+            .split("\"duration_ms\":")
+            .nth(1)
+            .and_then(|rest| rest.split([',', '}']).next())
+            .expect("a duration_ms value");
+        let decimals = value.split_once('.').map_or(0, |(_, d)| d.len());
+        assert!(decimals <= 3, "duration_ms={value}: {line}");
+    }
 }
 
 #[tokio::test]

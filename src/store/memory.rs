@@ -479,11 +479,17 @@ impl MemoryStore {
                         count: w.count,
                         window_end_ms: w.end_ms,
                         now_ms,
+                        previous: w.previous,
                     },
-                    _ => Peeked {
+                    // The window that just ended is the current one's "previous", as in
+                    // `count`; one that ended longer ago weighs nothing.
+                    held => Peeked {
                         count: 0,
                         window_end_ms: current.end_ms,
                         now_ms,
+                        previous: held
+                            .filter(|w| w.end_ms == current.start_ms)
+                            .map_or(0, |w| w.count),
                     },
                 };
                 Ok(peeked)

@@ -50,6 +50,9 @@ pub struct Peeked {
     pub count: u32,
     pub window_end_ms: i64,
     pub now_ms: i64,
+    /// The count of the previous window's row (0 if none): what a sliding limit weighs
+    /// (SPEC 3a).
+    pub previous: u32,
 }
 
 #[derive(Debug, Clone, thiserror::Error)]

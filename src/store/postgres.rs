@@ -56,7 +56,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bb8::{ErrorSink, Pool, RunError};
-use bb8_postgres::PostgresConnectionManager;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Client;
 
@@ -177,10 +176,13 @@ WITH input AS (
 )
 SELECT COALESCE(r.count, 0),
        (i.start_secs + i.win) * 1000,
-       floor(extract(epoch FROM now()) * 1000)::int8
+       floor(extract(epoch FROM now()) * 1000)::int8,
+       COALESCE(p.count, 0)
 FROM input i
 LEFT JOIN public.rate_limits r
        ON r.bucket = i.bucket AND r.window_start = to_timestamp(i.start_secs)
+LEFT JOIN public.rate_limits p
+       ON p.bucket = i.bucket AND p.window_start = to_timestamp(i.start_secs - i.win)
 ORDER BY i.ord";
 
 /// One sweep batch. `FOR UPDATE SKIP LOCKED` leaves rows another session holds (a late
@@ -418,8 +420,13 @@ impl PooledClient {
     }
 }
 
-/// bb8-postgres' manager, with [`PooledClient`]'s idea of a broken connection and a deadline
-/// on the whole connection attempt.
+/// The pool's connection manager: [`PooledClient`]'s idea of a broken connection, a deadline
+/// on the whole connection attempt, and a connection driver of its own.
+///
+/// bb8-postgres' manager spawned `Connection` as a future, and tokio-postgres logs every
+/// NOTICE it gets that way at INFO: the migrations' `CREATE ... IF NOT EXISTS` put
+/// "relation already exists, skipping" into every operator's log at each start (issue 19).
+/// [`drive`] logs them at DEBUG instead.
 ///
 /// tokio-postgres' `connect_timeout` bounds only the TCP connect of each host. A server that
 /// accepts and then goes quiet (hung, or a network black hole after the SYN) held the start-up
@@ -427,7 +434,8 @@ impl PooledClient {
 /// another only when more callers wait than connections are being made, so a few such
 /// attempts starved the pool long after the database came back (issue 14, item 7).
 pub struct Manager {
-    inner: PostgresConnectionManager<MakeRustls>,
+    pg: tokio_postgres::Config,
+    tls: MakeRustls,
     /// Bound on one whole attempt: the connect timeout for every host it may try.
     deadline: Duration,
 }
@@ -438,9 +446,11 @@ impl bb8::ManageConnection for Manager {
     type Error = PoolError;
 
     async fn connect(&self) -> Result<PooledClient, PoolError> {
-        let client = tokio::time::timeout(self.deadline, self.inner.connect())
-            .await
-            .map_err(|_| PoolError::Deadline(self.deadline))??;
+        let (client, connection) =
+            tokio::time::timeout(self.deadline, self.pg.connect(self.tls.clone()))
+                .await
+                .map_err(|_| PoolError::Deadline(self.deadline))??;
+        tokio::spawn(drive(connection));
         Ok(PooledClient {
             client,
             in_flight: AtomicBool::new(false),
@@ -449,11 +459,39 @@ impl bb8::ManageConnection for Manager {
     }
 
     async fn is_valid(&self, conn: &mut PooledClient) -> Result<(), PoolError> {
-        Ok(self.inner.is_valid(&mut conn.client).await?)
+        conn.client.simple_query("").await?;
+        Ok(())
     }
 
     fn has_broken(&self, conn: &mut PooledClient) -> bool {
         conn.unusable()
+    }
+}
+
+/// Runs one pooled connection until it closes. NOTICEs (routine: "already exists,
+/// skipping") go to DEBUG; a connection error is seen by the next statement on the client,
+/// which classifies and logs it, so it is only traced here.
+async fn drive<S, T>(mut connection: tokio_postgres::Connection<S, T>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    loop {
+        match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+            Some(Ok(tokio_postgres::AsyncMessage::Notice(notice))) => {
+                tracing::debug!(
+                    severity = notice.severity(),
+                    "database notice: {}",
+                    notice.message()
+                );
+            }
+            Some(Ok(_)) => {}
+            Some(Err(e)) => {
+                tracing::trace!(error = %e, "store connection ended");
+                return;
+            }
+            None => return,
+        }
     }
 }
 
@@ -525,7 +563,8 @@ impl PostgresStore {
             .error_sink(Box::new(last_connect_error.clone()))
             .build_unchecked(Manager {
                 deadline: connect_deadline(&pg),
-                inner: PostgresConnectionManager::new(pg, tls),
+                pg,
+                tls,
             });
 
         Ok(Arc::new(PostgresStore {
@@ -921,6 +960,7 @@ impl PostgresStore {
                             count: count_from(row.try_get(0).map_err(query_error)?)?,
                             window_end_ms: row.try_get(1).map_err(query_error)?,
                             now_ms: row.try_get(2).map_err(query_error)?,
+                            previous: count_from(row.try_get(3).map_err(query_error)?)?,
                         })
                     })
                     .collect()
@@ -1462,6 +1502,12 @@ fn describe_pool(e: &PoolError) -> String {
 
 /// A whole connection attempt may try every host of the URL, each within its connect
 /// timeout.
+/// How long making one connection for `cfg` may take (every host's connect timeout): what
+/// the one-off commands (`explain`, `reset`) allow on top of their own budget.
+pub fn connect_deadline_for(cfg: &StoreConfig) -> Result<Duration, StoreError> {
+    connection_config(cfg).map(|(pg, _)| connect_deadline(&pg))
+}
+
 fn connect_deadline(pg: &tokio_postgres::Config) -> Duration {
     let per_host = pg.get_connect_timeout().copied().unwrap_or(CONNECT_TIMEOUT);
     let hosts = pg.get_hosts().len().max(pg.get_hostaddrs().len()).max(1);

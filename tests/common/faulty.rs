@@ -5,8 +5,14 @@
 //! - down: new connections are reset at once and open ones are cut (a dead server's port);
 //! - stalled: connections stay open but no byte moves in either direction (a hung server or
 //!   a network black hole); new connections are accepted and hang too.
+//!
+//! Independently of the mode, [`FaultyTcp::delay`] holds every chunk for a while in each
+//! direction: a slow, distant or overloaded database.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -21,6 +27,8 @@ enum Mode {
 pub struct FaultyTcp {
     pub addr: SocketAddr,
     mode: watch::Sender<(Mode, u64)>,
+    /// Milliseconds each chunk is held before it is passed on.
+    latency_ms: Arc<AtomicU64>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -41,6 +49,8 @@ impl FaultyTcp {
         let addr = listener.local_addr().expect("addr");
         let initial = if up { Mode::Up } else { Mode::Down };
         let (mode, watcher) = watch::channel((initial, 0u64));
+        let latency_ms = Arc::new(AtomicU64::new(0));
+        let latency = latency_ms.clone();
         let task = tokio::spawn(async move {
             loop {
                 let Ok((client, _)) = listener.accept().await else {
@@ -50,10 +60,21 @@ impl FaultyTcp {
                     drop(client);
                     continue;
                 }
-                tokio::spawn(relay(client, target, watcher.clone()));
+                tokio::spawn(relay(client, target, watcher.clone(), latency.clone()));
             }
         });
-        FaultyTcp { addr, mode, task }
+        FaultyTcp {
+            addr,
+            mode,
+            latency_ms,
+            task,
+        }
+    }
+
+    /// Holds every chunk `by` before passing it on, both ways (zero: no delay).
+    pub fn delay(&self, by: Duration) {
+        let ms = u64::try_from(by.as_millis()).unwrap_or(u64::MAX);
+        self.latency_ms.store(ms, Ordering::Relaxed);
     }
 
     /// Down: refuse new connections and cut the open ones.
@@ -74,7 +95,12 @@ impl FaultyTcp {
     }
 }
 
-async fn relay(client: TcpStream, target: SocketAddr, mut watcher: watch::Receiver<(Mode, u64)>) {
+async fn relay(
+    client: TcpStream,
+    target: SocketAddr,
+    mut watcher: watch::Receiver<(Mode, u64)>,
+    latency_ms: Arc<AtomicU64>,
+) {
     // Only cuts after this connection was made concern it.
     let generation = watcher.borrow_and_update().1;
     if !wait_until_flowing(&mut watcher, generation).await {
@@ -86,8 +112,8 @@ async fn relay(client: TcpStream, target: SocketAddr, mut watcher: watch::Receiv
     let (client_read, client_write) = client.into_split();
     let (server_read, server_write) = server.into_split();
     tokio::select! {
-        _ = pump(client_read, server_write, watcher.clone(), generation) => {}
-        _ = pump(server_read, client_write, watcher.clone(), generation) => {}
+        _ = pump(client_read, server_write, watcher.clone(), generation, &latency_ms) => {}
+        _ = pump(server_read, client_write, watcher.clone(), generation, &latency_ms) => {}
     }
 }
 
@@ -113,6 +139,7 @@ async fn pump(
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mut rx: watch::Receiver<(Mode, u64)>,
     generation: u64,
+    latency_ms: &AtomicU64,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
@@ -123,6 +150,10 @@ async fn pump(
             },
             _ = cut(&mut rx, generation) => return,
         };
+        let latency = latency_ms.load(Ordering::Relaxed);
+        if latency > 0 {
+            tokio::time::sleep(Duration::from_millis(latency)).await;
+        }
         if !wait_until_flowing(&mut rx, generation).await {
             return;
         }
