@@ -32,6 +32,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::verify_server_name;
 use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::{self, PemObject};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::server::{ClientHello, ParsedCertificate, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
@@ -40,7 +41,6 @@ use rustls::{
     ClientConfig, DigitallySignedStruct, InconsistentKeys, RootCertStore, ServerConfig,
     SignatureScheme, SupportedProtocolVersion,
 };
-use rustls_pemfile::Item;
 
 use crate::config::CertConfig;
 
@@ -65,7 +65,7 @@ pub enum TlsError {
     Read { path: PathBuf, source: io::Error },
 
     #[error("{}: malformed PEM: {source}", path.display())]
-    Pem { path: PathBuf, source: io::Error },
+    Pem { path: PathBuf, source: pem::Error },
 
     #[error("{}: no certificate found (expected a PEM \"BEGIN CERTIFICATE\" block)", path.display())]
     NoCertificate { path: PathBuf },
@@ -310,8 +310,10 @@ fn read_file(path: &Path) -> Result<Vec<u8>, TlsError> {
     })
 }
 
-fn read_pem(path: &Path, bytes: &[u8]) -> Result<Vec<Item>, TlsError> {
-    rustls_pemfile::read_all(&mut &bytes[..])
+/// Every PEM section of type `T` in `bytes`, in file order; sections of other types are
+/// skipped, a section that does not decode is an error.
+fn read_pem<T: PemObject>(path: &Path, bytes: &[u8]) -> Result<Vec<T>, TlsError> {
+    T::pem_slice_iter(bytes)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|source| TlsError::Pem {
             path: path.to_path_buf(),
@@ -322,13 +324,7 @@ fn read_pem(path: &Path, bytes: &[u8]) -> Result<Vec<Item>, TlsError> {
 /// Every certificate in a PEM file, in file order; at least one.
 fn read_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let bytes = read_file(path)?;
-    let certs: Vec<_> = read_pem(path, &bytes)?
-        .into_iter()
-        .filter_map(|item| match item {
-            Item::X509Certificate(cert) => Some(cert),
-            _ => None,
-        })
-        .collect();
+    let certs = read_pem::<CertificateDer<'static>>(path, &bytes)?;
     if certs.is_empty() {
         return Err(TlsError::NoCertificate {
             path: path.to_path_buf(),
@@ -337,26 +333,19 @@ fn read_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsErr
     Ok(certs)
 }
 
-/// The one private key in a PEM file.
+/// The one private key (PKCS#8, PKCS#1 or SEC1) in a PEM file.
 fn read_private_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
     let bytes = read_file(path)?;
-    // rustls-pemfile skips encrypted PKCS#8 blocks and cannot parse the legacy OpenSSL
-    // encryption headers; say what is wrong instead of "no key" or "malformed".
+    // The PEM reader skips encrypted PKCS#8 blocks (an unknown section type) and cannot
+    // decode the legacy OpenSSL encryption headers; say what is wrong instead of "no key"
+    // or "malformed".
     let encrypted = |marker: &[u8]| bytes.windows(marker.len()).any(|w| w == marker);
     if encrypted(b"-----BEGIN ENCRYPTED PRIVATE KEY-----") || encrypted(b"Proc-Type: 4,ENCRYPTED") {
         return Err(TlsError::EncryptedPrivateKey {
             path: path.to_path_buf(),
         });
     }
-    let mut keys: Vec<PrivateKeyDer<'static>> = read_pem(path, &bytes)?
-        .into_iter()
-        .filter_map(|item| match item {
-            Item::Pkcs8Key(key) => Some(key.into()),
-            Item::Pkcs1Key(key) => Some(key.into()),
-            Item::Sec1Key(key) => Some(key.into()),
-            _ => None,
-        })
-        .collect();
+    let mut keys = read_pem::<PrivateKeyDer<'static>>(path, &bytes)?;
     match keys.len() {
         0 => Err(TlsError::NoPrivateKey {
             path: path.to_path_buf(),
