@@ -2,8 +2,12 @@
 //! the upstream; [`RequestError::status`] is the only place that turns a failure into an HTTP
 //! status code, and [`RequestError::grpc_code`] the only place that turns it into a gRPC one
 //! (SPEC 5c), so each mapping is decided once. [`StartupError`] is what stops the process from
-//! starting, each with one clear line for stderr.
+//! starting, each with one clear line for stderr. [`Detail`] is the text of the errors that
+//! wrap another one, with that error kept as the `source()`, so a report that walks the
+//! chain (tracing's error fields, `{:#}`-style formatting) reaches the cause.
 
+use std::error::Error;
+use std::fmt;
 use std::io;
 use std::net::SocketAddr;
 
@@ -29,7 +33,7 @@ pub enum RequestError {
     #[error("method not allowed")]
     MethodNotAllowed,
     #[error("upstream unreachable: {0}")]
-    UpstreamUnreachable(String),
+    UpstreamUnreachable(#[source] Detail),
     /// A `101` that switches to something the client did not ask for, or to a request that
     /// was not forwarded as an upgrade: passing it on would open a tunnel past every limit.
     #[error("upstream switched protocols unasked: {0}")]
@@ -137,12 +141,200 @@ impl GrpcCode {
 pub enum StartupError {
     #[error("cannot listen on {addr}: {source}")]
     Bind { addr: SocketAddr, source: io::Error },
-    #[error("{0}")]
-    Tls(String),
-    #[error("{0}")]
-    Store(String),
-    #[error("{0}")]
-    Upstream(String),
+    /// `Display` and `source()` are the [`Detail`]'s: the line on stderr is its text alone.
+    #[error(transparent)]
+    Tls(Detail),
+    #[error(transparent)]
+    Store(Detail),
+    #[error(transparent)]
+    Upstream(Detail),
     #[error("cannot start a connection worker: {0}")]
     Runtime(io::Error),
+}
+
+impl From<crate::store::StoreError> for StartupError {
+    fn from(e: crate::store::StoreError) -> Self {
+        StartupError::Store(Detail::of(e))
+    }
+}
+
+impl From<crate::store::postgres::InitError> for StartupError {
+    fn from(e: crate::store::postgres::InitError) -> Self {
+        StartupError::Store(Detail::of(e))
+    }
+}
+
+impl From<crate::tls::TlsError> for StartupError {
+    fn from(e: crate::tls::TlsError) -> Self {
+        StartupError::Tls(Detail::of(e))
+    }
+}
+
+/// What went wrong, as the one line of text that is logged or printed, and the error it came
+/// from when there is one.
+///
+/// The texts are built the way they always were (a prefix and the cause's own message), so
+/// logs and stderr read the same; the cause is kept besides, for whatever walks `source()`.
+pub struct Detail(Repr);
+
+enum Repr {
+    /// Only text: nothing caused it, or the cause was reduced to text where it was made.
+    Text(String),
+    /// An error as it is: its `Display`, and its `source()` chain.
+    Error(Box<dyn Error + Send + Sync>),
+    /// `text` (which usually ends with `source`'s message), caused by `source`.
+    Context {
+        text: String,
+        source: Box<dyn Error + Send + Sync>,
+    },
+}
+
+impl Detail {
+    /// `error` itself: its message is the text, its sources are the chain.
+    pub fn of(error: impl Error + Send + Sync + 'static) -> Self {
+        Detail(Repr::Error(Box::new(error)))
+    }
+
+    /// `text`, caused by `source`. `text` is shown as it is; include `source`'s message in it
+    /// when the line should say it.
+    pub fn caused_by(text: impl Into<String>, source: impl Error + Send + Sync + 'static) -> Self {
+        Detail(Repr::Context {
+            text: text.into(),
+            source: Box::new(source),
+        })
+    }
+}
+
+/// Text without a cause, for the places that still build their message with `format!`.
+impl From<String> for Detail {
+    fn from(text: String) -> Self {
+        Detail(Repr::Text(text))
+    }
+}
+
+impl From<&str> for Detail {
+    fn from(text: &str) -> Self {
+        Detail(Repr::Text(text.to_owned()))
+    }
+}
+
+impl fmt::Display for Detail {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            Repr::Text(text) | Repr::Context { text, .. } => f.write_str(text),
+            Repr::Error(e) => fmt::Display::fmt(e, f),
+        }
+    }
+}
+
+impl fmt::Debug for Detail {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.0 {
+            Repr::Text(text) => fmt::Debug::fmt(text, f),
+            Repr::Error(e) => fmt::Debug::fmt(e, f),
+            Repr::Context { text, source } => f
+                .debug_struct("Detail")
+                .field("text", text)
+                .field("source", source)
+                .finish(),
+        }
+    }
+}
+
+impl Error for Detail {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        match &self.0 {
+            Repr::Text(_) => None,
+            // `Detail::of(e)` stands for `e`: the chain continues with `e`'s source, so `e`'s
+            // message is not repeated.
+            Repr::Error(e) => e.source(),
+            Repr::Context { source, .. } => Some(&**source),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+    use crate::tls::TlsError;
+
+    /// Every message of `e`'s `source()` chain, `e` first.
+    fn chain(e: &(dyn Error + 'static)) -> Vec<String> {
+        let mut out = vec![e.to_string()];
+        let mut next = e.source();
+        while let Some(s) = next {
+            out.push(s.to_string());
+            next = s.source();
+        }
+        out
+    }
+
+    fn unreadable_cert() -> TlsError {
+        TlsError::Read {
+            path: PathBuf::from("/etc/tollgate/cert.pem"),
+            source: io::Error::new(io::ErrorKind::NotFound, "No such file or directory"),
+        }
+    }
+
+    #[test]
+    fn startup_errors_keep_their_text_and_reach_the_cause() {
+        let tls = unreadable_cert();
+        let text = tls.to_string();
+        let err = StartupError::from(tls);
+        // The stderr line is what `StartupError::Tls(e.to_string())` printed.
+        assert_eq!(err.to_string(), text);
+        assert_eq!(
+            chain(&err),
+            [
+                "cannot read /etc/tollgate/cert.pem: No such file or directory",
+                "No such file or directory"
+            ]
+        );
+        let cause = err.source().expect("a source");
+        assert_eq!(
+            cause.downcast_ref::<io::Error>().map(io::Error::kind),
+            Some(io::ErrorKind::NotFound)
+        );
+
+        let io = io::Error::other("connection refused");
+        let err = StartupError::Upstream(Detail::caused_by(format!("upstream api: {io}"), io));
+        assert_eq!(
+            chain(&err),
+            ["upstream api: connection refused", "connection refused"]
+        );
+
+        // Text alone still works, and has no cause.
+        let err = StartupError::Store("store.url is not set".to_owned().into());
+        assert_eq!(err.to_string(), "store.url is not set");
+        assert!(err.source().is_none());
+    }
+
+    #[test]
+    fn an_unreachable_upstream_keeps_its_text_and_its_cause() {
+        let io = io::Error::new(io::ErrorKind::ConnectionRefused, "connection refused");
+        let err = RequestError::UpstreamUnreachable(Detail::caused_by(
+            format!("client error (Connect): {io}"),
+            io,
+        ));
+        assert_eq!(
+            err.to_string(),
+            "upstream unreachable: client error (Connect): connection refused"
+        );
+        assert_eq!(
+            chain(&err)[1..],
+            [
+                "client error (Connect): connection refused",
+                "connection refused"
+            ]
+        );
+        assert_eq!(err.status(), StatusCode::BAD_GATEWAY);
+        assert_eq!(err.grpc_message(), "upstream unreachable");
+        let err = RequestError::UpstreamUnreachable("upstream has no origin".into());
+        assert_eq!(
+            err.to_string(),
+            "upstream unreachable: upstream has no origin"
+        );
+    }
 }

@@ -163,19 +163,21 @@ impl UpstreamPool {
         let mut origins = Vec::with_capacity(config.urls.len());
         for url in &config.urls {
             let (Some(scheme), Some(authority)) = (url.scheme(), url.authority()) else {
-                return Err(StartupError::Upstream(format!(
-                    "upstream {}: url has no scheme or authority",
-                    config.name
-                )));
+                return Err(StartupError::Upstream(
+                    format!("upstream {}: url has no scheme or authority", config.name).into(),
+                ));
             };
             let uri = Uri::builder()
                 .scheme(scheme.clone())
                 .authority(authority.clone())
                 .path_and_query("/")
                 .build()
-                .map_err(|e| StartupError::Upstream(format!("upstream {}: {e}", config.name)))?;
-            let host = HeaderValue::from_str(authority.as_str())
-                .map_err(|e| StartupError::Upstream(format!("upstream {}: {e}", config.name)))?;
+                .map_err(|e| {
+                    StartupError::Upstream(format!("upstream {}: {e}", config.name).into())
+                })?;
+            let host = HeaderValue::from_str(authority.as_str()).map_err(|e| {
+                StartupError::Upstream(format!("upstream {}: {e}", config.name).into())
+            })?;
             origins.push(Origin {
                 scheme: scheme.clone(),
                 authority: authority.clone(),
@@ -190,7 +192,7 @@ impl UpstreamPool {
         // The TLS connector wraps the plain one and takes over for https:// origins.
         http.enforce_http(false);
         let tls = crate::tls::client_config(config.ca_file.as_deref(), config.http2)
-            .map_err(|e| StartupError::Upstream(format!("upstream {}: {e}", config.name)))?;
+            .map_err(|e| StartupError::Upstream(format!("upstream {}: {e}", config.name).into()))?;
         // hyper-rustls sets ALPN itself from the enabled HTTP versions below.
         let mut tls = (*tls).clone();
         tls.alpn_protocols.clear();
@@ -424,9 +426,8 @@ impl UpstreamPool {
                 }
             }
         }
-        Err(last.unwrap_or_else(|| {
-            RequestError::UpstreamUnreachable("upstream has no origin".to_string())
-        }))
+        Err(last
+            .unwrap_or_else(|| RequestError::UpstreamUnreachable("upstream has no origin".into())))
     }
 
     /// Points the request at `origin`: its `Host` when the client's is not kept, and for
@@ -744,5 +745,5 @@ fn unreachable(err: &(dyn std::error::Error + 'static)) -> RequestError {
         text.push_str(&s.to_string());
         source = s.source();
     }
-    RequestError::UpstreamUnreachable(text)
+    RequestError::UpstreamUnreachable(text.into())
 }

@@ -151,8 +151,8 @@ impl Server {
         let tls = if config.server.tls_listen.is_empty() {
             None
         } else {
-            let server_config = crate::tls::server_config(&config.server.certs)
-                .map_err(|e| StartupError::Tls(e.to_string()))?;
+            let server_config =
+                crate::tls::server_config(&config.server.certs).map_err(StartupError::from)?;
             Some(Arc::new(ArcSwap::new(server_config)))
         };
 
@@ -322,12 +322,12 @@ async fn start_store(
             "store.memory_buckets applies only to the memory store and to on_error = \"local\"; ignored here"
         );
     }
-    let pg = PostgresStore::new(&config.store).map_err(|e| StartupError::Store(e.to_string()))?;
+    let pg = PostgresStore::new(&config.store).map_err(StartupError::from)?;
     let fingerprint = hasher.fingerprint();
     let migrate = config.store.migrate;
     match tokio::time::timeout(STORE_START_WAIT, pg.initialize(&fingerprint, migrate)).await {
         Ok(Ok(())) => tracing::info!("store: postgres, ready"),
-        Ok(Err(err)) if !err.is_retryable() => return Err(StartupError::Store(err.to_string())),
+        Ok(Err(err)) if !err.is_retryable() => return Err(StartupError::from(err)),
         not_yet => {
             let why = match not_yet {
                 Ok(Err(err)) => err.to_string(),

@@ -32,6 +32,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::verify_server_name;
 use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::{self, PemObject};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::server::{ClientHello, ParsedCertificate, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
@@ -40,7 +41,6 @@ use rustls::{
     ClientConfig, DigitallySignedStruct, InconsistentKeys, RootCertStore, ServerConfig,
     SignatureScheme, SupportedProtocolVersion,
 };
-use rustls_pemfile::Item;
 
 use crate::config::CertConfig;
 
@@ -65,7 +65,7 @@ pub enum TlsError {
     Read { path: PathBuf, source: io::Error },
 
     #[error("{}: malformed PEM: {source}", path.display())]
-    Pem { path: PathBuf, source: io::Error },
+    Pem { path: PathBuf, source: pem::Error },
 
     #[error("{}: no certificate found (expected a PEM \"BEGIN CERTIFICATE\" block)", path.display())]
     NoCertificate { path: PathBuf },
@@ -152,7 +152,7 @@ fn load_certified_key_at(cert: &CertConfig, now: i64) -> Result<Arc<CertifiedKey
     let leaf = &chain[0];
     ParsedCertificate::try_from(leaf).map_err(|e| bad_cert(e.to_string()))?;
     let validity = Validity::from_der(leaf)
-        .ok_or_else(|| bad_cert("cannot read its validity period".to_owned()))?;
+        .map_err(|e| bad_cert(format!("cannot read its validity period ({e})")))?;
 
     let signing_key = provider()
         .key_provider
@@ -310,8 +310,10 @@ fn read_file(path: &Path) -> Result<Vec<u8>, TlsError> {
     })
 }
 
-fn read_pem(path: &Path, bytes: &[u8]) -> Result<Vec<Item>, TlsError> {
-    rustls_pemfile::read_all(&mut &bytes[..])
+/// Every PEM section of type `T` in `bytes`, in file order; sections of other types are
+/// skipped, a section that does not decode is an error.
+fn read_pem<T: PemObject>(path: &Path, bytes: &[u8]) -> Result<Vec<T>, TlsError> {
+    T::pem_slice_iter(bytes)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|source| TlsError::Pem {
             path: path.to_path_buf(),
@@ -322,13 +324,7 @@ fn read_pem(path: &Path, bytes: &[u8]) -> Result<Vec<Item>, TlsError> {
 /// Every certificate in a PEM file, in file order; at least one.
 fn read_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let bytes = read_file(path)?;
-    let certs: Vec<_> = read_pem(path, &bytes)?
-        .into_iter()
-        .filter_map(|item| match item {
-            Item::X509Certificate(cert) => Some(cert),
-            _ => None,
-        })
-        .collect();
+    let certs = read_pem::<CertificateDer<'static>>(path, &bytes)?;
     if certs.is_empty() {
         return Err(TlsError::NoCertificate {
             path: path.to_path_buf(),
@@ -337,26 +333,19 @@ fn read_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsErr
     Ok(certs)
 }
 
-/// The one private key in a PEM file.
+/// The one private key (PKCS#8, PKCS#1 or SEC1) in a PEM file.
 fn read_private_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
     let bytes = read_file(path)?;
-    // rustls-pemfile skips encrypted PKCS#8 blocks and cannot parse the legacy OpenSSL
-    // encryption headers; say what is wrong instead of "no key" or "malformed".
+    // The PEM reader skips encrypted PKCS#8 blocks (an unknown section type) and cannot
+    // decode the legacy OpenSSL encryption headers; say what is wrong instead of "no key"
+    // or "malformed".
     let encrypted = |marker: &[u8]| bytes.windows(marker.len()).any(|w| w == marker);
     if encrypted(b"-----BEGIN ENCRYPTED PRIVATE KEY-----") || encrypted(b"Proc-Type: 4,ENCRYPTED") {
         return Err(TlsError::EncryptedPrivateKey {
             path: path.to_path_buf(),
         });
     }
-    let mut keys: Vec<PrivateKeyDer<'static>> = read_pem(path, &bytes)?
-        .into_iter()
-        .filter_map(|item| match item {
-            Item::Pkcs8Key(key) => Some(key.into()),
-            Item::Pkcs1Key(key) => Some(key.into()),
-            Item::Sec1Key(key) => Some(key.into()),
-            _ => None,
-        })
-        .collect();
+    let mut keys = read_pem::<PrivateKeyDer<'static>>(path, &bytes)?;
     match keys.len() {
         0 => Err(TlsError::NoPrivateKey {
             path: path.to_path_buf(),
@@ -398,150 +387,43 @@ impl fmt::Display for CertTime {
     }
 }
 
-/// A leaf's validity period, read straight from its DER.
-///
-/// rustls and webpki check validity only while verifying a chain and do not expose the dates,
-/// so this walks the few fields of `TBSCertificate` that precede `validity`
-/// (RFC 5280 section 4.1) rather than pulling in a full X.509 parser. The certificate has
-/// already been parsed by webpki when this runs; any surprise here is reported, not trusted.
+/// A leaf's validity period, read with x509-parser: rustls and webpki check validity only
+/// while verifying a chain and do not expose the dates. webpki has already parsed the
+/// certificate when this runs; any surprise here is reported, not trusted.
 #[derive(Debug, Clone, Copy)]
 struct Validity {
     not_before: CertTime,
     not_after: CertTime,
 }
 
-const TAG_INTEGER: u8 = 0x02;
-const TAG_SEQUENCE: u8 = 0x30;
-const TAG_UTC_TIME: u8 = 0x17;
-const TAG_GENERALIZED_TIME: u8 = 0x18;
-const TAG_VERSION: u8 = 0xa0; // [0] EXPLICIT, constructed
-
 impl Validity {
-    fn from_der(cert: &[u8]) -> Option<Self> {
-        let (certificate, _) = der_expect(cert, TAG_SEQUENCE)?;
-        let (tbs, _) = der_expect(certificate, TAG_SEQUENCE)?;
-        let mut rest = tbs;
-        if rest.first() == Some(&TAG_VERSION) {
-            rest = der_next(rest)?.2;
-        }
-        let (_serial, rest) = der_expect(rest, TAG_INTEGER)?;
-        let (_signature, rest) = der_expect(rest, TAG_SEQUENCE)?;
-        let (_issuer, rest) = der_expect(rest, TAG_SEQUENCE)?;
-        let (validity, _) = der_expect(rest, TAG_SEQUENCE)?;
-        let (tag, value, rest) = der_next(validity)?;
-        let not_before = parse_time(tag, value)?;
-        let (tag, value, rest) = der_next(rest)?;
-        let not_after = parse_time(tag, value)?;
-        rest.is_empty().then_some(Self {
-            not_before,
-            not_after,
+    /// Why the DER cannot be read, in x509-parser's words, as the error.
+    fn from_der(cert: &[u8]) -> Result<Self, String> {
+        let (_, parsed) = x509_parser::parse_x509_certificate(cert).map_err(|e| match e {
+            x509_parser::nom::Err::Incomplete(_) => "truncated".to_owned(),
+            x509_parser::nom::Err::Error(e) | x509_parser::nom::Err::Failure(e) => e.to_string(),
+        })?;
+        let validity = parsed.validity();
+        Ok(Self {
+            not_before: CertTime::from(&validity.not_before),
+            not_after: CertTime::from(&validity.not_after),
         })
     }
 }
 
-/// One DER element: `(tag, contents, rest)`. Low-tag-number form and definite lengths only,
-/// which is all DER allows for the fields read here.
-fn der_next(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
-    let (&tag, input) = input.split_first()?;
-    if tag & 0x1f == 0x1f {
-        return None;
-    }
-    let (&first, input) = input.split_first()?;
-    let (len, input) = if first < 0x80 {
-        (usize::from(first), input)
-    } else {
-        let count = usize::from(first & 0x7f);
-        if count == 0 || count > 4 || input.len() < count {
-            return None;
+impl From<&x509_parser::time::ASN1Time> for CertTime {
+    fn from(time: &x509_parser::time::ASN1Time) -> Self {
+        let utc = time.to_datetime();
+        CertTime {
+            unix: utc.unix_timestamp(),
+            year: i64::from(utc.year()),
+            month: u8::from(utc.month()),
+            day: utc.day(),
+            hour: utc.hour(),
+            minute: utc.minute(),
+            second: utc.second(),
         }
-        let (bytes, input) = input.split_at(count);
-        let len = bytes
-            .iter()
-            .fold(0usize, |acc, &b| (acc << 8) | usize::from(b));
-        (len, input)
-    };
-    if input.len() < len {
-        return None;
     }
-    let (contents, rest) = input.split_at(len);
-    Some((tag, contents, rest))
-}
-
-fn der_expect(input: &[u8], tag: u8) -> Option<(&[u8], &[u8])> {
-    let (found, contents, rest) = der_next(input)?;
-    (found == tag).then_some((contents, rest))
-}
-
-/// `UTCTime` (`YYMMDDHHMMSSZ`, years 1950..2049) or `GeneralizedTime` (`YYYYMMDDHHMMSSZ`),
-/// the forms RFC 5280 section 4.1.2.5 allows.
-fn parse_time(tag: u8, value: &[u8]) -> Option<CertTime> {
-    let (year, rest) = match (tag, value.len()) {
-        (TAG_UTC_TIME, 13) => {
-            let yy = i64::from(two_digits(value)?);
-            (if yy >= 50 { 1900 + yy } else { 2000 + yy }, &value[2..])
-        }
-        (TAG_GENERALIZED_TIME, 15) => {
-            let high = i64::from(two_digits(value)?);
-            let low = i64::from(two_digits(&value[2..])?);
-            (high * 100 + low, &value[4..])
-        }
-        _ => return None,
-    };
-    let month = two_digits(rest)?;
-    let day = two_digits(&rest[2..])?;
-    let hour = two_digits(&rest[4..])?;
-    let minute = two_digits(&rest[6..])?;
-    let second = two_digits(&rest[8..])?;
-    if rest[10..] != *b"Z"
-        || !(1..=12).contains(&month)
-        || day == 0
-        || day > days_in_month(year, month)
-        || hour > 23
-        || minute > 59
-        || second > 59
-    {
-        return None;
-    }
-    let days = days_from_civil(year, month, day);
-    let unix = days * 86_400 + i64::from(hour) * 3600 + i64::from(minute) * 60 + i64::from(second);
-    Some(CertTime {
-        unix,
-        year,
-        month,
-        day,
-        hour,
-        minute,
-        second,
-    })
-}
-
-fn two_digits(s: &[u8]) -> Option<u8> {
-    match s {
-        [a @ b'0'..=b'9', b @ b'0'..=b'9', ..] => Some((a - b'0') * 10 + (b - b'0')),
-        _ => None,
-    }
-}
-
-fn days_in_month(year: i64, month: u8) -> u8 {
-    let leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
-    match month {
-        2 if leap => 29,
-        2 => 28,
-        4 | 6 | 9 | 11 => 30,
-        _ => 31,
-    }
-}
-
-/// Days from 1970-01-01 to a proleptic Gregorian date. Counts from March so the leap day
-/// falls at the end of the year; eras are 400-year cycles of 146 097 days.
-fn days_from_civil(year: i64, month: u8, day: u8) -> i64 {
-    let year = if month <= 2 { year - 1 } else { year };
-    let era = year.div_euclid(400);
-    let year_of_era = year.rem_euclid(400);
-    let month_from_march = (i64::from(month) + 9) % 12;
-    let day_of_year = (153 * month_from_march + 2) / 5 + i64::from(day) - 1;
-    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
-    era * 146_097 + day_of_era - 719_468
 }
 
 /// A server certificate verifier that accepts any certificate, though the handshake signature
@@ -1129,9 +1011,9 @@ sOzeL+tnOnrb3xlbmOyKhtXnvDs9AIDGWSDdNn5bQe7WyJxz+7tNWAqp
         params.not_before = rcgen::date_time_ymd(2019, 1, 1);
         params.not_after = rcgen::date_time_ymd(2020, 1, 1);
         let (edge, _) = pki.issue_with("edge", params, &key, &key.serialize_pem());
-        let not_after = days_from_civil(2020, 1, 1) * 86_400;
+        let not_after = 1_577_836_800; // 2020-01-01T00:00:00Z
         load_certified_key_at(&edge, not_after).expect("valid at notAfter");
-        let not_before = days_from_civil(2019, 1, 1) * 86_400;
+        let not_before = 1_546_300_800; // 2019-01-01T00:00:00Z
         load_certified_key_at(&edge, not_before).expect("valid at notBefore");
         assert!(load_certified_key_at(&edge, not_before - 1).is_err());
         assert!(load_certified_key_at(&edge, not_after + 1).is_err());
@@ -1306,48 +1188,45 @@ sOzeL+tnOnrb3xlbmOyKhtXnvDs9AIDGWSDdNn5bQe7WyJxz+7tNWAqp
     }
 
     #[test]
-    fn validity_times_parse_both_asn1_forms() {
-        assert_eq!(days_from_civil(1970, 1, 1), 0);
-        assert_eq!(days_from_civil(2000, 3, 1), 11_017);
-        assert_eq!(days_from_civil(1969, 12, 31), -1);
-        assert_eq!(days_from_civil(2024, 2, 29), 19_782);
+    fn validity_is_read_in_both_asn1_time_forms() {
+        // RFC 5280 section 4.1.2.5: UTCTime through 2049 (two-digit years, 50..99 meaning
+        // 19xx), GeneralizedTime from 2050; rcgen writes each date in the form it requires.
+        let pki = Pki::new();
+        let key = KeyPair::generate().expect("key");
+        let read = |not_before, not_after| {
+            let mut params = leaf_params(&["dates.test"]);
+            params.not_before = not_before;
+            params.not_after = not_after;
+            let (_, der) = pki.issue_with("dates", params, &key, &key.serialize_pem());
+            Validity::from_der(&der).expect("validity")
+        };
+        let second = std::time::Duration::from_secs(1);
 
-        let t = parse_time(TAG_UTC_TIME, b"491231235959Z").expect("UTCTime");
-        assert_eq!(t.to_string(), "2049-12-31T23:59:59Z");
-        let t = parse_time(TAG_UTC_TIME, b"500101000000Z").expect("UTCTime");
-        assert_eq!(
-            (t.year, t.unix),
-            (1950, days_from_civil(1950, 1, 1) * 86_400)
+        let v = read(
+            rcgen::date_time_ymd(1950, 1, 1),
+            rcgen::date_time_ymd(2050, 1, 1) - second,
         );
-        let t = parse_time(TAG_GENERALIZED_TIME, b"40960101000000Z").expect("GeneralizedTime");
-        assert_eq!(t.to_string(), "4096-01-01T00:00:00Z");
-        let t = parse_time(TAG_GENERALIZED_TIME, b"20240229120000Z").expect("leap day");
-        assert_eq!(t.unix, 19_782 * 86_400 + 12 * 3600);
+        assert_eq!(v.not_before.to_string(), "1950-01-01T00:00:00Z");
+        assert_eq!(v.not_before.unix, -631_152_000);
+        assert_eq!(v.not_after.to_string(), "2049-12-31T23:59:59Z");
+        assert_eq!(v.not_after.unix, 2_524_607_999);
 
-        for (tag, bad) in [
-            (TAG_UTC_TIME, &b"491231235959"[..]),
-            (TAG_UTC_TIME, b"491231235959+"),
-            (TAG_UTC_TIME, b"4912312359590Z"),
-            (TAG_GENERALIZED_TIME, b"20230229120000Z"),
-            (TAG_GENERALIZED_TIME, b"20241301000000Z"),
-            (TAG_GENERALIZED_TIME, b"20240101240000Z"),
-            (TAG_GENERALIZED_TIME, b"2024010100000aZ"),
-            (TAG_INTEGER, b"20240101000000Z"),
-        ] {
-            assert!(parse_time(tag, bad).is_none(), "{bad:?}");
-        }
+        let v = read(
+            rcgen::date_time_ymd(2024, 2, 29) + 12 * 3600 * second,
+            rcgen::date_time_ymd(2050, 1, 1),
+        );
+        assert_eq!(v.not_before.to_string(), "2024-02-29T12:00:00Z");
+        assert_eq!(v.not_before.unix, 1_709_208_000);
+        assert_eq!(v.not_after.to_string(), "2050-01-01T00:00:00Z");
+        assert_eq!(v.not_after.unix, 2_524_608_000);
 
         // Truncating a real certificate anywhere never panics and never half-parses.
-        let pki = Pki::new();
         let (_, der) = pki.issue("a", &["a.test"]);
         let validity = Validity::from_der(&der).expect("validity");
         assert_eq!(validity.not_before.to_string(), "1975-01-01T00:00:00Z");
         assert_eq!(validity.not_after.to_string(), "4096-01-01T00:00:00Z");
         for len in 0..der.len() {
-            let _ = Validity::from_der(&der[..len]);
+            assert!(Validity::from_der(&der[..len]).is_err(), "{len} bytes");
         }
-        assert!(der_next(&[0x30, 0x85, 1, 2, 3, 4, 5]).is_none());
-        assert!(der_next(&[0x30, 0x80]).is_none());
-        assert!(der_next(&[0x1f, 0x01, 0x00]).is_none());
     }
 }

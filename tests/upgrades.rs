@@ -23,7 +23,8 @@ use common::*;
 
 /// How long a reply may take before the case fails.
 const REPLY_WITHIN: Duration = Duration::from_secs(3);
-/// Time given to bytes on their way to the upstream before its record is read.
+/// Time given to bytes that must *not* reach the upstream before its record is read: absence
+/// has no condition to poll for. What must arrive is waited for with `common::wait::until`.
 const SETTLE: Duration = Duration::from_millis(200);
 
 /// The request every smuggling payload tries to hide.
@@ -316,7 +317,13 @@ async fn only_websocket_of_an_upgrade_list_goes_upstream() {
     assert_eq!(field(&heads[0], "upgrade").as_deref(), Some("websocket"));
     // After a real switch the bytes are the new protocol's, carried both ways.
     client.write_all(b"frames").await.expect("write");
-    tokio::time::sleep(SETTLE).await;
+    let arrived = || upstream.tunnelled().len() >= "frames".len();
+    common::wait::until(
+        "the bytes sent after the switch never reached the upstream",
+        REPLY_WITHIN,
+        arrived,
+    )
+    .await;
     assert_eq!(upstream.tunnelled(), "frames");
 }
 

@@ -40,6 +40,7 @@ use std::task::{Context, Poll};
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::WebPkiServerVerifier;
+use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{
     CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
@@ -427,7 +428,7 @@ impl TlsSettings {
 pub fn read_roots(path: &Path) -> Result<RootCertStore, String> {
     let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let mut roots = RootCertStore::empty();
-    for item in rustls_pemfile::certs(&mut &bytes[..]) {
+    for item in CertificateDer::pem_slice_iter(&bytes) {
         let cert = item.map_err(|e| format!("{}: malformed PEM: {e}", path.display()))?;
         roots
             .add(cert)

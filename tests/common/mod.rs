@@ -10,6 +10,7 @@ pub mod haproxy;
 pub mod log;
 pub mod pgbouncer;
 pub mod tls;
+pub mod wait;
 
 use std::collections::HashMap;
 use std::convert::Infallible;

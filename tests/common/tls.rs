@@ -5,6 +5,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
 use tollgate::config::CertConfig;
 
 pub struct TestPki {
@@ -60,8 +62,7 @@ impl TestPki {
     /// The DER of the leaf certificate in `cert`'s chain file.
     pub fn leaf_der(cert: &CertConfig) -> Vec<u8> {
         let pem = std::fs::read(&cert.cert).expect("read cert");
-        let mut reader = std::io::BufReader::new(&pem[..]);
-        let first = rustls_pemfile::certs(&mut reader)
+        let first = CertificateDer::pem_slice_iter(&pem)
             .next()
             .expect("a certificate")
             .expect("valid PEM");
