@@ -8,6 +8,7 @@
 //! construction once a [`Config`] exists.
 
 mod load;
+mod syntax;
 
 pub use load::{load_file, load_str, ConfigError, ConfigErrors};
 
