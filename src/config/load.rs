@@ -4,19 +4,22 @@
 //! TOML parsing (with positions), `${NAME}` expansion, unknown-key detection, type and range
 //! checks, defaults, and the cross-field checks (a route's upstream exists, route names are
 //! unique, two limits that write the same bucket prefix agree on `requests` and `window`).
-//! The syntax of single values (durations, hosts, ...) lives in [`super::syntax`].
+//! The syntax of single values (durations, hosts, ...) lives in [`super::syntax`], the walking
+//! of the document with positions in [`super::walk`]; this module is the schema: one reader
+//! per section, its defaults and the checks across fields.
 //!
 //! The file is hostile input and the operator wants to fix it in one pass, so nothing here
-//! stops at the first problem: every check runs, every problem becomes a [`ConfigError`] with
-//! `FILE:LINE:COL: field.path: message`, and a [`Config`] is returned only when there are none.
-//! A reader that finds a bad value reports it and carries on with the default, so the rest of
-//! the file is still checked; checks across fields run only on values that were valid, so one
-//! mistake is never reported twice.
+//! stops at the first problem: every check runs, every problem becomes a
+//! [`ConfigError`](super::ConfigError) with `FILE:LINE:COL: field.path: message`, and a
+//! [`Config`] is returned only when there are none. A reader that finds a bad value reports it
+//! and carries on with the default, so the rest of the file is still checked; checks across
+//! fields run only on values that were valid, so one mistake is not reported twice.
 //!
-//! Why not serde: serde stops at the first error, and the spanned-tree crates tried instead
-//! (toml-span, toml 0.9's `DeTable`) either overflow the stack on deeply nested arrays or put
-//! a duplicate table elsewhere than today's tests pin. toml_edit already keeps the position of
-//! every key and value, so the document is walked directly, one [`TableReader`] per table.
+//! Why not serde: serde stops at the first error. Of the spanned-tree crates tried instead,
+//! toml-span overflows the stack on deeply nested arrays (the fuzz target and a unit test feed
+//! it 5,000 levels) and toml 0.9's `DeTable` reports a duplicate table at its key rather than
+//! its header. toml_edit keeps the position of every key and value and has a recursion limit,
+//! so the document is walked directly, one [`TableReader`] per table.
 //!
 //! Positions: lines and columns are 1-based; columns count characters (not bytes), as editors
 //! do. Field paths use TOML dotted keys with 0-based indices into arrays:
@@ -26,37 +29,28 @@
 //! `TOLLGATE_DATABASE_URL` override go through the `env` function the caller passes, so tests
 //! need no `std::env::set_var` and `main` stays the only place that touches the environment.
 
-use std::cell::RefCell;
 use std::collections::HashMap;
-use std::fmt;
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
-use std::ops::Range;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, StatusCode};
 use ipnet::IpNet;
-use toml_edit::{ImDocument, Item, Table, TableLike, Value};
+use toml_edit::{ImDocument, Value};
 
 use super::syntax::{
-    check_name, expand, format_secs, parse_algorithm, parse_cidr, parse_host, parse_key_part,
-    parse_origin, parse_path_prefix, parse_socket_addr, parse_window, positive_duration,
-    positive_size,
+    check_name, format_secs, parse_algorithm, parse_cidr, parse_host, parse_key_part, parse_origin,
+    parse_path_prefix, parse_window,
 };
+use super::walk::{join_path, Cx, Node, Raw, TableReader};
 use super::{
-    AdminConfig, Algorithm, CertConfig, Config, KeyPart, KeySpec, KeysConfig, LimitConfig,
-    ProxyProtocolConfig, RateLimitHeaders, RejectConfig, RouteConfig, ServerConfig, StoreConfig,
-    StoreErrorPolicy, UpstreamConfig, DEFAULT_MEMORY_BUCKETS, MAX_MEMORY_BUCKETS,
+    AdminConfig, Algorithm, CertConfig, Config, ConfigErrors, KeyPart, KeySpec, KeysConfig,
+    LimitConfig, ProxyProtocolConfig, RateLimitHeaders, RejectConfig, RouteConfig, ServerConfig,
+    StoreConfig, StoreErrorPolicy, UpstreamConfig, DEFAULT_MEMORY_BUCKETS, MAX_MEMORY_BUCKETS,
 };
-
-/// The environment lookup the caller provides (`std::env::var(..).ok()` in `main`).
-type Env<'a> = &'a dyn Fn(&str) -> Option<String>;
-
-/// A byte range in the source text, when toml_edit knows one.
-type Span = Option<Range<usize>>;
 
 /// Environment variable that overrides `store.url` when set and non-empty (SPEC section 2).
 pub const DATABASE_URL_ENV: &str = "TOLLGATE_DATABASE_URL";
@@ -78,69 +72,6 @@ const STORE_POLICIES: &[(&str, StoreErrorPolicy)] = &[
     ("deny", StoreErrorPolicy::Deny),
     ("local", StoreErrorPolicy::Local),
 ];
-
-/// One problem in the configuration file.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
-    /// The file, as the caller named it.
-    pub file: String,
-    /// 1-based; 0 when the problem has no position in the file (unreadable file, a bad
-    /// `TOLLGATE_DATABASE_URL`).
-    pub line: usize,
-    /// 1-based, in characters; 0 when `line` is 0.
-    pub col: usize,
-    /// Dotted path of the offending field, e.g. `routes[2].limits[0].window`; empty for a TOML
-    /// syntax error or an unreadable file.
-    pub field: String,
-    /// What is wrong. Never contains the value of `keys.secret` or `store.url`.
-    pub message: String,
-}
-
-impl fmt::Display for ConfigError {
-    /// `FILE:LINE:COL: field.path: message`; the position is left out when there is none and
-    /// the field when it is empty (`FILE: cannot read: ...`).
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.file)?;
-        if self.line > 0 {
-            write!(f, ":{}:{}", self.line, self.col)?;
-        }
-        if !self.field.is_empty() {
-            write!(f, ": {}", self.field)?;
-        }
-        // One problem, one line: a value quoted into the message may hold line breaks or
-        // other control characters, which are shown escaped.
-        f.write_str(": ")?;
-        for c in self.message.chars() {
-            if c.is_control() {
-                write!(f, "{}", c.escape_default())?;
-            } else {
-                write!(f, "{c}")?;
-            }
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for ConfigError {}
-
-/// Every problem found in one file, in file order. Never empty when returned by the loader.
-#[derive(Debug)]
-pub struct ConfigErrors(pub Vec<ConfigError>);
-
-impl fmt::Display for ConfigErrors {
-    /// One error per line, no trailing newline.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, e) in self.0.iter().enumerate() {
-            if i > 0 {
-                writeln!(f)?;
-            }
-            write!(f, "{e}")?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for ConfigErrors {}
 
 /// Reads and validates the file at `path`. `env` looks up environment variables for `${NAME}`
 /// and `TOLLGATE_DATABASE_URL`; the process environment is never read directly.
@@ -224,476 +155,6 @@ pub fn load_str(
 }
 
 // ---------------------------------------------------------------------------------------------
-// Error collection, positions and typed values
-
-/// The state of one load: the source (for positions), the environment, and the errors so far.
-struct Cx<'a> {
-    file: String,
-    src: &'a str,
-    /// Byte offset of the start of each line.
-    line_starts: Vec<usize>,
-    /// Relative paths in the file are resolved against this directory.
-    base_dir: PathBuf,
-    env: Env<'a>,
-    errors: Vec<ConfigError>,
-}
-
-impl<'a> Cx<'a> {
-    fn new(path: &Path, src: &'a str, env: Env<'a>) -> Self {
-        let line_starts = std::iter::once(0)
-            .chain(src.match_indices('\n').map(|(i, _)| i + 1))
-            .collect();
-        Cx {
-            file: path.display().to_string(),
-            src,
-            line_starts,
-            base_dir: path.parent().map(Path::to_path_buf).unwrap_or_default(),
-            env,
-            errors: Vec::new(),
-        }
-    }
-
-    /// 1-based line and column (in characters) of a byte offset.
-    fn position(&self, offset: usize) -> (usize, usize) {
-        let offset = offset.min(self.src.len());
-        let line = self.line_starts.partition_point(|&s| s <= offset).max(1);
-        let start = self.line_starts.get(line - 1).copied().unwrap_or(0);
-        let col = match self.src.get(start..offset) {
-            Some(s) => s.chars().count(),
-            // Not on a char boundary (never from toml_edit): count bytes rather than fail.
-            None => offset - start,
-        };
-        (line, col + 1)
-    }
-
-    fn error(&mut self, span: &Span, field: &str, message: impl Into<String>) {
-        let (line, col) = self.position(span.as_ref().map_or(0, |r| r.start));
-        self.push(line, col, field, message.into());
-    }
-
-    /// An error that has no place in the file (it comes from the environment).
-    fn error_unplaced(&mut self, field: &str, message: impl Into<String>) {
-        self.push(0, 0, field, message.into());
-    }
-
-    fn push(&mut self, line: usize, col: usize, field: &str, message: String) {
-        let (file, field) = (self.file.clone(), field.to_string());
-        self.errors.push(ConfigError {
-            file,
-            line,
-            col,
-            field,
-            message,
-        });
-    }
-
-    fn take_errors(&mut self) -> ConfigErrors {
-        // Readers run section by section; file order is what an operator fixing the file
-        // wants. The sort is stable, so errors at one place keep the order they were found in.
-        self.errors.sort_by_key(|e| (e.line, e.col));
-        ConfigErrors(std::mem::take(&mut self.errors))
-    }
-
-    fn type_error(&mut self, node: &Node<'_>, expected: &str) {
-        let found = node.type_name();
-        let message = format!("expected {expected}, found {found}");
-        self.error(&node.span, &node.path, message);
-    }
-
-    /// The value of `result`, or None after reporting its message at `node`.
-    fn check<T, E: Into<String>>(&mut self, node: &Node<'_>, result: Result<T, E>) -> Option<T> {
-        result
-            .map_err(|m| self.error(&node.span, &node.path, m))
-            .ok()
-    }
-
-    /// `items`, or None after reporting `message` when there are none.
-    fn non_empty<T>(&mut self, node: &Node<'_>, items: Vec<T>, message: &str) -> Option<Vec<T>> {
-        self.check(
-            node,
-            if items.is_empty() {
-                Err(message)
-            } else {
-                Ok(items)
-            },
-        )
-    }
-
-    // Typed values: each reports its own errors and returns None after reporting.
-
-    /// A string, after `${NAME}` expansion.
-    fn string(&mut self, node: &Node<'_>) -> Option<String> {
-        let Some(Value::String(s)) = node.value() else {
-            self.type_error(node, "a string");
-            return None;
-        };
-        match expand(s.value(), self.env) {
-            Ok(v) => Some(v),
-            Err(problems) => {
-                for p in problems {
-                    self.error(&node.span, &node.path, p);
-                }
-                None
-            }
-        }
-    }
-
-    /// A string read by one of the value syntaxes in [`super::syntax`].
-    fn parse<T>(
-        &mut self,
-        node: &Node<'_>,
-        parse: impl FnOnce(&str) -> Result<T, String>,
-    ) -> Option<T> {
-        let s = self.string(node)?;
-        self.check(node, parse(&s))
-    }
-
-    /// An integer in `min..=max`, converted to the field's type (always possible in range).
-    fn int<T: TryFrom<i64>>(&mut self, node: &Node<'_>, min: i64, max: i64) -> Option<T> {
-        let Some(Value::Integer(i)) = node.value() else {
-            self.type_error(node, "an integer");
-            return None;
-        };
-        let i = *i.value();
-        if i < min || i > max {
-            let message = format!("must be between {min} and {max}, got {i}");
-            self.error(&node.span, &node.path, message);
-            return None;
-        }
-        T::try_from(i).ok()
-    }
-
-    fn boolean(&mut self, node: &Node<'_>) -> Option<bool> {
-        match node.value() {
-            Some(Value::Boolean(b)) => Some(*b.value()),
-            _ => {
-                self.type_error(node, "a boolean (true or false)");
-                None
-            }
-        }
-    }
-
-    /// One of a fixed set of strings.
-    fn choice<T: Copy>(&mut self, node: &Node<'_>, options: &[(&str, T)]) -> Option<T> {
-        let s = self.string(node)?;
-        let found = options.iter().find(|(name, _)| *name == s).map(|(_, v)| *v);
-        if found.is_none() {
-            let names: Vec<String> = options.iter().map(|(n, _)| format!("{n:?}")).collect();
-            let message = format!("expected one of {}, got {s:?}", names.join(", "));
-            self.error(&node.span, &node.path, message);
-        }
-        found
-    }
-
-    /// A duration string, greater than zero and at most 366 days.
-    fn duration(&mut self, node: &Node<'_>) -> Option<Duration> {
-        self.parse(node, positive_duration)
-    }
-
-    /// A size (`"10MiB"`), greater than zero.
-    fn size(&mut self, node: &Node<'_>) -> Option<u64> {
-        self.parse(node, positive_size)
-    }
-
-    fn socket_addr(&mut self, node: &Node<'_>) -> Option<SocketAddr> {
-        self.parse(node, parse_socket_addr)
-    }
-
-    /// A name that ends up in metric labels and bucket strings.
-    fn name(&mut self, node: &Node<'_>, what: &str) -> Option<String> {
-        self.parse(node, |s| check_name(s, what).map(|()| s.to_string()))
-    }
-
-    /// The elements of an array, each with its own path and span.
-    fn array<'d>(&mut self, node: &Node<'d>) -> Option<Vec<Node<'d>>> {
-        let Some(Value::Array(a)) = node.value() else {
-            self.type_error(node, "an array");
-            return None;
-        };
-        let elements = a.iter().enumerate();
-        Some(
-            elements
-                .map(|(i, v)| node.element(i, Raw::Value(v), v.span()))
-                .collect(),
-        )
-    }
-
-    /// An array whose elements are each parsed by `parse`; None if anything was wrong (all
-    /// bad elements are reported, not just the first).
-    fn list<'d, T>(
-        &mut self,
-        node: &Node<'d>,
-        mut parse: impl FnMut(&mut Self, &Node<'d>) -> Option<T>,
-    ) -> Option<Vec<T>> {
-        let parsed: Vec<Option<T>> = self.array(node)?.iter().map(|e| parse(self, e)).collect();
-        parsed.into_iter().collect()
-    }
-
-    /// A `[[name]]` array of tables (or an array of inline tables, which TOML treats alike).
-    fn tables<'d>(&mut self, node: &Node<'d>) -> Option<Vec<Node<'d>>> {
-        match node.raw {
-            Raw::Item(Item::ArrayOfTables(a)) => {
-                let elements = a.iter().enumerate();
-                Some(
-                    elements
-                        .map(|(i, t)| node.element(i, Raw::Table(t), t.span()))
-                        .collect(),
-                )
-            }
-            _ if matches!(node.value(), Some(Value::Array(_))) => self.array(node),
-            _ => {
-                let expected = format!("an array of tables ([[{}]])", toml_header(&node.path));
-                self.type_error(node, &expected);
-                None
-            }
-        }
-    }
-
-    /// A path to a file that must exist and be readable, resolved against the config file's
-    /// directory when relative.
-    fn readable_file(&mut self, node: &Node<'_>) -> Option<PathBuf> {
-        let s = self.string(node)?;
-        if s.is_empty() {
-            return self.check(node, Err("must not be empty"));
-        }
-        let path = self.base_dir.join(&s);
-        // Opening proves readability for this user; the metadata check catches directories,
-        // which open fine on Unix but cannot be read as PEM.
-        let problem = match std::fs::File::open(&path).and_then(|f| f.metadata()) {
-            Ok(m) if m.is_file() => return Some(path),
-            Ok(_) => "is not a regular file".to_string(),
-            Err(e) => e.to_string(),
-        };
-        self.check(
-            node,
-            Err(format!("cannot read {}: {problem}", path.display())),
-        )
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Walking the document
-
-/// What a [`Node`] points at: toml_edit has three shapes for "a thing at a path".
-#[derive(Clone, Copy)]
-enum Raw<'d> {
-    Item(&'d Item),
-    Value(&'d Value),
-    /// An element of an array of tables.
-    Table(&'d Table),
-}
-
-/// A value in the document with its field path and position.
-#[derive(Clone)]
-struct Node<'d> {
-    raw: Raw<'d>,
-    path: String,
-    /// The value's span, or its key's when the value has none (implicit and dotted tables).
-    span: Span,
-}
-
-impl<'d> Node<'d> {
-    fn value(&self) -> Option<&'d Value> {
-        match self.raw {
-            Raw::Item(Item::Value(v)) | Raw::Value(v) => Some(v),
-            _ => None,
-        }
-    }
-
-    fn type_name(&self) -> &'static str {
-        match self.raw {
-            Raw::Item(i) => i.type_name(),
-            Raw::Value(v) => v.type_name(),
-            Raw::Table(_) => "table",
-        }
-    }
-
-    fn table_like(&self) -> Option<&'d dyn TableLike> {
-        match self.raw {
-            Raw::Item(i) => i.as_table_like(),
-            Raw::Value(Value::InlineTable(t)) => Some(t),
-            Raw::Value(_) => None,
-            Raw::Table(t) => Some(t),
-        }
-    }
-
-    /// Element `i` of this array; it has the array's span when it has none of its own.
-    fn element(&self, i: usize, raw: Raw<'d>, span: Span) -> Node<'d> {
-        let path = format!("{}[{i}]", self.path);
-        let span = span.or_else(|| self.span.clone());
-        Node { raw, path, span }
-    }
-}
-
-/// Reads one table: hands out its fields by name and, at the end, reports every key nobody
-/// asked for. A typo must be an error, not a silently ignored limit. The keys a table knows
-/// are exactly those its reader asks for (every reader asks for all of them, whatever the
-/// file holds), so the list of known keys cannot drift from the code that reads them.
-struct TableReader<'d> {
-    /// None for an absent table (or one that is not a table), which yields only defaults.
-    table: Option<&'d dyn TableLike>,
-    path: String,
-    /// Where "missing required field" points: the table's header.
-    span: Span,
-    /// Every key asked for so far, in the order asked.
-    known: RefCell<Vec<&'static str>>,
-}
-
-impl<'d> TableReader<'d> {
-    fn new(table: &'d dyn TableLike, path: String, span: Span) -> Self {
-        let known = RefCell::default();
-        let table = Some(table);
-        TableReader {
-            table,
-            path,
-            span,
-            known,
-        }
-    }
-
-    /// A reader over `node`; None (after reporting) when it is not a table.
-    fn of(cx: &mut Cx<'_>, node: &Node<'d>) -> Option<Self> {
-        let Some(table) = node.table_like() else {
-            cx.type_error(node, "a table");
-            return None;
-        };
-        Some(TableReader::new(
-            table,
-            node.path.clone(),
-            node.span.clone(),
-        ))
-    }
-
-    /// The sub-table `key`; absent, or not a table (reported), it reads as an empty table.
-    fn table(&self, cx: &mut Cx<'_>, key: &'static str) -> TableReader<'d> {
-        let node = self.get(key);
-        let reader = node.and_then(|n| TableReader::of(cx, &n));
-        reader.unwrap_or_else(|| TableReader {
-            table: None,
-            path: self.field_path(key),
-            span: None,
-            known: RefCell::default(),
-        })
-    }
-
-    fn field_path(&self, key: &str) -> String {
-        join_path(&self.path, key)
-    }
-
-    fn get(&self, key: &'static str) -> Option<Node<'d>> {
-        self.known.borrow_mut().push(key);
-        let (k, item) = self.table?.get_key_value(key)?;
-        if item.is_none() {
-            return None;
-        }
-        let (path, span) = (self.field_path(key), item.span().or_else(|| k.span()));
-        let raw = Raw::Item(item);
-        Some(Node { raw, path, span })
-    }
-
-    /// The field `key`, reported as missing when absent.
-    fn require(&self, cx: &mut Cx<'_>, key: &'static str) -> Option<Node<'d>> {
-        let node = self.get(key);
-        if node.is_none() {
-            cx.error(&self.span, &self.field_path(key), "missing required field");
-        }
-        node
-    }
-
-    /// A required field read by `read`; None when missing or invalid (both reported).
-    fn req<'a, T>(
-        &self,
-        cx: &mut Cx<'a>,
-        key: &'static str,
-        read: impl FnOnce(&mut Cx<'a>, &Node<'d>) -> Option<T>,
-    ) -> Option<T> {
-        self.require(cx, key).and_then(|n| read(cx, &n))
-    }
-
-    /// An optional field read by `read`; None when absent or invalid (reported).
-    fn opt<'a, T>(
-        &self,
-        cx: &mut Cx<'a>,
-        key: &'static str,
-        read: impl FnOnce(&mut Cx<'a>, &Node<'d>) -> Option<T>,
-    ) -> Option<T> {
-        self.get(key).and_then(|n| read(cx, &n))
-    }
-
-    /// An optional field with a default, which also stands in for an invalid value (reported).
-    fn or<'a, T>(
-        &self,
-        cx: &mut Cx<'a>,
-        key: &'static str,
-        default: T,
-        read: impl FnOnce(&mut Cx<'a>, &Node<'d>) -> Option<T>,
-    ) -> T {
-        self.opt(cx, key, read).unwrap_or(default)
-    }
-
-    /// Reports every key that was not asked for.
-    fn finish(self, cx: &mut Cx<'_>) {
-        let Some(table) = self.table else { return };
-        let known = self.known.borrow();
-        for (key, item) in table.iter() {
-            if known.iter().any(|k| *k == key) {
-                continue;
-            }
-            let key_span = table.key(key).and_then(|k| k.span());
-            let span = key_span
-                .or_else(|| item.span())
-                .or_else(|| self.span.clone());
-            let hint = match closest(key, &known) {
-                Some(k) => format!("; did you mean `{k}`?"),
-                None => format!("; expected one of: {}", known.join(", ")),
-            };
-            cx.error(&span, &self.field_path(key), format!("unknown field{hint}"));
-        }
-    }
-}
-
-fn join_path(parent: &str, key: &str) -> String {
-    // Keys that are not bare TOML keys are quoted, so the path reads back as TOML.
-    let bare = !key.is_empty()
-        && key
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-    let key = if bare {
-        key.to_string()
-    } else {
-        format!("{key:?}")
-    };
-    if parent.is_empty() {
-        key
-    } else {
-        format!("{parent}.{key}")
-    }
-}
-
-/// A field path as a TOML table header: `routes[0].limits` -> `routes.limits`.
-fn toml_header(path: &str) -> String {
-    let mut in_index = false;
-    let keep = |c: &char| match c {
-        '[' | ']' => {
-            in_index = *c == '[';
-            false
-        }
-        _ => !in_index,
-    };
-    path.chars().filter(keep).collect()
-}
-
-/// The known key closest to a typo, if it is close enough to be a plausible misspelling.
-fn closest<'k>(key: &str, known: &[&'k str]) -> Option<&'k str> {
-    known
-        .iter()
-        .map(|k| (strsim::levenshtein(key, k), *k))
-        .filter(|(d, k)| *d <= if k.len() <= 4 { 1 } else { 2 })
-        .min_by_key(|(d, _)| *d)
-        .map(|(_, k)| k)
-}
-
-// ---------------------------------------------------------------------------------------------
 // Sections
 
 /// `[server]`. Defaults are listed on [`load_str`].
@@ -719,21 +180,9 @@ fn read_server(cx: &mut Cx<'_>, t: TableReader<'_>) -> ServerConfig {
         }
         check_duplicate_addrs(cx, &[(listen_node.as_ref(), l), (tls_node.as_ref(), tl)]);
     }
-    let certs_node = t.get("certs");
-    let certs = certs_node.as_ref().map(|n| read_certs(cx, n));
-    if tls_listen.as_ref().is_some_and(|tl| !tl.is_empty()) {
-        match (&tls_node, &certs_node, &certs) {
-            (Some(tn), None, _) => {
-                let message = "TLS listeners need at least one [[server.certs]] entry";
-                cx.error(&tn.span, &tn.path, message);
-            }
-            (_, Some(cn), Some(Some(c))) if c.is_empty() => {
-                let message = "TLS listeners need at least one certificate";
-                cx.error(&cn.span, &cn.path, message);
-            }
-            _ => {}
-        }
-    }
+    // The TLS listeners' node, when there are any: where a missing certificate is reported.
+    let tls_used = tls_listen.as_ref().is_some_and(|tl| !tl.is_empty());
+    let tls_used = tls_node.as_ref().filter(|_| tls_used);
     let header_options = [
         ("draft", RateLimitHeaders::Draft),
         ("legacy", RateLimitHeaders::Legacy),
@@ -761,7 +210,7 @@ fn read_server(cx: &mut Cx<'_>, t: TableReader<'_>) -> ServerConfig {
         max_body_size: t.opt(cx, "max_body_size", Cx::size),
         // Absent = one worker per CPU the process may run on, decided at start.
         workers: t.opt(cx, "workers", |cx, n| cx.int(n, 1, MAX_WORKERS)),
-        certs: certs.flatten().unwrap_or_default(),
+        certs: read_certs(cx, t.get("certs"), tls_used),
         proxy_protocol: t.opt(cx, "proxy_protocol", read_proxy_protocol),
     };
     t.finish(cx);
@@ -816,10 +265,18 @@ fn check_duplicate_addrs(cx: &mut Cx<'_>, lists: &[(Option<&Node<'_>>, &Vec<Sock
     }
 }
 
-fn read_certs(cx: &mut Cx<'_>, node: &Node<'_>) -> Option<Vec<CertConfig>> {
+/// `[[server.certs]]`; TLS listeners (`tls`, their node when there are any) need at least one.
+fn read_certs(cx: &mut Cx<'_>, node: Option<Node<'_>>, tls: Option<&Node<'_>>) -> Vec<CertConfig> {
+    let Some(node) = node else {
+        if let Some(tls) = tls {
+            let message = "TLS listeners need at least one [[server.certs]] entry";
+            cx.error(&tls.span, &tls.path, message);
+        }
+        return Vec::new();
+    };
     let before = cx.errors.len();
     let mut out = Vec::new();
-    for n in &cx.tables(node)? {
+    for n in &cx.tables(&node).unwrap_or_default() {
         let Some(t) = TableReader::of(cx, n) else {
             continue;
         };
@@ -830,7 +287,12 @@ fn read_certs(cx: &mut Cx<'_>, node: &Node<'_>) -> Option<Vec<CertConfig>> {
             out.push(CertConfig { cert, key });
         }
     }
-    (cx.errors.len() == before).then_some(out)
+    // Only when no entry was broken: an empty list is the problem, not a consequence.
+    if tls.is_some() && out.is_empty() && cx.errors.len() == before {
+        let message = "TLS listeners need at least one certificate";
+        cx.error(&node.span, &node.path, message);
+    }
+    out
 }
 
 /// `[admin]`, which must not share a server listener's address.
@@ -857,6 +319,7 @@ fn read_store(cx: &mut Cx<'_>, t: TableReader<'_>) -> StoreConfig {
     // The trust root for TLS to the database must hold PEM certificates: a file that does
     // not would fail every connection attempt, long after `check` said OK. An unreadable one
     // is reported on its own line; the URL is then checked as if there were none.
+    let url_node = t.get("url");
     let ca_file = t.opt(cx, "ca_file", |cx, n| {
         let path = cx.readable_file(n)?;
         let roots = crate::store::pg_tls::read_roots(&path);
@@ -865,9 +328,9 @@ fn read_store(cx: &mut Cx<'_>, t: TableReader<'_>) -> StoreConfig {
     let check_url = |url: &str| check_postgres_url(url, ca_file.as_deref());
     // The file's URL is checked even when the environment overrides it, so a file that
     // passes `check` on one machine is valid everywhere.
-    let file_url = t.opt(cx, "url", |cx, n| {
-        let url = cx.string(n)?;
-        cx.check(n, check_url(&url)).map(|()| url)
+    let file_url = url_node.and_then(|n| {
+        let url = cx.string(&n)?;
+        cx.check(&n, check_url(&url)).map(|()| url)
     });
     let url = match (cx.env)(DATABASE_URL_ENV).filter(|u| !u.is_empty()) {
         Some(env_url) => match check_url(&env_url) {

@@ -18,12 +18,12 @@ use super::{Algorithm, HostPattern, KeyPart};
 /// Upper bound for every duration in the file. Limit windows are capped at 366 days by the
 /// spec; other durations share the cap so that no value can overflow `Instant + Duration`
 /// further down (that addition panics on overflow).
-pub(super) const MAX_DURATION_SECS: u64 = 366 * 86_400;
+pub const MAX_DURATION_SECS: u64 = 366 * 86_400;
 
 /// Expands `${NAME}`, `${NAME:-default}` and `$$` in one string. Expanded values are not
 /// scanned again, so a variable's value cannot inject further references. Errors name the
 /// variable, never a value.
-pub(super) fn expand(s: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, Vec<String>> {
+pub fn expand(s: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, Vec<String>> {
     let mut out = String::with_capacity(s.len());
     let mut errors = Vec::new();
     let mut rest = s;
@@ -84,7 +84,7 @@ fn is_var_name(s: &str) -> bool {
 }
 
 /// `<integer><unit>`, unit one of ms, s, m, h, d.
-pub(super) fn parse_duration(s: &str) -> Result<Duration, String> {
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let bad = || {
         format!("invalid duration {s:?}: expected an integer and a unit (ms, s, m, h or d), e.g. \"250ms\", \"10s\", \"5m\"")
     };
@@ -109,7 +109,7 @@ pub(super) fn parse_duration(s: &str) -> Result<Duration, String> {
 
 /// A size: an integer and a unit, `B`, `KiB`, `MiB` or `GiB` (powers of 1024), e.g.
 /// `"10MiB"`. Decimal units (`KB`, `MB`) are refused rather than guessed at.
-pub(super) fn parse_size(s: &str) -> Result<u64, String> {
+pub fn parse_size(s: &str) -> Result<u64, String> {
     let bad = || {
         format!("invalid size {s:?}: expected an integer and a unit (B, KiB, MiB or GiB), e.g. \"512KiB\", \"10MiB\"")
     };
@@ -131,7 +131,7 @@ pub(super) fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 /// A limit window: whole seconds, 1s..=366d.
-pub(super) fn parse_window(s: &str) -> Result<u32, String> {
+pub fn parse_window(s: &str) -> Result<u32, String> {
     let d = parse_duration(s)?;
     if d.subsec_nanos() != 0 {
         return Err("window must be a whole number of seconds".to_string());
@@ -144,7 +144,7 @@ pub(super) fn parse_window(s: &str) -> Result<u32, String> {
 }
 
 /// Seconds in the largest unit that divides them, for messages.
-pub(super) fn format_secs(secs: u32) -> String {
+pub fn format_secs(secs: u32) -> String {
     for (unit, size) in [("d", 86_400), ("h", 3_600), ("m", 60)] {
         if secs >= size && secs.is_multiple_of(size) {
             return format!("{}{unit}", secs / size);
@@ -155,7 +155,7 @@ pub(super) fn format_secs(secs: u32) -> String {
 
 /// Route names, upstream names and scopes: they go into metric labels and bucket strings,
 /// where `:` separates fields and anything else would need escaping.
-pub(super) fn check_name(s: &str, what: &str) -> Result<(), String> {
+pub fn check_name(s: &str, what: &str) -> Result<(), String> {
     if s.is_empty() {
         return Err(format!("{what} must not be empty"));
     }
@@ -172,7 +172,7 @@ pub(super) fn check_name(s: &str, what: &str) -> Result<(), String> {
 
 /// A CIDR, or a bare address meaning just that address. Host bits are cleared, so
 /// "10.1.2.3/8" means 10.0.0.0/8 as in other proxies' trusted-proxy lists.
-pub(super) fn parse_cidr(s: &str) -> Result<IpNet, String> {
+pub fn parse_cidr(s: &str) -> Result<IpNet, String> {
     if let Ok(net) = IpNet::from_str(s) {
         return Ok(net.trunc());
     }
@@ -185,7 +185,7 @@ pub(super) fn parse_cidr(s: &str) -> Result<IpNet, String> {
 }
 
 /// A route's host: an exact name or `*.suffix`, lowercased.
-pub(super) fn parse_host(s: &str) -> Result<HostPattern, String> {
+pub fn parse_host(s: &str) -> Result<HostPattern, String> {
     if s.contains("://") {
         return Err(format!("{s:?} must be a host name, not a URL"));
     }
@@ -248,7 +248,7 @@ fn check_host_name(name: &str) -> Result<(), &'static str> {
 
 /// A route's path prefix, in the normalised form requests are matched in (SPEC 4a), so a
 /// prefix that no normalised path could ever carry is rejected instead of never matching.
-pub(super) fn parse_path_prefix(s: &str) -> Result<String, String> {
+pub fn parse_path_prefix(s: &str) -> Result<String, String> {
     if !s.starts_with('/') {
         return Err(format!("{s:?} must start with '/'"));
     }
@@ -291,7 +291,7 @@ pub(super) fn parse_path_prefix(s: &str) -> Result<String, String> {
 }
 
 /// A duration for a timeout or an interval: greater than zero and at most 366 days.
-pub(super) fn positive_duration(s: &str) -> Result<Duration, String> {
+pub fn positive_duration(s: &str) -> Result<Duration, String> {
     match parse_duration(s)? {
         d if d.is_zero() => Err("must be greater than zero".to_string()),
         d if d > Duration::from_secs(MAX_DURATION_SECS) => Err("must be at most 366d".to_string()),
@@ -300,14 +300,14 @@ pub(super) fn positive_duration(s: &str) -> Result<Duration, String> {
 }
 
 /// A size limit: greater than zero.
-pub(super) fn positive_size(s: &str) -> Result<u64, String> {
+pub fn positive_size(s: &str) -> Result<u64, String> {
     match parse_size(s)? {
         0 => Err("must be greater than zero".to_string()),
         n => Ok(n),
     }
 }
 
-pub(super) fn parse_socket_addr(s: &str) -> Result<SocketAddr, String> {
+pub fn parse_socket_addr(s: &str) -> Result<SocketAddr, String> {
     SocketAddr::from_str(s).map_err(|_| {
         format!("{s:?} is not a socket address; expected IP:PORT, e.g. \"0.0.0.0:8080\" or \"[::1]:8443\"")
     })
@@ -315,7 +315,7 @@ pub(super) fn parse_socket_addr(s: &str) -> Result<SocketAddr, String> {
 
 /// Messages do not repeat the URL: the position points at it, and a URL may carry a
 /// `user:password@` part.
-pub(super) fn parse_origin(s: &str) -> Result<Uri, String> {
+pub fn parse_origin(s: &str) -> Result<Uri, String> {
     let uri = Uri::from_str(s).map_err(|e| format!("not a valid URL: {e}"))?;
     let scheme = match uri.scheme() {
         Some(sc) if *sc == Scheme::HTTP || *sc == Scheme::HTTPS => sc.clone(),
@@ -347,7 +347,7 @@ pub(super) fn parse_origin(s: &str) -> Result<Uri, String> {
         .map_err(|e| format!("not a valid URL: {e}"))
 }
 
-pub(super) fn parse_key_part(s: &str) -> Result<KeyPart, String> {
+pub fn parse_key_part(s: &str) -> Result<KeyPart, String> {
     match s {
         "ip" => Ok(KeyPart::Ip),
         "global" => Ok(KeyPart::Global),
@@ -362,7 +362,7 @@ pub(super) fn parse_key_part(s: &str) -> Result<KeyPart, String> {
     }
 }
 
-pub(super) fn parse_algorithm(s: &str) -> Result<Algorithm, String> {
+pub fn parse_algorithm(s: &str) -> Result<Algorithm, String> {
     match s {
         "fixed" => Ok(Algorithm::Fixed),
         "sliding" => Ok(Algorithm::Sliding),

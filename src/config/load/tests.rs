@@ -1,7 +1,8 @@
 use super::*;
-use crate::config::syntax::{parse_duration, parse_size};
-use crate::config::HostPattern;
+use crate::config::syntax::{expand, parse_duration, parse_size};
+use crate::config::{ConfigError, HostPattern};
 use http::Uri;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 const FILE: &str = "/etc/tollgate/proxy.toml";
