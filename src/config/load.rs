@@ -253,13 +253,11 @@ fn check_duplicate_addrs(cx: &mut Cx<'_>, lists: &[(Option<&Node<'_>>, &Vec<Sock
             if addr.port() == 0 {
                 continue;
             }
-            match seen.get(addr) {
-                Some(first) => cx.error(
-                    &v.span(),
-                    &path,
-                    format!("{addr} is already listed at {first}"),
-                ),
-                None => drop(seen.insert(*addr, path)),
+            if let Some(first) = seen.get(addr) {
+                let message = format!("{addr} is already listed at {first}");
+                cx.error(&v.span(), &path, message);
+            } else {
+                seen.insert(*addr, path);
             }
         }
     }

@@ -1821,3 +1821,41 @@ fn fixtures() {
         assert_eq!(got, want, "{}", path.display());
     }
 }
+
+/// A bad value is replaced by its default so the rest of the file is still checked; the
+/// checks across fields must not then report the stand-in as a second problem.
+#[test]
+fn a_bad_value_is_not_reported_again_by_the_cross_checks() {
+    let limit = |algorithm: &str| {
+        format!("[[routes.limits]]\nkey = \"ip\"\nrequests = 5\nwindow = \"1h\"\nscope = \"shared\"\nalgorithm = \"{algorithm}\"\n")
+    };
+    let text = format!(
+        "{UPSTREAM}[[routes]]\nname = \"a\"\nupstream = \"api\"\n{}[[routes]]\nname = \"b\"\nupstream = \"api\"\n{}",
+        limit("sliding"),
+        limit("slidin"),
+    );
+    assert_error(
+        &text,
+        20,
+        13,
+        "routes[1].limits[0].algorithm",
+        "\"fixed\" or \"sliding\"",
+    );
+    // Unreadable certificates are the problem, not "no certificate" for the TLS listener.
+    let text = "[server]\ntls_listen = [\"0.0.0.0:1\"]\n[[server.certs]]\ncert = \"nope.pem\"\nkey = \"nope.key\"\n";
+    assert_eq!(
+        positions(text),
+        [
+            (4, 8, "server.certs[0].cert".to_string()),
+            (5, 7, "server.certs[0].key".to_string()),
+        ]
+    );
+    // A broken listener list is not also "no listeners".
+    assert_error(
+        "[server]\nlisten = [\"nope\"]\n",
+        2,
+        11,
+        "server.listen[0]",
+        "not a socket address",
+    );
+}
