@@ -8,8 +8,10 @@
 //! construction once a [`Config`] exists.
 
 mod load;
+mod syntax;
+mod walk;
 
-pub use load::{load_file, load_str, ConfigError, ConfigErrors};
+pub use load::{load_file, load_str};
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -312,3 +314,66 @@ impl Config {
         &self.upstreams[route.upstream]
     }
 }
+
+/// One problem in the configuration file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The file, as the caller named it.
+    pub file: String,
+    /// 1-based; 0 when the problem has no position in the file (unreadable file, a bad
+    /// `TOLLGATE_DATABASE_URL`).
+    pub line: usize,
+    /// 1-based, in characters; 0 when `line` is 0.
+    pub col: usize,
+    /// Dotted path of the offending field, e.g. `routes[2].limits[0].window`; empty for a TOML
+    /// syntax error or an unreadable file.
+    pub field: String,
+    /// What is wrong. Never contains the value of `keys.secret` or `store.url`.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    /// `FILE:LINE:COL: field.path: message`; the position is left out when there is none and
+    /// the field when it is empty (`FILE: cannot read: ...`).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file)?;
+        if self.line > 0 {
+            write!(f, ":{}:{}", self.line, self.col)?;
+        }
+        if !self.field.is_empty() {
+            write!(f, ": {}", self.field)?;
+        }
+        // One problem, one line: a value quoted into the message may hold line breaks or
+        // other control characters, which are shown escaped.
+        f.write_str(": ")?;
+        for c in self.message.chars() {
+            if c.is_control() {
+                write!(f, "{}", c.escape_default())?;
+            } else {
+                write!(f, "{c}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Every problem found in one file, in file order. Never empty when returned by the loader.
+#[derive(Debug)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl fmt::Display for ConfigErrors {
+    /// One error per line, no trailing newline.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
