@@ -553,3 +553,89 @@ async fn database_hung_two_instances_each_admit_exactly_their_share_of_concurren
     relay.up();
     both_count_in_database_again(&db, &client, a, b, 101).await;
 }
+
+/// The rows in `tollgate_instances`, read past the relay.
+async fn registered(db: &TestDb) -> i64 {
+    db.client()
+        .await
+        .query_one("SELECT count(*) FROM tollgate_instances", &[])
+        .await
+        .expect("count of instances")
+        .get(0)
+}
+
+/// A clean stop deregisters (SPEC 5b): of three instances, one is shut down; its row is gone
+/// when the shutdown returns, the two others count 2 live instances within one refresh (not
+/// 30 s later, when the row would have aged out), and in an outage right after, each admits
+/// ceil(6 / 2) = 3 rather than ceil(6 / 3) = 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cleanly_stopped_instance_is_deregistered_and_the_survivors_share_grows() {
+    let db = TestDb::new().await;
+    let relay = FaultyTcp::start(db.server_addr(), true).await;
+    let upstream = Upstream::start().await;
+    let mut proxies = instances_through(&db, &relay, &upstream, 3, 6, 1).await;
+    until_all_see(
+        &[&proxies[0], &proxies[1], &proxies[2]],
+        3,
+        Duration::from_secs(15),
+    )
+    .await;
+    assert_eq!(registered(&db).await, 3);
+
+    let mut stopped = proxies.pop().expect("a third instance");
+    let started = Instant::now();
+    stopped.shutdown().await;
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "a clean stop took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        registered(&db).await,
+        2,
+        "the stopped instance's row is deleted"
+    );
+    let (a, b) = (&proxies[0], &proxies[1]);
+    // One refresh interval (3 s) and some slack; the row would otherwise count for 30 s.
+    until_all_see(&[a, b], 2, Duration::from_secs(5)).await;
+
+    let client = h1_client();
+    relay.down();
+    let allowed = concurrently(&client, &[a, b], "k", 10, 3).await;
+    assert_eq!(allowed, [3, 3], "ceil(6 / 2) per surviving instance");
+}
+
+/// Deregistration never holds up a shutdown: with the database hung, a clean stop takes about
+/// a second more at most (the store's own timeout here is 10 s), and the row stays, to age
+/// out after 30 s like a crashed instance's.
+#[tokio::test]
+async fn a_hung_database_does_not_hold_up_the_shutdown() {
+    let db = TestDb::new().await;
+    let relay = FaultyTcp::start(db.server_addr(), true).await;
+    let upstream = Upstream::start().await;
+    let store = format!(
+        "url = \"{}\"\ntimeout = \"10s\"\npool_size = 2",
+        db.url_through(relay.addr)
+    );
+    let text = limits_config(&store, "workers = 1", &api_route(6));
+    let mut proxy = Proxy::start(config_from(&text, upstream.addr, &[])).await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while registered(&db).await < 1 {
+        assert!(Instant::now() < deadline, "the instance never registered");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    relay.stall();
+    let started = Instant::now();
+    proxy.shutdown().await;
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(2500),
+        "shutdown took {took:?} with the database hung"
+    );
+    assert!(
+        took >= Duration::from_millis(900),
+        "shutdown took {took:?}: it did not even try to deregister"
+    );
+    assert_eq!(registered(&db).await, 1, "the row is left to age out");
+}
