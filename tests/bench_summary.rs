@@ -51,7 +51,11 @@ impl ResultsDir {
         );
         let printed = String::from_utf8_lossy(&out.stdout).into_owned();
         let written = std::fs::read_to_string(self.0.join("summary.md")).expect("summary.md");
-        assert_eq!(printed.trim_end(), written.trim_end(), "prints what it wrote");
+        assert_eq!(
+            printed.trim_end(),
+            written.trim_end(),
+            "prints what it wrote"
+        );
         printed
     }
 }

@@ -21,7 +21,8 @@
 //!   `rate_limits_expires_idx`, by one instance at a time.
 //! - **The instance registry** (SPEC 5b): [`PostgresStore::refresh_instance`] keeps this
 //!   instance's row in `public.tollgate_instances` fresh and counts the live ones, in one
-//!   statement on the database clock (pooler-safe: no session state).
+//!   statement on the database clock (pooler-safe: no session state);
+//!   [`PostgresStore::deregister_instance`] deletes it on a clean stop.
 //! - **Reset** (SPEC 3b): [`PostgresStore::reset`] deletes buckets' current and previous
 //!   windows and `NOTIFY`s every instance; [`PostgresStore::listen_for_resets`] is the one
 //!   `LISTEN` session per instance, on a connection of its own outside the pool, that
