@@ -74,7 +74,8 @@ impl Instances {
 pub const DEREGISTER_WITHIN: Duration = Duration::from_secs(1);
 
 /// This instance's place in the registry (SPEC 5b), from [`Registration::start`] until
-/// [`Registration::end`].
+/// [`Registration::end`]. Dropped without `end`, it stops refreshing and leaves the row to
+/// age out, as a crashed instance's does.
 pub struct Registration {
     pg: Arc<PostgresStore>,
     stop: watch::Sender<bool>,
