@@ -20,6 +20,7 @@
 #   pg-hot-sliding, pg-10k-sliding
 #               as pg-hot and pg-10k with `algorithm = "sliding"` (SPEC 3a); not in the default
 #               MODES: MODES="pg-hot pg-hot-sliding pg-10k pg-10k-sliding" gives same-run ratios
+#               (the summary's "sliding / fixed" lines, checked against issue 18's 0.9)
 # Non-flood limits are 2,000,000,000 per hour, so nothing is rejected (non-2xx must stay 0).
 #
 # Usage: [KNOB=value ...] bench/run.sh

@@ -3,10 +3,12 @@
 //! `instances` being how many tollgate instances were live on the database when it last
 //! answered.
 //!
-//! - [`Instances`] is that count, and the `tollgate_instances` gauge. [`keep_registered`]
+//! - [`Instances`] is that count, and the `tollgate_instances` gauge. [`Registration`]
 //!   refreshes this instance's row in `tollgate_instances` every [`REFRESH_EVERY`] and
 //!   updates the count from the same statement (the database's clock decides who is live:
 //!   a row refreshed within 30 s). While the database does not answer, the last count stays.
+//!   A clean stop deletes the row ([`Registration::end`]), so the others count one fewer at
+//!   their next refresh; a crashed instance stays counted until its row is 30 s old.
 //! - [`LocalFallback`] decides: a [`MemoryStore`] (the same fixed windows, bounded by
 //!   `store.memory_buckets` like the memory store, least recently used forgotten first) and
 //!   the quota per instance. It announces the switch once in the log when the first request
@@ -25,6 +27,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::metrics::gauge::Gauge;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
 
 use crate::limit::{increments, judge, LimitOutcome, PlannedLimit, Verdict};
 use crate::metrics::MemoryStoreMetrics;
@@ -64,15 +68,81 @@ impl Instances {
     }
 }
 
-/// Keeps this instance registered (SPEC 5b) for as long as the future runs: a refresh every
+/// How long a clean stop spends deregistering at most: the refresh under way finishing, then
+/// the delete. Short, because a dead database must not hold up the shutdown; past it, the row
+/// is simply left to age out like a crashed instance's.
+pub const DEREGISTER_WITHIN: Duration = Duration::from_secs(1);
+
+/// This instance's place in the registry (SPEC 5b), from [`Registration::start`] until
+/// [`Registration::end`]. Dropped without `end`, it stops refreshing and leaves the row to
+/// age out, as a crashed instance's does.
+pub struct Registration {
+    pg: Arc<PostgresStore>,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+impl Registration {
+    /// Starts [`keep_registered`] on the current runtime.
+    pub fn start(pg: Arc<PostgresStore>, instances: Arc<Instances>) -> Self {
+        let (stop, stopped) = watch::channel(false);
+        let task = tokio::spawn(keep_registered(pg.clone(), instances, stopped));
+        Registration { pg, stop, task }
+    }
+
+    /// A clean stop: no more refreshes, and this instance's row deleted, so the other
+    /// instances' count (and their local quota) reflects it at their next refresh rather than
+    /// when the row ages out 30 s later. Takes at most [`DEREGISTER_WITHIN`]; a database that
+    /// does not answer by then keeps the row, which then ages out as a crashed instance's does.
+    pub async fn end(mut self) {
+        let deadline = tokio::time::Instant::now() + DEREGISTER_WITHIN;
+        let _ = self.stop.send(true);
+        // A refresh under way finishes first: sent after the delete, its upsert would put the
+        // row back.
+        if tokio::time::timeout_at(deadline, &mut self.task)
+            .await
+            .is_err()
+        {
+            self.task.abort();
+        }
+        if !self.pg.is_initialized() {
+            // Never initialized, so never registered: nothing to delete.
+            return;
+        }
+        match tokio::time::timeout_at(deadline, self.pg.deregister_instance()).await {
+            Ok(Ok(_)) => tracing::info!("deregistered from tollgate_instances"),
+            Ok(Err(err)) => tracing::warn!(
+                error = %err,
+                "cannot delete this instance's row in tollgate_instances; the other instances \
+                 count it as live until it is 30 s old"
+            ),
+            Err(_) => tracing::warn!(
+                "no answer deleting this instance's row in tollgate_instances within {:?}; the \
+                 other instances count it as live until it is 30 s old",
+                DEREGISTER_WITHIN
+            ),
+        }
+    }
+}
+
+/// Keeps this instance registered (SPEC 5b) until `stop` turns true: a refresh every
 /// [`REFRESH_EVERY`] once the store is initialized, the live count into `instances`. A failed
 /// refresh keeps the last count; the first failure after a success is logged as a warning.
-pub async fn keep_registered(pg: Arc<PostgresStore>, instances: Arc<Instances>) {
+/// A refresh under way when `stop` turns is finished, never cut (see [`Registration::end`]).
+pub async fn keep_registered(
+    pg: Arc<PostgresStore>,
+    instances: Arc<Instances>,
+    mut stop: watch::Receiver<bool>,
+) {
     let mut ticker = tokio::time::interval(REFRESH_EVERY);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut failing = false;
     loop {
-        ticker.tick().await;
+        tokio::select! {
+            _ = ticker.tick() => {}
+            // Stopped, or the sender is gone: either way, no more refreshes.
+            _ = stop.wait_for(|stopped| *stopped) => return,
+        }
         if !pg.is_initialized() {
             continue;
         }

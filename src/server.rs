@@ -128,6 +128,8 @@ pub struct RunningServer {
     started_with: Arc<Config>,
     fatal: mpsc::Receiver<String>,
     background: Vec<JoinHandle<()>>,
+    /// This instance's row in the registry of live instances (SPEC 5b), deleted on shutdown.
+    registration: Option<fallback::Registration>,
     /// The threads of connection workers 1..; they end once the phase is `Stopped`.
     workers: Vec<std::thread::JoinHandle<()>>,
 }
@@ -188,12 +190,10 @@ impl Server {
             Limiter::new(store.clone(), config.store.timeout, metrics.clone()).with_local_fallback(
                 LocalFallback::new(config.store.memory_buckets, instances.clone()),
             );
+        let mut registration = None;
         if let Some(pg) = pg {
             // The registry of live instances (SPEC 5b) and the reset listener (SPEC 3b).
-            background.push(tokio::spawn(fallback::keep_registered(
-                pg.clone(),
-                instances,
-            )));
+            registration = Some(fallback::Registration::start(pg.clone(), instances));
             let denials = limiter.denials();
             background.push(tokio::spawn(
                 pg.listen_for_resets(move |event| denials.on_reset(event)),
@@ -281,6 +281,7 @@ impl Server {
             started_with: config,
             fatal,
             background,
+            registration,
             workers,
         })
     }
@@ -516,8 +517,16 @@ impl RunningServer {
     }
 
     /// Graceful stop: no new connections, in-flight requests get up to `shutdown_timeout`.
-    pub async fn shutdown(self) {
+    pub async fn shutdown(mut self) {
         let _ = self.phase.send(Phase::Draining);
+        // Out of the registry while the connections drain: the other instances' local quota
+        // grows at their next refresh, and this takes at most a second (SPEC 5b).
+        let registration = self.registration.take();
+        let deregistering = tokio::spawn(async move {
+            if let Some(registration) = registration {
+                registration.end().await;
+            }
+        });
         let drained = tokio::time::timeout(
             self.shutdown_timeout,
             self.permits.acquire_many(self.max_connections),
@@ -533,6 +542,7 @@ impl RunningServer {
             )
             .await;
         }
+        let _ = deregistering.await;
         for task in &self.background {
             task.abort();
         }

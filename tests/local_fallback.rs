@@ -332,3 +332,311 @@ fn check_accepts_and_prints_the_local_policy() {
     );
     assert!(stdout.contains("(on_store_error = local)"), "{stdout}");
 }
+
+/// Route `api` (`/api`): `requests` per day per `X-Api-Key`, `local` when the store fails. A
+/// day, so that a window boundary is unlikely to fall inside a test's few seconds.
+fn api_route(requests: u32) -> String {
+    format!(
+        r#"
+[[routes]]
+name = "api"
+path_prefix = "/api"
+upstream = "app"
+on_store_error = "local"
+
+  [[routes.limits]]
+  key = "header:x-api-key"
+  requests = {requests}
+  window = "1d"
+"#
+    )
+}
+
+/// `n` instances on one database, all through `relay`, with the route of [`api_route`] and
+/// `workers` connection workers each (more than one: requests are decided on several threads
+/// at once). `store.timeout` is 2 s, generous for the database's decisions on a busy machine;
+/// in a hang, only the first requests wait it out (then the breaker skips the store).
+async fn instances_through(
+    db: &TestDb,
+    relay: &FaultyTcp,
+    upstream: &Upstream,
+    n: usize,
+    requests: u32,
+    workers: usize,
+) -> Vec<Proxy> {
+    let store = format!(
+        "url = \"{}\"\ntimeout = \"2s\"\npool_size = 2",
+        db.url_through(relay.addr)
+    );
+    let text = limits_config(
+        &store,
+        &format!("workers = {workers}"),
+        &api_route(requests),
+    );
+    let mut proxies = Vec::new();
+    for _ in 0..n {
+        proxies.push(Proxy::start(config_from(&text, upstream.addr, &[])).await);
+    }
+    proxies
+}
+
+/// Waits until every one of `proxies` counts `live` instances, for at most `within`.
+async fn until_all_see(proxies: &[&Proxy], live: i64, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let seen: Vec<i64> = proxies
+            .iter()
+            .map(|p| p.server().metrics().instances.get())
+            .collect();
+        if seen.iter().all(|&s| s == live) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not every instance counted {live} live within {within:?}: tollgate_instances = {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Sends `n` requests with `key` to each of `proxies`, all at once (`n * proxies` in flight
+/// together); answers how many each one allowed. Every answer must show the limit `quota` in
+/// its `RateLimit-Policy`, and be a 200 or a 429 with `Retry-After`.
+async fn concurrently(
+    client: &H1Client,
+    proxies: &[&Proxy],
+    key: &str,
+    n: usize,
+    quota: u32,
+) -> Vec<usize> {
+    let requests = proxies.iter().enumerate().flat_map(|(which, proxy)| {
+        (0..n).map(move |_| async move { (which, send(client, keyed(proxy, key)).await) })
+    });
+    let mut allowed = vec![0; proxies.len()];
+    let expected = format!(";q={quota};");
+    for (which, answer) in futures_util::future::join_all(requests).await {
+        let policy = answer.header("ratelimit-policy").unwrap_or("");
+        assert!(
+            policy.contains(&expected),
+            "instance {which}: the fields must show the quota {quota}: {policy:?} ({})",
+            answer.status
+        );
+        match answer.status {
+            StatusCode::OK => allowed[which] += 1,
+            StatusCode::TOO_MANY_REQUESTS => {
+                assert!(answer.header("retry-after").is_some(), "instance {which}");
+            }
+            other => panic!("instance {which}: unexpected {other}"),
+        }
+    }
+    allowed
+}
+
+/// Sends requests with fresh keys until one is counted by the database again (its fields show
+/// the configured `quota`), for at most `within`.
+async fn until_counted_with(client: &H1Client, proxy: &Proxy, quota: u32, within: Duration) {
+    let deadline = Instant::now() + within;
+    let expected = format!(";q={quota};");
+    for i in 0.. {
+        let answer = send(client, keyed(proxy, &format!("probe-{i}"))).await;
+        if answer
+            .header("ratelimit-policy")
+            .is_some_and(|p| p.contains(&expected))
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "counting never returned to the database within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The `local_allowed` and `local_limited` decisions of route `api` on `proxy`'s metrics.
+fn local_decisions(proxy: &Proxy) -> (Option<f64>, Option<f64>) {
+    let text = proxy.server().metrics().render();
+    let series = |d: &str| format!("tollgate_decisions_total{{route=\"api\",decision=\"{d}\"}}");
+    (
+        metric_value(&text, &series("local_allowed")),
+        metric_value(&text, &series("local_limited")),
+    )
+}
+
+/// What the database counted in all, over every bucket and window.
+async fn counted_in_database(db: &TestDb) -> i64 {
+    db.client()
+        .await
+        .query_one("SELECT coalesce(sum(count), 0)::int8 FROM rate_limits", &[])
+        .await
+        .expect("sum of counts")
+        .get(0)
+}
+
+/// After an outage both instances count in the database again: a fresh key, 20 requests
+/// to each at once, all allowed with the configured quota's fields and all 40 counted there.
+async fn both_count_in_database_again(
+    db: &TestDb,
+    client: &H1Client,
+    a: &Proxy,
+    b: &Proxy,
+    quota: u32,
+) {
+    for proxy in [a, b] {
+        until_counted_with(client, proxy, quota, Duration::from_secs(10)).await;
+    }
+    let before = counted_in_database(db).await;
+    let allowed = concurrently(client, &[a, b], "after", 20, quota).await;
+    assert_eq!(allowed, [20, 20], "decided by the database, nothing denied");
+    assert_eq!(
+        counted_in_database(db).await - before,
+        40,
+        "every request of the flood counted in the database"
+    );
+}
+
+/// The database cut under concurrency: 200 requests to each of two instances at once, all
+/// for one key, decided on several threads per instance. Each admits exactly ceil(101 / 2) =
+/// 51, never one more, and exactly 102 reach the upstream; then counting returns to the
+/// database on both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn database_cut_two_instances_each_admit_exactly_their_share_of_concurrent_requests() {
+    let db = TestDb::new().await;
+    let relay = FaultyTcp::start(db.server_addr(), true).await;
+    let upstream = Upstream::start().await;
+    let proxies = instances_through(&db, &relay, &upstream, 2, 101, 3).await;
+    let (a, b) = (&proxies[0], &proxies[1]);
+    until_all_see(&[a, b], 2, Duration::from_secs(15)).await;
+    let client = h1_client();
+
+    relay.down();
+    let allowed = concurrently(&client, &[a, b], "k", 200, 51).await;
+    assert_eq!(allowed, [51, 51], "ceil(101 / 2) per instance");
+    assert_eq!(
+        upstream.count(),
+        102,
+        "only the admitted requests went upstream"
+    );
+    for proxy in [a, b] {
+        assert_eq!(local_decisions(proxy), (Some(51.0), Some(149.0)));
+    }
+
+    relay.up();
+    both_count_in_database_again(&db, &client, a, b, 101).await;
+}
+
+/// The same with the database hung instead of cut (connections open, no byte moving): the
+/// requests that wait out `store.timeout` and those the breaker then skips are all decided
+/// locally, exactly 51 of 200 admitted per instance; then the database answers again and
+/// counting returns to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn database_hung_two_instances_each_admit_exactly_their_share_of_concurrent_requests() {
+    let db = TestDb::new().await;
+    let relay = FaultyTcp::start(db.server_addr(), true).await;
+    let upstream = Upstream::start().await;
+    let proxies = instances_through(&db, &relay, &upstream, 2, 101, 3).await;
+    let (a, b) = (&proxies[0], &proxies[1]);
+    until_all_see(&[a, b], 2, Duration::from_secs(15)).await;
+    let client = h1_client();
+
+    relay.stall();
+    let allowed = concurrently(&client, &[a, b], "k", 200, 51).await;
+    assert_eq!(allowed, [51, 51], "ceil(101 / 2) per instance");
+    assert_eq!(
+        upstream.count(),
+        102,
+        "only the admitted requests went upstream"
+    );
+    for proxy in [a, b] {
+        assert_eq!(local_decisions(proxy), (Some(51.0), Some(149.0)));
+    }
+
+    relay.up();
+    both_count_in_database_again(&db, &client, a, b, 101).await;
+}
+
+/// The rows in `tollgate_instances`, read past the relay.
+async fn registered(db: &TestDb) -> i64 {
+    db.client()
+        .await
+        .query_one("SELECT count(*) FROM tollgate_instances", &[])
+        .await
+        .expect("count of instances")
+        .get(0)
+}
+
+/// A clean stop deregisters (SPEC 5b): of three instances, one is shut down; its row is gone
+/// when the shutdown returns, the two others count 2 live instances within one refresh (not
+/// 30 s later, when the row would have aged out), and in an outage right after, each admits
+/// ceil(6 / 2) = 3 rather than ceil(6 / 3) = 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cleanly_stopped_instance_is_deregistered_and_the_survivors_share_grows() {
+    let db = TestDb::new().await;
+    let relay = FaultyTcp::start(db.server_addr(), true).await;
+    let upstream = Upstream::start().await;
+    let mut proxies = instances_through(&db, &relay, &upstream, 3, 6, 1).await;
+    until_all_see(
+        &[&proxies[0], &proxies[1], &proxies[2]],
+        3,
+        Duration::from_secs(15),
+    )
+    .await;
+    assert_eq!(registered(&db).await, 3);
+
+    let mut stopped = proxies.pop().expect("a third instance");
+    let started = Instant::now();
+    stopped.shutdown().await;
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "a clean stop took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        registered(&db).await,
+        2,
+        "the stopped instance's row is deleted"
+    );
+    let (a, b) = (&proxies[0], &proxies[1]);
+    // One refresh interval (3 s) and some slack; the row would otherwise count for 30 s.
+    until_all_see(&[a, b], 2, Duration::from_secs(5)).await;
+
+    let client = h1_client();
+    relay.down();
+    let allowed = concurrently(&client, &[a, b], "k", 10, 3).await;
+    assert_eq!(allowed, [3, 3], "ceil(6 / 2) per surviving instance");
+}
+
+/// Deregistration never holds up a shutdown: with the database hung, a clean stop takes about
+/// a second more at most (the store's own timeout here is 10 s), and the row stays, to age
+/// out after 30 s like a crashed instance's.
+#[tokio::test]
+async fn a_hung_database_does_not_hold_up_the_shutdown() {
+    let db = TestDb::new().await;
+    let relay = FaultyTcp::start(db.server_addr(), true).await;
+    let upstream = Upstream::start().await;
+    let store = format!(
+        "url = \"{}\"\ntimeout = \"10s\"\npool_size = 2",
+        db.url_through(relay.addr)
+    );
+    let text = limits_config(&store, "workers = 1", &api_route(6));
+    let mut proxy = Proxy::start(config_from(&text, upstream.addr, &[])).await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while registered(&db).await < 1 {
+        assert!(Instant::now() < deadline, "the instance never registered");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    relay.stall();
+    let started = Instant::now();
+    proxy.shutdown().await;
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(2500),
+        "shutdown took {took:?} with the database hung"
+    );
+    assert!(
+        took >= Duration::from_millis(900),
+        "shutdown took {took:?}: it did not even try to deregister"
+    );
+    assert_eq!(registered(&db).await, 1, "the row is left to age out");
+}

@@ -2,7 +2,7 @@
 //! default for the current thread (so a current-thread runtime's tasks all write to it),
 //! capturing warnings and errors as text.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use tracing::subscriber::DefaultGuard;
 
@@ -13,6 +13,7 @@ pub struct CapturedLog(Arc<Mutex<Vec<u8>>>);
 impl CapturedLog {
     /// Starts capturing warnings and errors on this thread until the guard is dropped.
     pub fn warnings() -> (CapturedLog, DefaultGuard) {
+        ask_every_subscriber();
         let captured = CapturedLog::default();
         let subscriber = tracing_subscriber::fmt()
             .with_writer(captured.clone())
@@ -47,4 +48,16 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for CapturedLog {
     fn make_writer(&'a self) -> CapturedLog {
         self.clone()
     }
+}
+
+/// tracing-core decides whether a log statement is wanted once, when it first runs. While only
+/// one subscriber is registered in the process, it asks just the subscriber of the thread that
+/// runs the statement first: a test running in parallel on a thread without one (a
+/// multi-threaded runtime's worker, say) then marks the statement unwanted for the whole
+/// process, and a capture in another test silently misses its line. With a second subscriber
+/// alive for the whole process, tracing asks them all, and checks each event against the
+/// subscriber of its own thread.
+fn ask_every_subscriber() {
+    static SECOND: OnceLock<tracing::Dispatch> = OnceLock::new();
+    SECOND.get_or_init(|| tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default()));
 }
