@@ -352,6 +352,7 @@ pub(crate) fn increments(plans: &[PlannedLimit]) -> Vec<Increment> {
             window_secs: p.window_secs,
             by: 1,
             sliding: p.sliding.then_some(p.requests),
+            enforce: (!p.shadow).then_some(p.requests),
         })
         .collect()
 }
@@ -873,6 +874,7 @@ mod tests {
             now_ms: 100_000,
             added: 1,
             previous: 8,
+            fits: 1,
         };
         let s = sliding_outcome(&plan, &c);
         assert!(s.admitted);
@@ -892,6 +894,7 @@ mod tests {
         let c = crate::store::Counted {
             count: 10,
             added: 0,
+            fits: 0,
             ..c
         };
         let s = sliding_outcome(&plan, &c);

@@ -517,6 +517,7 @@ async fn explain(
             window_secs: planned.window_secs,
             by: 0,
             sliding: None,
+            enforce: None,
         }];
         let peeked = match store.peek(&probe).await {
             Ok(mut p) if p.len() == 1 => p.remove(0),
