@@ -486,64 +486,87 @@ async fn pg_sliding_counts_only_requests_allowed_by_every_limit() {
 /// `tollgate reset` deletes a sliding bucket's rows while increments of it run: no increment
 /// may fail for it (before migration 0005 one that lost its row between the function's insert
 /// and its locking read answered no row, a store error, here a 503 under `on_error = "deny"`;
-/// under the default policy it would have been let through uncounted).
+/// under the default policy it would have been let through uncounted). Both functions: the
+/// row-by-row `tollgate_increment` (one sliding limit) and `tollgate_decide` (a sliding limit
+/// next to a fixed one).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pg_a_reset_racing_sliding_increments_causes_no_store_error() {
-    let db = TestDb::new().await;
     let upstream = Upstream::start().await;
-    let store = format!("{}\non_error = \"deny\"\npool_size = 4", pg_store(&db));
-    let text = config_text(&store, 1_000_000, "366d");
-    let mut proxy = Proxy::start(config_from(&text, upstream.addr, &[])).await;
-    proxy.until_store_ready(Duration::from_secs(20)).await;
-    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    // The reset's statement (src/store/postgres.rs, RESET_SQL), as fast as it can go.
-    let resets = {
-        let client = db.client().await;
-        let done = done.clone();
-        tokio::spawn(async move {
-            let mut n = 0u32;
-            while !done.load(std::sync::atomic::Ordering::Relaxed) {
-                client
-                    .execute(
-                        "DELETE FROM rate_limits WHERE bucket = 'sliding:global'",
-                        &[],
-                    )
-                    .await
-                    .expect("reset");
-                n += 1;
-            }
-            n
-        })
-    };
-    let mut clients = Vec::new();
-    for _ in 0..8 {
-        let url = proxy.url("/sliding");
-        clients.push(tokio::spawn(async move {
-            let client = h1_client();
-            let mut failed = Vec::new();
-            for _ in 0..150 {
-                let answer = get(&client, &url).await;
-                if answer.status != StatusCode::OK {
-                    failed.push(format!("{}: {}", answer.status, answer.text()));
+    for joint in [false, true] {
+        let db = TestDb::new().await;
+        let store = format!("{}\non_error = \"deny\"\npool_size = 4", pg_store(&db));
+        let (text, path, bucket) = if joint {
+            (
+                multi_config_text(&store, "fixed", false),
+                "/both",
+                "slide:global",
+            )
+        } else {
+            (
+                config_text(&store, 1_000_000, "366d"),
+                "/sliding",
+                "sliding:global",
+            )
+        };
+        let mut proxy = Proxy::start(config_from(&text, upstream.addr, &[])).await;
+        proxy.until_store_ready(Duration::from_secs(20)).await;
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // The reset's statement (src/store/postgres.rs, RESET_SQL), as fast as it can go; the
+        // fixed limit's row too, so that the joint case keeps allowing requests.
+        let resets = {
+            let client = db.client().await;
+            let done = done.clone();
+            tokio::spawn(async move {
+                let mut n = 0u32;
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    client
+                        .execute(
+                            "DELETE FROM rate_limits WHERE bucket IN ($1, 'tight:global')",
+                            &[&bucket],
+                        )
+                        .await
+                        .expect("reset");
+                    n += 1;
                 }
-            }
-            failed
-        }));
+                n
+            })
+        };
+        let mut clients = Vec::new();
+        for _ in 0..8 {
+            let url = proxy.url(path);
+            clients.push(tokio::spawn(async move {
+                let client = h1_client();
+                let mut failed = Vec::new();
+                for _ in 0..150 {
+                    let answer = get(&client, &url).await;
+                    if !matches!(
+                        answer.status,
+                        StatusCode::OK | StatusCode::TOO_MANY_REQUESTS
+                    ) {
+                        failed.push(format!("{}: {}", answer.status, answer.text()));
+                    }
+                }
+                failed
+            }));
+        }
+        let mut failed = Vec::new();
+        for c in clients {
+            failed.extend(c.await.expect("client"));
+        }
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        let resets = resets.await.expect("resets");
+        assert!(
+            resets > 10,
+            "joint = {joint}: only {resets} resets ran alongside"
+        );
+        assert!(
+            failed.is_empty(),
+            "joint = {joint}: {} of 1200 requests failed while {resets} resets ran, e.g. {:?}",
+            failed.len(),
+            failed.first()
+        );
+        let errors = proxy.server().metrics().store_errors.get();
+        assert_eq!(errors, 0, "joint = {joint}: store errors while resets ran");
+        proxy.shutdown().await;
     }
-    let mut failed = Vec::new();
-    for c in clients {
-        failed.extend(c.await.expect("client"));
-    }
-    done.store(true, std::sync::atomic::Ordering::Relaxed);
-    let resets = resets.await.expect("resets");
-    assert!(resets > 10, "only {resets} resets ran alongside");
-    assert!(
-        failed.is_empty(),
-        "{} of 1200 requests failed while {resets} resets ran, e.g. {:?}",
-        failed.len(),
-        failed.first()
-    );
-    let errors = proxy.server().metrics().store_errors.get();
-    assert_eq!(errors, 0, "store errors while resets ran");
-    proxy.shutdown().await;
 }

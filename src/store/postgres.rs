@@ -145,7 +145,8 @@ const MIGRATIONS: &[Migration] = &[
 ];
 
 /// The batch increment (SPEC 3, 3a, 6): a call of `public.tollgate_increment`
-/// (`migrations/0003_increment_function.sql`, which holds the seed's atomic
+/// (`migrations/0003_increment_function.sql`, replaced by `0005_joint_decision.sql` with the
+/// same parameters and answer; it holds the seed's atomic
 /// `INSERT ... ON CONFLICT ... DO UPDATE ... RETURNING` and the sliding-window variant).
 /// Parameters: `$1 text[]` buckets, `$2 int8[]` window lengths in seconds, `$3 int8[]`
 /// amounts (`int8`, so a `u32` never overflows on the way in), `$4 int8[]` sliding limits
