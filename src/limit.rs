@@ -72,7 +72,8 @@ pub struct LimitOutcome {
 /// is the current window's count (this request included when admitted).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SlidingOutcome {
-    /// The store admitted this request (and counted it).
+    /// This limit's estimate admits the request. It is counted only when every enforced
+    /// limit admits it (SPEC 3a).
     pub admitted: bool,
     /// `previous * (window - elapsed) / window`: the previous window's share of the estimate.
     pub weighted_previous: f64,
@@ -324,14 +325,16 @@ impl Limiter {
     }
 }
 
-/// A sliding limit's outcome from the store's answer (SPEC 3a): admitted when the store
-/// counted this request; `Retry-After` from the counts as they are after this request.
+/// A sliding limit's outcome from the store's answer (SPEC 3a): admitted when its estimate
+/// admits this request (`Counted::fits`); `Retry-After` from the counts as they are after this request.
 fn sliding_outcome(plan: &PlannedLimit, c: &crate::store::Counted) -> SlidingOutcome {
     let len_ms = i64::from(plan.window_secs) * 1000;
     let left_ms = c.window_end_ms.saturating_sub(c.now_ms);
     let wait = sliding_wait_ms(plan.requests, c.previous, c.count, len_ms - left_ms, len_ms);
     SlidingOutcome {
-        admitted: c.added >= 1,
+        // Its own estimate's verdict: a request another limit denied is not counted, but
+        // this limit did not deny it (and must not be cached or reported as exceeded).
+        admitted: c.fits >= 1,
         weighted_previous: weighted_previous(c.previous, left_ms, len_ms),
         retry_secs: (wait.max(1) as u64).div_ceil(1000).max(1),
     }
@@ -357,6 +360,7 @@ pub(crate) fn increments(plans: &[PlannedLimit]) -> Vec<Increment> {
             window_secs: p.window_secs,
             by: 1,
             sliding: p.sliding.then_some(p.requests),
+            enforce: (!p.shadow).then_some(p.requests),
         })
         .collect()
 }
@@ -878,6 +882,7 @@ mod tests {
             now_ms: 100_000,
             added: 1,
             previous: 8,
+            fits: 1,
         };
         let s = sliding_outcome(&plan, &c);
         assert!(s.admitted);
@@ -897,6 +902,7 @@ mod tests {
         let c = crate::store::Counted {
             count: 10,
             added: 0,
+            fits: 0,
             ..c
         };
         let s = sliding_outcome(&plan, &c);

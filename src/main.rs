@@ -690,6 +690,7 @@ async fn explain_counts(
             window_secs: p.window_secs,
             by: 0,
             sliding: None,
+            enforce: None,
         })
         .collect();
     match store.peek(&probe).await {

@@ -239,6 +239,7 @@ async fn stored_count(proxy: &Proxy, db: Option<&TestDb>, bucket: &str, window_s
                     window_secs,
                     by: 1,
                     sliding: None,
+                    enforce: None,
                 }])
                 .await
                 .expect("peek the memory store");

@@ -27,6 +27,7 @@ fn inc(bucket: &str, window_secs: u32, by: u32) -> Increment {
         window_secs,
         by,
         sliding: None,
+        enforce: None,
     }
 }
 
@@ -286,7 +287,8 @@ async fn pg_concurrent_initialize_applies_each_migration_once() {
             (1, "0001_rate_limits".to_owned()),
             (2, "0002_tollgate_settings".to_owned()),
             (3, "0003_increment_function".to_owned()),
-            (4, "0004_instances".to_owned())
+            (4, "0004_instances".to_owned()),
+            (5, "0005_joint_decision".to_owned())
         ]
     );
     // The seed's schema, in schema public.
@@ -313,7 +315,8 @@ async fn pg_migrate_twice_applies_nothing_the_second_time() {
             "0001_rate_limits",
             "0002_tollgate_settings",
             "0003_increment_function",
-            "0004_instances"
+            "0004_instances",
+            "0005_joint_decision"
         ]
     );
     assert_eq!(first.fingerprint, FingerprintChange::Written);

@@ -16,6 +16,11 @@
 //! and every request gets a position of its own, exactly as if each had sent its own
 //! statement. An increment is sent in exactly one statement: a caller that stops waiting
 //! (timeout, client gone) does not cancel it, so nothing is lost or applied twice.
+//!
+//! The statement's requests go to the store as a list ([`Store::increment_each`]), each
+//! request with all of its limits: the store decides them one after another in arrival order,
+//! so a sliding window counts only the requests that every enforced limit allowed (SPEC 3a).
+//! [`Folded`] is how a store turns that list into rows and hands each request its share.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -163,14 +168,11 @@ async fn dispatch(
     }
 }
 
-/// One bucket's row in a statement and the waiters who share it.
+/// What a statement knows of one of its buckets: every request in it must agree.
 struct Row {
     window_secs: u32,
     /// The sliding limit, or `None` for a fixed window (one bucket is counted one way).
     sliding: Option<u32>,
-    total: u32,
-    /// (job index, increment index within the job, offset of its first unit in the row).
-    waiters: Vec<(usize, usize, u32)>,
 }
 
 struct Statement {
@@ -179,9 +181,9 @@ struct Statement {
 }
 
 impl Statement {
-    /// Folds `jobs` into rows. A job that names a bucket already in the statement with
-    /// another window (possible right after a reload changed a window) waits for the next
-    /// statement, so every bucket appears once per statement.
+    /// Takes `jobs` into one statement. A job that names a bucket already in the statement
+    /// with another window (possible right after a reload changed a window) waits for the
+    /// next statement, so every bucket appears once per statement.
     fn build(jobs: Vec<Job>, carried: &mut Vec<Job>) -> Statement {
         let mut rows: BTreeMap<Arc<str>, Row> = BTreeMap::new();
         let mut kept = Vec::with_capacity(jobs.len());
@@ -207,16 +209,11 @@ impl Statement {
                 }
                 continue;
             }
-            let index = kept.len();
-            for (k, inc) in job.increments.iter().enumerate() {
-                let row = rows.entry(inc.bucket.clone()).or_insert(Row {
+            for inc in &job.increments {
+                rows.entry(inc.bucket.clone()).or_insert(Row {
                     window_secs: inc.window_secs,
                     sliding: inc.sliding,
-                    total: 0,
-                    waiters: Vec::new(),
                 });
-                row.waiters.push((index, k, row.total));
-                row.total = row.total.saturating_add(inc.by);
             }
             kept.push(job);
         }
@@ -227,40 +224,106 @@ impl Statement {
         if self.jobs.is_empty() {
             return;
         }
-        let batch: Vec<Increment> = self
-            .rows
-            .iter()
-            .map(|(bucket, row)| Increment {
-                bucket: bucket.clone(),
-                window_secs: row.window_secs,
-                by: row.total,
-                sliding: row.sliding,
-            })
-            .collect();
-        let result = inner.increment(&batch).await;
-        let mut answers: Vec<Vec<Option<Counted>>> = self
-            .jobs
-            .iter()
-            .map(|job| vec![None; job.increments.len()])
-            .collect();
-        let counted = match result {
-            Ok(counted) if counted.len() == batch.len() => counted,
-            Ok(_) => {
-                return fail_all(self.jobs, StoreError::Query("short answer".into()));
-            }
+        let requests: Vec<&[Increment]> = self.jobs.iter().map(|j| &j.increments[..]).collect();
+        let result = inner.increment_each(&requests).await;
+        drop(requests);
+        let answers = match result {
+            Ok(answers) if answers.len() == self.jobs.len() => answers,
+            Ok(_) => return fail_all(self.jobs, StoreError::Query("short answer".into())),
             Err(err) => return fail_all(self.jobs, err),
         };
-        for ((_, row), after) in self.rows.iter().zip(counted) {
-            for &(job, k, offset) in &row.waiters {
-                let by = self.jobs[job].increments[k].by;
-                answers[job][k] = Some(share(after, row.total, offset, by));
-            }
-        }
         for (job, answer) in self.jobs.into_iter().zip(answers) {
-            let counted: Option<Vec<Counted>> = answer.into_iter().collect();
-            let reply = counted.ok_or_else(|| StoreError::Query("missing row".into()));
+            let reply = if answer.len() == job.increments.len() {
+                Ok(answer)
+            } else {
+                Err(StoreError::Query("missing row".into()))
+            };
             let _ = job.reply.send(reply);
         }
+    }
+}
+
+/// Requests folded into rows, for a store that counts rows (PostgreSQL): one row per
+/// distinct bucket, its `by` the sum of the requests' units, and for every request's
+/// increment the row it went into and the offset of its first unit there (arrival order).
+pub(crate) struct Folded {
+    /// In bucket order: concurrent statements lock rows in the same order.
+    pub rows: Vec<Increment>,
+    /// Per request, per increment: (row, offset of its first unit in the row).
+    pub places: Vec<Vec<(usize, u32)>>,
+    /// Some request has a sliding limit next to another enforced limit: whether its sliding
+    /// rows count it depends on the other rows, so the store must decide request by request.
+    pub joint: bool,
+}
+
+impl Folded {
+    /// Folds `requests`; a bucket must have one window and algorithm across them, and appear
+    /// once per request.
+    pub fn new(requests: &[&[Increment]]) -> Result<Folded, StoreError> {
+        let mut index: BTreeMap<Arc<str>, usize> = BTreeMap::new();
+        for inc in requests.iter().flat_map(|r| r.iter()) {
+            let next = index.len();
+            index.entry(inc.bucket.clone()).or_insert(next);
+        }
+        // Row numbers in bucket order.
+        let mut rows: Vec<Option<Increment>> = vec![None; index.len()];
+        for (ord, slot) in index.values_mut().enumerate() {
+            *slot = ord;
+        }
+        let mut joint = false;
+        let mut places = Vec::with_capacity(requests.len());
+        for request in requests {
+            let mut place = Vec::with_capacity(request.len());
+            for inc in request.iter() {
+                let ord = index[&inc.bucket];
+                let row = rows[ord].get_or_insert_with(|| Increment {
+                    by: 0,
+                    enforce: None,
+                    ..inc.clone()
+                });
+                if row.window_secs != inc.window_secs || row.sliding != inc.sliding {
+                    return Err(StoreError::Query(
+                        "one bucket with two windows in one statement".into(),
+                    ));
+                }
+                if place.iter().any(|&(r, _)| r == ord) {
+                    return Err(StoreError::Query(
+                        "one request named the same bucket twice".into(),
+                    ));
+                }
+                place.push((ord, row.by));
+                row.by = row.by.saturating_add(inc.by);
+            }
+            // Conservative: a request whose one enforced limit is its sliding one would do
+            // with the row-by-row path too.
+            joint |= request.len() > 1
+                && request.iter().any(|inc| inc.sliding.is_some())
+                && request.iter().any(|inc| inc.enforce.is_some());
+            places.push(place);
+        }
+        Ok(Folded {
+            rows: rows.into_iter().flatten().collect(),
+            places,
+            joint,
+        })
+    }
+
+    /// Each request's answers from its rows' answers (in row order), when every row was
+    /// counted on its own (not [`Folded::joint`]).
+    pub fn share(&self, requests: &[&[Increment]], counted: &[Counted]) -> Vec<Vec<Counted>> {
+        requests
+            .iter()
+            .zip(&self.places)
+            .map(|(request, place)| {
+                request
+                    .iter()
+                    .zip(place)
+                    .map(|(inc, &(row, offset))| {
+                        share(counted[row], self.rows[row].by, offset, inc.by)
+                    })
+                    .collect()
+            })
+            .collect()
     }
 }
 
@@ -276,11 +339,15 @@ fn fail_all(jobs: Vec<Job>, err: StoreError) {
 /// grows with `k`), so units `1 ..= added` were admitted in arrival order: a waiter whose units
 /// all fall in that prefix was admitted, at its position; the others were not counted and see
 /// the row's count without them.
+///
+/// Only for rows counted on their own: a sliding row's requests have no other enforced limit,
+/// so what its estimate admits is what is counted (`fits` = `added`).
 fn share(after: Counted, total: u32, offset: u32, by: u32) -> Counted {
     if after.added >= total {
         return Counted {
             count: position(after.count, total, offset, by),
             added: by,
+            fits: by,
             ..after
         };
     }
@@ -293,13 +360,14 @@ fn share(after: Counted, total: u32, offset: u32, by: u32) -> Counted {
             after.count
         },
         added: admitted,
+        fits: admitted,
         ..after
     }
 }
 
 /// The count a waiter sees: the row reached `after` by adding `total`; this waiter's units
 /// were `offset+1 ..= offset+by` of them, so its count is where its last unit landed.
-fn position(after: u32, total: u32, offset: u32, by: u32) -> u32 {
+pub(crate) fn position(after: u32, total: u32, offset: u32, by: u32) -> u32 {
     if after >= i32::MAX as u32 {
         // Saturated: every waiter is far past any limit.
         return after;
@@ -331,6 +399,7 @@ mod tests {
             now_ms: 0,
             added: 2,
             previous: 7,
+            fits: 2,
         };
         let seen: Vec<(u32, u32)> = (0..3)
             .map(|offset| {
@@ -371,6 +440,7 @@ mod tests {
                     window_secs: 3600,
                     by: 1,
                     sliding: None,
+                    enforce: Some(1000),
                 }];
                 if i % 2 == 0 {
                     batch.push(Increment {
@@ -378,6 +448,7 @@ mod tests {
                         window_secs: 3600,
                         by: 1,
                         sliding: None,
+                        enforce: Some(1000),
                     });
                 }
                 store.increment(&batch).await.expect("counted")

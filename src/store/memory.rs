@@ -383,82 +383,122 @@ impl MemoryStore {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// One request's increments, decided together (see [`Increment`]). The shards of all its
+    /// buckets are held, in ascending order (so two requests cannot deadlock), from the first
+    /// read to the last write: a request with two sliding limits cannot see room on both that
+    /// a concurrent request takes on one of them in between.
     fn count(&self, batch: &[Increment]) -> Result<Vec<Counted>, StoreError> {
         let now_ms = (self.clock)();
-        batch
+        let windows: Vec<Window> = batch
             .iter()
-            .map(|inc| {
-                let current = window_at(now_ms, inc.window_secs)?;
-                let mut shard = self.lock(self.shard_of(&inc.bucket));
-                let slot = match shard.index.get(&inc.bucket) {
-                    Some(&i) => {
-                        shard.touch(i);
-                        i
-                    }
-                    None => {
-                        if shard.new_since_cleanup >= shard.cleanup_every {
-                            let removed = shard.remove_ended(now_ms);
-                            self.forgot(removed);
-                        }
-                        shard.new_since_cleanup += 1;
-                        let (i, made) = shard.insert(&inc.bucket, current, now_ms);
-                        match made {
-                            Made::Room => {
-                                self.metrics.buckets.inc();
-                            }
-                            Made::Evicted => {
-                                self.metrics.evictions.inc();
-                            }
-                            Made::Dropped => {
-                                self.removed.fetch_add(1, Ordering::Relaxed);
-                            }
-                        }
-                        i
-                    }
-                };
-                let window = &mut shard.slots[slot as usize].window;
-                // A newer window starts from zero, like a new row in Postgres. An entry whose
-                // window is *later* than ours (the clock stepped back) keeps counting: resetting
-                // it would forget requests already allowed.
-                if window.end_ms <= now_ms || window.start_ms < current.start_ms {
-                    // A sliding limit reads the window that just ended as "previous"; one
-                    // that ended longer ago weighs nothing, like a missing row.
-                    let previous = if window.end_ms == current.start_ms {
-                        window.count
-                    } else {
-                        0
-                    };
-                    *window = current;
-                    window.previous = previous;
-                }
-                let added = match inc.sliding {
+            .map(|inc| window_at(now_ms, inc.window_secs))
+            .collect::<Result<_, _>>()?;
+        let shard_of: Vec<usize> = batch.iter().map(|inc| self.shard_of(&inc.bucket)).collect();
+        let mut order = shard_of.clone();
+        order.sort_unstable();
+        order.dedup();
+        let mut guards: Vec<MutexGuard<'_, Shard>> = order.iter().map(|&i| self.lock(i)).collect();
+        // Each increment's guard: its shard's place in `order`.
+        let places: Vec<usize> = shard_of
+            .iter()
+            .map(|i| order.binary_search(i).unwrap_or_default())
+            .collect();
+
+        // 1. Where each limit stands before this request, and how many units it admits.
+        let standing: Vec<(Window, u32)> = batch
+            .iter()
+            .zip(&windows)
+            .zip(&places)
+            .map(|((inc, current), &g)| {
+                let shard = &guards[g];
+                let held = shard
+                    .index
+                    .get(&inc.bucket)
+                    .map(|&i| shard.slots[i as usize].window);
+                let window = rolled(held, *current, now_ms);
+                let fits = match inc.sliding {
                     None => inc.by,
-                    Some(limit) => {
-                        window.keep_ms = window.end_ms + (window.end_ms - window.start_ms);
-                        sliding_admits(
-                            limit,
-                            window.previous,
-                            window.count,
-                            inc.by,
-                            window.end_ms - now_ms,
-                            window.end_ms - window.start_ms,
-                        )
-                    }
+                    Some(limit) => sliding_admits(
+                        limit,
+                        window.previous,
+                        window.count,
+                        inc.by,
+                        window.end_ms - now_ms,
+                        window.end_ms - window.start_ms,
+                    ),
                 };
-                window.count = window.count.saturating_add(added).min(COUNT_MAX);
-                Ok(Counted {
-                    count: window.count,
-                    window_end_ms: window.end_ms,
-                    now_ms,
-                    added,
-                    previous: if inc.sliding.is_some() {
-                        window.previous
-                    } else {
-                        0
-                    },
+                (window, fits)
+            })
+            .collect();
+        // 2. The request's allowed units: what every enforced limit admits (a prefix).
+        let allowed = batch
+            .iter()
+            .zip(&standing)
+            .filter_map(|(inc, (window, fits))| {
+                let limit = inc.enforce?;
+                Some(match inc.sliding {
+                    Some(_) => *fits,
+                    None => limit.saturating_sub(window.count).min(inc.by),
                 })
             })
-            .collect()
+            .min();
+        // 3. Count: fixed windows every unit, sliding ones the allowed units they admit.
+        let mut counted = Vec::with_capacity(batch.len());
+        for ((inc, (window, fits)), &g) in batch.iter().zip(standing).zip(&places) {
+            let shard = &mut guards[g];
+            let slot = self.slot(shard, &inc.bucket, window, now_ms);
+            let held = &mut shard.slots[slot as usize].window;
+            *held = window;
+            let added = match inc.sliding {
+                None => inc.by,
+                Some(_) => {
+                    held.keep_ms = held.end_ms + (held.end_ms - held.start_ms);
+                    allowed.unwrap_or(inc.by).min(fits)
+                }
+            };
+            held.count = held.count.saturating_add(added).min(COUNT_MAX);
+            counted.push(Counted {
+                count: held.count,
+                window_end_ms: held.end_ms,
+                now_ms,
+                added,
+                previous: if inc.sliding.is_some() {
+                    held.previous
+                } else {
+                    0
+                },
+                fits,
+            });
+        }
+        drop(guards);
+        Ok(counted)
+    }
+
+    /// The slot of `bucket` in `shard`, made (at `window`) if the shard does not hold it, and
+    /// marked as just used.
+    fn slot(&self, shard: &mut Shard, bucket: &Arc<str>, window: Window, now_ms: i64) -> u32 {
+        if let Some(&i) = shard.index.get(bucket) {
+            shard.touch(i);
+            return i;
+        }
+        if shard.new_since_cleanup >= shard.cleanup_every {
+            let removed = shard.remove_ended(now_ms);
+            self.forgot(removed);
+        }
+        shard.new_since_cleanup += 1;
+        let (i, made) = shard.insert(bucket, window, now_ms);
+        match made {
+            Made::Room => {
+                self.metrics.buckets.inc();
+            }
+            Made::Evicted => {
+                self.metrics.evictions.inc();
+            }
+            Made::Dropped => {
+                self.removed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        i
     }
 
     /// Reads without touching: a read (`tollgate explain`) is not a use, so it does not keep a
@@ -526,6 +566,22 @@ impl Store for MemoryStore {
     }
 }
 
+/// A bucket's window as an increment at `now_ms` finds it: the one held while it is still
+/// current; else `current`, empty, with the held count as "previous" when the held window is
+/// the one just before (a sliding limit reads it; one that ended longer ago weighs nothing,
+/// like a missing row). A held window *later* than `current` (the clock stepped back) keeps
+/// counting: starting over would forget requests already allowed.
+fn rolled(held: Option<Window>, current: Window, now_ms: i64) -> Window {
+    match held {
+        Some(w) if !(w.end_ms <= now_ms || w.start_ms < current.start_ms) => w,
+        Some(w) if w.end_ms == current.start_ms => Window {
+            previous: w.count,
+            ..current
+        },
+        _ => current,
+    }
+}
+
 /// The epoch-aligned window of `window_secs` containing `now_ms`, with a zero count.
 /// `div_euclid` is the floor even for a clock before 1970.
 fn window_at(now_ms: i64, window_secs: u32) -> Result<Window, StoreError> {
@@ -576,6 +632,7 @@ mod tests {
             window_secs,
             by: 1,
             sliding: None,
+            enforce: None,
         }
     }
 
@@ -585,6 +642,7 @@ mod tests {
             window_secs,
             by,
             sliding: Some(requests),
+            enforce: Some(requests),
         }
     }
 

@@ -15,6 +15,11 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 /// One bucket to increment. Buckets in one batch are distinct.
+///
+/// A batch passed to [`Store::increment`] is ONE request's limits, decided together: the
+/// request is allowed (for as many of its units as every enforced limit admits) only when
+/// every increment with `enforce` admits it, and only allowed units are counted in sliding
+/// windows (SPEC 3a). Fixed windows count every unit, allowed or not (SPEC 3).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Increment {
     /// `<scope>:<label>:<digest>` or `<scope>:global`; never a raw subject.
@@ -26,6 +31,11 @@ pub struct Increment {
     /// `Some(requests)` for a sliding-window limit (SPEC 3a): the store counts only the units
     /// that the estimate admits against `requests`. `None`: a fixed window, every unit counts.
     pub sliding: Option<u32>,
+    /// `Some(requests)`: an enforced limit, which denies the units past `requests` (a fixed
+    /// window: by the units' positions; a sliding one: by its estimate, against the same
+    /// `requests`). `None`: a shadow limit, or a count that decides nothing (reads, resets,
+    /// probes). A shadow sliding limit counts the allowed units that its own estimate admits.
+    pub enforce: Option<u32>,
 }
 
 /// The state of one bucket right after an increment.
@@ -42,6 +52,10 @@ pub struct Counted {
     pub added: u32,
     /// Sliding windows: the count of the previous window's row (0 if none; 0 for fixed).
     pub previous: u32,
+    /// Sliding windows: how many of the increment's units this limit's own estimate admits
+    /// (a prefix of them). They are counted (`added`) only when every enforced limit of the
+    /// request admits them too. Fixed windows: `by` (the count itself says where they stand).
+    pub fits: u32,
 }
 
 /// The state of one bucket as read, without incrementing (`tollgate explain`).
@@ -80,8 +94,27 @@ pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>>
 /// A place that counts. Implementations must be exact under concurrency: two increments of
 /// one bucket never both see the same count.
 pub trait Store: Send + Sync + 'static {
-    /// Increment every bucket of the batch (all in one round trip), answering in batch order.
+    /// Increment every bucket of one request's batch (all in one round trip), deciding the
+    /// request against all of its enforced limits at once (see [`Increment`]), answering in
+    /// batch order.
     fn increment<'a>(&'a self, batch: &'a [Increment]) -> StoreFuture<'a, Vec<Counted>>;
+
+    /// Several requests, decided one after another in this order, exactly as if each had been
+    /// sent alone with [`Store::increment`] in that order (for PostgreSQL: in one statement).
+    /// A bucket that appears in several requests must have the same window and algorithm in
+    /// all of them. The default sends them one by one.
+    fn increment_each<'a>(
+        &'a self,
+        requests: &'a [&'a [Increment]],
+    ) -> StoreFuture<'a, Vec<Vec<Counted>>> {
+        Box::pin(async move {
+            let mut out = Vec::with_capacity(requests.len());
+            for batch in requests {
+                out.push(self.increment(batch).await?);
+            }
+            Ok(out)
+        })
+    }
 
     /// Read buckets' current windows without changing them, in batch order (`by` is ignored).
     fn peek<'a>(&'a self, batch: &'a [Increment]) -> StoreFuture<'a, Vec<Peeked>>;

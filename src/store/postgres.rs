@@ -60,6 +60,7 @@ use bb8::{ErrorSink, Pool, RunError};
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Client;
 
+use super::coalesce::{position, Folded};
 use super::pg_tls::{self, MakeRustls};
 use super::{Counted, Increment, Peeked, Store, StoreError, StoreFuture};
 use crate::config::StoreConfig;
@@ -136,10 +137,16 @@ const MIGRATIONS: &[Migration] = &[
         name: "0004_instances",
         sql: include_str!("../../migrations/0004_instances.sql"),
     },
+    Migration {
+        version: 5,
+        name: "0005_joint_decision",
+        sql: include_str!("../../migrations/0005_joint_decision.sql"),
+    },
 ];
 
 /// The batch increment (SPEC 3, 3a, 6): a call of `public.tollgate_increment`
-/// (`migrations/0003_increment_function.sql`, which holds the seed's atomic
+/// (`migrations/0003_increment_function.sql`, replaced by `0005_joint_decision.sql` with the
+/// same parameters and answer; it holds the seed's atomic
 /// `INSERT ... ON CONFLICT ... DO UPDATE ... RETURNING` and the sliding-window variant).
 /// Parameters: `$1 text[]` buckets, `$2 int8[]` window lengths in seconds, `$3 int8[]`
 /// amounts (`int8`, so a `u32` never overflows on the way in), `$4 int8[]` sliding limits
@@ -164,6 +171,18 @@ const INCREMENT_SQL: &str = "SELECT bucket, count, added, previous, window_end_m
 pub fn increment_sql() -> &'static str {
     INCREMENT_SQL
 }
+
+/// The joint decision (SPEC 3a with several limits): a call of `public.tollgate_decide`
+/// (`migrations/0005_joint_decision.sql`), for a batch in which some request has a sliding
+/// limit next to another enforced limit. Rows as for [`INCREMENT_SQL`] (`$1`..`$4`, `$3` the
+/// rows' summed units), then one entry per increment of every request, in arrival order:
+/// `$5 int4[]` its row (1-based), `$6 int4[]` its request (1-based, ascending), `$7 int8[]` its
+/// units, `$8 int8[]` its enforced limit (`NULL`: shadow), `$9 boolean` as `$5` above. The
+/// function walks the requests in order: a request is allowed for the units that every
+/// enforced limit admits, and only those are counted in its sliding rows. Same protocol and
+/// plan caching as [`INCREMENT_SQL`].
+const DECIDE_SQL: &str = "SELECT bucket, count, previous, window_end_ms, now_ms, added, fits \
+     FROM public.tollgate_decide($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 
 /// The read-only twin of [`INCREMENT_SQL`] for `tollgate explain`: same window arithmetic,
 /// no write, 0 for a bucket without a row. `WITH ORDINALITY` keeps the batch order.
@@ -856,6 +875,76 @@ impl PostgresStore {
         self.health.set(result.is_ok());
     }
 
+    /// Requests decided in this order in ONE statement (see [`Store::increment_each`]). When no
+    /// request has a sliding limit next to another enforced one, every row is counted on its
+    /// own: the rows go to `tollgate_increment` and each request gets its share of them in
+    /// arrival order. Otherwise whether a request is counted in its sliding rows depends on
+    /// its other rows, and `tollgate_decide` walks the requests one by one ([`DECIDE_SQL`]).
+    async fn run_requests(
+        &self,
+        requests: &[&[Increment]],
+    ) -> Result<Vec<Vec<Counted>>, StoreError> {
+        let folded = Folded::new(requests)?;
+        if !folded.joint {
+            let counted = self.run_increment(&folded.rows).await?;
+            return Ok(folded.share(requests, &counted));
+        }
+        self.run_decide(requests, &folded).await
+    }
+
+    /// The joint decision of [`DECIDE_SQL`]: one row back per bucket; a sliding row carries
+    /// what each of its requests' increments added and what its estimate admitted, in arrival
+    /// order, from which every request's count is its own position.
+    async fn run_decide(
+        &self,
+        requests: &[&[Increment]],
+        folded: &Folded,
+    ) -> Result<Vec<Vec<Counted>>, StoreError> {
+        self.require_initialized()?;
+        let (buckets, windows) = columns(&folded.rows)?;
+        let amounts: Vec<i64> = folded.rows.iter().map(|r| i64::from(r.by)).collect();
+        let limits: Vec<Option<i64>> = folded
+            .rows
+            .iter()
+            .map(|r| r.sliding.map(i64::from))
+            .collect();
+        let entries = folded.places.iter().map(Vec::len).sum::<usize>();
+        let mut e_row = Vec::with_capacity(entries);
+        let mut e_req = Vec::with_capacity(entries);
+        let mut e_by = Vec::with_capacity(entries);
+        let mut e_limit = Vec::with_capacity(entries);
+        for (req, (request, place)) in requests.iter().zip(&folded.places).enumerate() {
+            for (inc, &(row, _)) in request.iter().zip(place) {
+                e_row.push(i32::try_from(row + 1).unwrap_or(i32::MAX));
+                e_req.push(i32::try_from(req + 1).unwrap_or(i32::MAX));
+                e_by.push(i64::from(inc.by));
+                e_limit.push(inc.enforce.map(i64::from));
+            }
+        }
+        let params: [(&(dyn ToSql + Sync), Type); 9] = [
+            (&buckets, Type::TEXT_ARRAY),
+            (&windows, Type::INT8_ARRAY),
+            (&amounts, Type::INT8_ARRAY),
+            (&limits, Type::INT8_ARRAY),
+            (&e_row, Type::INT4_ARRAY),
+            (&e_req, Type::INT4_ARRAY),
+            (&e_by, Type::INT8_ARRAY),
+            (&e_limit, Type::INT8_ARRAY),
+            (&self.async_commit, Type::BOOL),
+        ];
+        let result = self
+            .bounded(async {
+                let conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
+                conn.run(conn.query_typed(DECIDE_SQL, &params))
+                    .await
+                    .map_err(|e| self.fail(&e))
+            })
+            .await
+            .and_then(|rows| decided(requests, folded, &rows));
+        self.record(&result);
+        result
+    }
+
     async fn run_increment(&self, batch: &[Increment]) -> Result<Vec<Counted>, StoreError> {
         self.require_initialized()?;
         if batch.is_empty() {
@@ -923,6 +1012,7 @@ impl PostgresStore {
                             now_ms,
                             added,
                             previous,
+                            fits: added,
                         })
                     })
                     .collect()
@@ -1130,6 +1220,7 @@ impl PostgresStore {
                 window_secs: *window_secs,
                 by: 0,
                 sliding: None,
+                enforce: None,
             })
             .collect();
         let (names, windows) = columns(&batch)?;
@@ -1362,7 +1453,19 @@ impl Drop for AbortOnDrop {
 
 impl Store for PostgresStore {
     fn increment<'a>(&'a self, batch: &'a [Increment]) -> StoreFuture<'a, Vec<Counted>> {
-        Box::pin(self.run_increment(batch))
+        Box::pin(async move {
+            let mut answers = self.run_requests(&[batch]).await?;
+            answers
+                .pop()
+                .ok_or_else(|| StoreError::Query("no answer for the request".into()))
+        })
+    }
+
+    fn increment_each<'a>(
+        &'a self,
+        requests: &'a [&'a [Increment]],
+    ) -> StoreFuture<'a, Vec<Vec<Counted>>> {
+        Box::pin(self.run_requests(requests))
     }
 
     fn peek<'a>(&'a self, batch: &'a [Increment]) -> StoreFuture<'a, Vec<Peeked>> {
@@ -1668,6 +1771,105 @@ fn columns(batch: &[Increment]) -> Result<(Vec<&str>, Vec<i64>), StoreError> {
         windows.push(i64::from(inc.window_secs));
     }
     Ok((buckets, windows))
+}
+
+/// Each request's answers from `tollgate_decide`'s rows ([`DECIDE_SQL`]). A fixed row counted
+/// every unit, so a request's count is its position, as for [`Folded::share`]. A sliding row
+/// lists, per entry in arrival order, the units counted and the units its estimate admitted;
+/// its count before the statement is the count after minus everything counted, and an
+/// entry's count is that plus what was counted up to and including it.
+fn decided(
+    requests: &[&[Increment]],
+    folded: &Folded,
+    rows: &[tokio_postgres::Row],
+) -> Result<Vec<Vec<Counted>>, StoreError> {
+    struct RowAnswer {
+        after: Counted,
+        /// Per entry of this row: (added, fits).
+        entries: Option<(Vec<i64>, Vec<i64>)>,
+    }
+    let mut by_bucket: FastMap<&str, RowAnswer> =
+        FastMap::with_capacity_and_hasher(rows.len(), Default::default());
+    for row in rows {
+        let bucket: &str = row.try_get(0).map_err(query_error)?;
+        let added: Option<Vec<i64>> = row.try_get(5).map_err(query_error)?;
+        let fits: Option<Vec<i64>> = row.try_get(6).map_err(query_error)?;
+        let after = Counted {
+            count: count_from(row.try_get(1).map_err(query_error)?)?,
+            previous: count_from(row.try_get(2).map_err(query_error)?)?,
+            window_end_ms: row.try_get(3).map_err(query_error)?,
+            now_ms: row.try_get(4).map_err(query_error)?,
+            added: 0,
+            fits: 0,
+        };
+        let entries = match (added, fits) {
+            (Some(a), Some(f)) if a.len() == f.len() => Some((a, f)),
+            (None, None) => None,
+            _ => {
+                return Err(StoreError::Query(
+                    "a sliding row's entries do not match".into(),
+                ))
+            }
+        };
+        by_bucket.insert(bucket, RowAnswer { after, entries });
+    }
+    let answers: Vec<&RowAnswer> = folded
+        .rows
+        .iter()
+        .map(|row| {
+            by_bucket.get(&*row.bucket).ok_or_else(|| {
+                StoreError::Query("the increment returned no row for a bucket".into())
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    // Per sliding row: the count before, and how far its entries have been walked.
+    let mut walked: Vec<(u32, usize)> = answers
+        .iter()
+        .map(|a| {
+            let counted: i64 = a
+                .entries
+                .as_ref()
+                .map_or(0, |(added, _)| added.iter().sum());
+            let counted = u32::try_from(counted.max(0)).unwrap_or(u32::MAX);
+            (a.after.count.saturating_sub(counted), 0)
+        })
+        .collect();
+    let unit = |v: i64, by: u32| u32::try_from(v.clamp(0, i64::from(by))).unwrap_or(0);
+    requests
+        .iter()
+        .zip(&folded.places)
+        .map(|(request, place)| {
+            request
+                .iter()
+                .zip(place)
+                .map(|(inc, &(row, offset))| {
+                    let answer = answers[row];
+                    let Some((added, fits)) = &answer.entries else {
+                        let total = folded.rows[row].by;
+                        return Ok(Counted {
+                            count: position(answer.after.count, total, offset, inc.by),
+                            added: inc.by,
+                            fits: inc.by,
+                            ..answer.after
+                        });
+                    };
+                    let (count, next) = &mut walked[row];
+                    let (Some(&a), Some(&f)) = (added.get(*next), fits.get(*next)) else {
+                        return Err(StoreError::Query("a sliding row lacks an entry".into()));
+                    };
+                    *next += 1;
+                    let a = unit(a, inc.by);
+                    *count = count.saturating_add(a);
+                    Ok(Counted {
+                        count: *count,
+                        added: a,
+                        fits: unit(f, inc.by),
+                        ..answer.after
+                    })
+                })
+                .collect()
+        })
+        .collect()
 }
 
 /// The column is `integer` with `CHECK (count >= 0)`; anything else is a broken table.
