@@ -24,10 +24,10 @@
 //!   `idle_timeout`, which also drops its upstream request ([`streams`] has the rule). Pings
 //!   answered on such a connection do not keep it open: once its streams are reset, no request
 //!   is in progress and the watchdog closes it.
-//! - The counter store is started without waiting for the database: a database that is down
-//!   at start must not take the edge down with it (SPEC 1). Until it answers, the failure
-//!   policy applies; a background task keeps trying, then migrates and checks the key
-//!   fingerprint.
+//! - The counter store is started by [`crate::store::start`] (store selection, start-up
+//!   retry, sweeps, the coalescing queue), without waiting for a database that is down: the
+//!   server serves with the [`crate::store::StoreHandle`] it gets back and aborts its tasks on
+//!   stop. [`Server::builder`] can hand it a store or a clock of the caller's instead.
 //! - Stop: listeners close, connections are asked to finish (HTTP/1.1 after the current
 //!   response, HTTP/2 with GOAWAY), and after `shutdown_timeout` whatever is left is dropped.
 
@@ -67,26 +67,10 @@ use crate::key::BucketHasher;
 use crate::limit::Limiter;
 use crate::metrics::Metrics;
 use crate::proxy::{ConnInfo, Proxy, Runtime};
-use crate::store::coalesce::CoalescingStore;
-use crate::store::memory::MemoryStore;
-use crate::store::postgres::PostgresStore;
-use crate::store::Store;
+use crate::store::{self, Clock, Store, StoreHandle, StoreOptions};
 use open_files::AcceptErrors;
 use streams::{NewStreams, StreamExecutor, StreamProgress};
 
-/// How long `start` waits for the database before serving without it: long enough for
-/// migrations on a healthy database, short enough that a database that hangs does not keep
-/// the edge from serving.
-const STORE_START_WAIT: Duration = Duration::from_secs(2);
-/// Decision statements in flight at once, whatever the pool size. Fewer, larger multi-row
-/// statements cost the database (and tollgate) less per increment than many small ones:
-/// measured on 10,000 distinct keys, 4 in flight carried 3-8 rows each and doubled the
-/// throughput of 16 in flight; 2 sent 10-20% fewer statements than 4 for the same or more
-/// requests per second (docs/performance.md). The rest of the pool serves the sweep, probes
-/// and the statement of a bucket that is waiting.
-const MAX_STATEMENTS_IN_FLIGHT: usize = 2;
-/// Rows deleted per sweep statement.
-const SWEEP_BATCH: i64 = 1000;
 /// HTTP/2 keep-alive pings: a peer that stops answering is dropped.
 const H2_KEEPALIVE: Duration = Duration::from_secs(20);
 /// HTTP/2 streams in flight per connection (SPEC 5): with a stalled stream reset after
@@ -107,6 +91,32 @@ enum Phase {
 }
 
 pub struct Server;
+
+/// A server to start, with what it may be given instead of what its configuration names.
+pub struct ServerBuilder {
+    config: Config,
+    store: StoreOptions,
+}
+
+impl ServerBuilder {
+    /// The clock the memory store counts windows by (default: the system's), so that tests
+    /// can cross a window boundary without waiting for it.
+    pub fn clock(mut self, clock: Clock) -> Self {
+        self.store.clock = clock;
+        self
+    }
+
+    /// Counts in `store` instead of the configured store (no sweep, no database tasks).
+    pub fn store(mut self, store: Arc<dyn Store>) -> Self {
+        self.store.store = Some(store);
+        self
+    }
+
+    /// Binds every listener, starts the store and begins serving.
+    pub async fn start(self) -> Result<RunningServer, StartupError> {
+        Server::start_with(self.config, self.store).await
+    }
+}
 
 /// A started tollgate: its bound addresses and the handles to reload or stop it.
 pub struct RunningServer {
@@ -134,7 +144,21 @@ pub struct RunningServer {
 
 impl Server {
     /// Binds every listener, starts the store and begins serving.
-    pub async fn start(mut config: Config) -> Result<RunningServer, StartupError> {
+    pub async fn start(config: Config) -> Result<RunningServer, StartupError> {
+        Server::builder(config).start().await
+    }
+
+    pub fn builder(config: Config) -> ServerBuilder {
+        ServerBuilder {
+            config,
+            store: StoreOptions::default(),
+        }
+    }
+
+    async fn start_with(
+        mut config: Config,
+        store_options: StoreOptions,
+    ) -> Result<RunningServer, StartupError> {
         // Decided once: the worker count sizes per-worker state (upstream clients), and a
         // reload keeps it.
         config.server.workers = Some(config.server.worker_count());
@@ -179,10 +203,14 @@ impl Server {
             None => None,
         };
 
-        let (fatal_tx, fatal) = mpsc::channel(1);
         let mut background = vec![tokio::spawn(run_coarse_clock())];
-        let (store, pg) =
-            start_store(&config, &hasher, &metrics, fatal_tx, &mut background).await?;
+        let StoreHandle {
+            store,
+            postgres: pg,
+            fatal,
+            tasks,
+        } = store::start(&config, &hasher, &metrics, store_options).await?;
+        background.extend(tasks);
         let instances = Arc::new(Instances::new(metrics.instances.clone()));
         let limiter =
             Limiter::new(store.clone(), config.store.timeout, metrics.clone()).with_local_fallback(
@@ -283,138 +311,6 @@ impl Server {
             background,
             workers,
         })
-    }
-}
-
-/// Starts the configured store; for Postgres, tries to initialise it briefly and keeps trying
-/// in the background if the database does not answer yet.
-async fn start_store(
-    config: &Config,
-    hasher: &BucketHasher,
-    metrics: &Arc<Metrics>,
-    fatal: mpsc::Sender<String>,
-    background: &mut Vec<JoinHandle<()>>,
-) -> Result<(Arc<dyn Store>, Option<Arc<PostgresStore>>), StartupError> {
-    let Some(_) = &config.store.url else {
-        tracing::warn!(
-            "store: in-process memory; counters are not shared, so each instance enforces \
-             its limits separately (run one instance, or set store.url)"
-        );
-        let memory = Arc::new(MemoryStore::bounded(
-            config.store.memory_buckets,
-            metrics.memory.clone(),
-        ));
-        background.push(tokio::spawn(sweep_memory(
-            memory.clone(),
-            config.store.sweep_interval,
-            metrics.clone(),
-        )));
-        return Ok((memory, None));
-    };
-    // With a database, store.memory_buckets bounds the local fallback's counters (SPEC 5b).
-    let local = config.store.on_error == config::StoreErrorPolicy::Local
-        || config
-            .routes
-            .iter()
-            .any(|r| r.on_store_error == Some(config::StoreErrorPolicy::Local));
-    if config.store.memory_buckets.get() != config::DEFAULT_MEMORY_BUCKETS && !local {
-        tracing::warn!(
-            "store.memory_buckets applies only to the memory store and to on_error = \"local\"; ignored here"
-        );
-    }
-    let pg = PostgresStore::new(&config.store).map_err(|e| StartupError::Store(e.to_string()))?;
-    let fingerprint = hasher.fingerprint();
-    let migrate = config.store.migrate;
-    match tokio::time::timeout(STORE_START_WAIT, pg.initialize(&fingerprint, migrate)).await {
-        Ok(Ok(())) => tracing::info!("store: postgres, ready"),
-        Ok(Err(err)) if !err.is_retryable() => return Err(StartupError::Store(err.to_string())),
-        not_yet => {
-            let why = match not_yet {
-                Ok(Err(err)) => err.to_string(),
-                _ => format!("no answer within {STORE_START_WAIT:?}"),
-            };
-            tracing::warn!(error = %why, "store: postgres not ready; serving under the store failure policy until it is");
-            background.push(tokio::spawn(initialize_in_background(
-                pg.clone(),
-                fingerprint,
-                migrate,
-                fatal,
-            )));
-        }
-    }
-    background.push(tokio::spawn(sweep_postgres(
-        pg.clone(),
-        config.store.sweep_interval,
-        metrics.clone(),
-    )));
-    // Decisions go through the coalescing queue: concurrent increments share statements.
-    let counter = metrics.clone();
-    let coalesced = Arc::new(CoalescingStore::new(
-        pg.clone(),
-        (config.store.pool_size as usize).min(MAX_STATEMENTS_IN_FLIGHT),
-        Arc::new(move || {
-            counter.store_round_trips.inc();
-        }),
-    ));
-    Ok((coalesced, Some(pg)))
-}
-
-async fn initialize_in_background(
-    pg: Arc<PostgresStore>,
-    fingerprint: String,
-    migrate: bool,
-    fatal: mpsc::Sender<String>,
-) {
-    let mut delay = Duration::from_millis(250);
-    loop {
-        tokio::time::sleep(delay).await;
-        match pg.initialize(&fingerprint, migrate).await {
-            Ok(()) => {
-                tracing::info!("store: postgres answered; migrations applied and key fingerprint checked; counting");
-                return;
-            }
-            Err(err) if err.is_retryable() => {
-                tracing::debug!(error = %err, "store: postgres still not ready");
-                delay = (delay * 2).min(Duration::from_secs(5));
-            }
-            Err(err) => {
-                // A different key secret, bad credentials, a failed migration: waiting will
-                // not fix it, and serving on would silently break the guarantees.
-                let message = err.to_string();
-                tracing::error!("{message}");
-                let _ = fatal.send(message).await;
-                return;
-            }
-        }
-    }
-}
-
-async fn sweep_postgres(pg: Arc<PostgresStore>, every: Duration, metrics: Arc<Metrics>) {
-    let mut ticker = tokio::time::interval(every);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticker.tick().await;
-        match pg.sweep_once(SWEEP_BATCH).await {
-            Ok(deleted) => {
-                metrics.sweep_deleted_rows.inc_by(deleted);
-                metrics.sweep_succeeded();
-                if deleted > 0 {
-                    tracing::debug!(deleted, "sweep deleted expired counters");
-                }
-            }
-            Err(err) => {
-                tracing::warn!(error = %err, "sweep failed; expired rows stay until the next one")
-            }
-        }
-    }
-}
-
-async fn sweep_memory(memory: Arc<MemoryStore>, every: Duration, metrics: Arc<Metrics>) {
-    let mut ticker = tokio::time::interval(every);
-    loop {
-        ticker.tick().await;
-        metrics.sweep_deleted_rows.inc_by(memory.sweep());
-        metrics.sweep_succeeded();
     }
 }
 
