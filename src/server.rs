@@ -31,11 +31,14 @@
 //! - Stop: listeners close, connections are asked to finish (HTTP/1.1 after the current
 //!   response, HTTP/2 with GOAWAY), and after `shutdown_timeout` whatever is left is dropped.
 
+mod coarse_clock;
 mod open_files;
 pub mod proxy_protocol;
 mod streams;
+mod worker;
 
 pub use open_files::{raise_open_file_limit, OpenFileLimit};
+pub use worker::Worker;
 
 use std::convert::Infallible;
 use std::io;
@@ -43,9 +46,9 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock, PoisonError};
+use std::sync::{Arc, PoisonError};
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use hyper::service::service_fn;
@@ -68,6 +71,7 @@ use crate::limit::Limiter;
 use crate::metrics::Metrics;
 use crate::proxy::{ConnInfo, Proxy, Runtime};
 use crate::store::{self, Clock, Store, StoreHandle, StoreOptions};
+use coarse_clock::CoarseClock;
 use open_files::AcceptErrors;
 use streams::{NewStreams, StreamExecutor, StreamProgress};
 
@@ -140,6 +144,10 @@ pub struct RunningServer {
     background: Vec<JoinHandle<()>>,
     /// The threads of connection workers 1..; they end once the phase is `Stopped`.
     workers: Vec<std::thread::JoinHandle<()>>,
+    /// What each worker keeps for its requests, by worker index.
+    worker_state: Vec<Arc<Worker>>,
+    /// This server's clock of connection activity.
+    clock: Arc<CoarseClock>,
 }
 
 impl Server {
@@ -203,7 +211,8 @@ impl Server {
             None => None,
         };
 
-        let mut background = vec![tokio::spawn(run_coarse_clock())];
+        let clock = Arc::new(CoarseClock::new());
+        let mut background = vec![tokio::spawn(clock.clone().run())];
         let StoreHandle {
             store,
             postgres: pg,
@@ -261,6 +270,7 @@ impl Server {
             permits: permits.clone(),
             phase: phase_rx.clone(),
             metrics: metrics.clone(),
+            clock: clock.clone(),
             accept_errors: Arc::new(AcceptErrors::default()),
             proxy_protocol: config.server.proxy_protocol.as_ref().map(|p| {
                 Arc::new(HeaderGate {
@@ -269,7 +279,10 @@ impl Server {
                 })
             }),
         };
-        let workers = start_workers(config.server.worker_count(), &shared, &shared_with_workers)?;
+        let worker_state: Vec<Arc<Worker>> = (0..config.server.worker_count())
+            .map(|index| Arc::new(Worker::new(index)))
+            .collect();
+        let workers = start_workers(&worker_state, &shared, &shared_with_workers)?;
         // Every worker holds its own duplicate of each listening socket; the originals close
         // here, so a listener closes as soon as the last worker stops accepting on it.
         drop(shared);
@@ -310,6 +323,8 @@ impl Server {
             fatal,
             background,
             workers,
+            worker_state,
+            clock,
         })
     }
 }
@@ -321,6 +336,17 @@ impl RunningServer {
 
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
+    }
+
+    /// Its connection workers' own state, by worker index.
+    pub fn workers(&self) -> &[Arc<Worker>] {
+        &self.worker_state
+    }
+
+    /// Milliseconds since this server started, on the coarse clock its connections' idle
+    /// and header-read timeouts are measured by.
+    pub fn coarse_clock_ms(&self) -> u64 {
+        self.clock.now_ms()
     }
 
     /// Re-reads the configuration file (SIGHUP). On any error the old configuration keeps
@@ -452,6 +478,8 @@ struct SharedWithWorkers {
     permits: Arc<Semaphore>,
     phase: watch::Receiver<Phase>,
     metrics: Arc<Metrics>,
+    /// The server's clock of connection activity.
+    clock: Arc<CoarseClock>,
     /// One rate limit for the accept-failure log line of every worker and listener.
     accept_errors: Arc<AcceptErrors>,
     /// `[server.proxy_protocol]`; `None` (nothing to clone per connection) = no connection
@@ -486,16 +514,21 @@ type SharedListener = (
 /// scheduler gave them. With one worker, a decision that goes to PostgreSQL never leaves
 /// the thread either.
 fn start_workers(
-    count: usize,
+    workers: &[Arc<Worker>],
     listeners: &[SharedListener],
     shared: &SharedWithWorkers,
 ) -> Result<Vec<std::thread::JoinHandle<()>>, StartupError> {
+    let Some((first, others)) = workers.split_first() else {
+        return Ok(Vec::new());
+    };
     for (listener, addr, tls) in listeners {
         let listener = duplicate(listener, *addr)?;
-        tokio::spawn(accept_loop(listener, tls.clone(), shared.clone()));
+        let worker = first.clone();
+        tokio::spawn(accept_loop(listener, tls.clone(), shared.clone(), worker));
     }
-    let mut threads = Vec::with_capacity(count.saturating_sub(1));
-    for index in 1..count {
+    let mut threads = Vec::with_capacity(others.len());
+    for worker in others {
+        let index = worker.index();
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -510,12 +543,10 @@ fn start_workers(
             }
         }
         let shared = shared.clone();
+        let worker = worker.clone();
         let thread = std::thread::Builder::new()
             .name(format!("tollgate-worker-{index}"))
-            .spawn(move || {
-                crate::forward::set_worker_index(index);
-                runtime.block_on(run_worker(accepting, shared));
-            })
+            .spawn(move || runtime.block_on(run_worker(accepting, shared, worker)))
             .map_err(StartupError::Runtime)?;
         threads.push(thread);
     }
@@ -542,9 +573,10 @@ fn duplicate(
 async fn run_worker(
     listeners: Vec<(TcpListener, Option<Arc<ArcSwap<rustls::ServerConfig>>>)>,
     shared: SharedWithWorkers,
+    worker: Arc<Worker>,
 ) {
     for (listener, tls) in listeners {
-        tokio::spawn(accept_loop(listener, tls, shared.clone()));
+        tokio::spawn(accept_loop(listener, tls, shared.clone(), worker.clone()));
     }
     let mut phase = shared.phase;
     let _ = phase.wait_for(|p| *p == Phase::Stopped).await;
@@ -578,6 +610,7 @@ async fn accept_loop(
     listener: TcpListener,
     tls: Option<Arc<ArcSwap<rustls::ServerConfig>>>,
     shared: SharedWithWorkers,
+    worker: Arc<Worker>,
 ) {
     let SharedWithWorkers {
         proxy,
@@ -585,6 +618,7 @@ async fn accept_loop(
         permits,
         phase,
         metrics,
+        clock,
         accept_errors,
         proxy_protocol: header_gate,
     } = shared;
@@ -617,6 +651,8 @@ async fn accept_loop(
         let metrics = metrics.clone();
         let tls = tls.as_ref().map(|current| current.load_full());
         let header_gate = header_gate.clone();
+        let worker = worker.clone();
+        let clock = clock.clone();
         tokio::spawn(async move {
             metrics.open_connections.inc();
             // A listed balancer's PROXY header names the client, before TLS and HTTP (SPEC 4).
@@ -639,9 +675,9 @@ async fn accept_loop(
             };
             match tls {
                 None => {
-                    let info = ConnInfo::new(peer, false);
+                    let info = ConnInfo::new(peer, false, worker);
                     let guarded = FramingGuard::new(stream);
-                    serve_connection(guarded, info, proxy, settings, phase).await;
+                    serve_connection(guarded, info, proxy, settings, phase, clock).await;
                 }
                 Some(server_config) => {
                     // The handshake runs in the connection's own task under a deadline, so
@@ -651,9 +687,10 @@ async fn accept_loop(
                         tokio::time::timeout(settings.header_read_timeout, acceptor.accept(stream));
                     match handshake.await {
                         Ok(Ok(tls_stream)) => {
-                            let info = ConnInfo::new(peer, true);
+                            let info = ConnInfo::new(peer, true, worker);
                             let guarded = FramingGuard::new(tls_stream);
-                            serve_connection(guarded, info, proxy, settings, phase).await;
+                            serve_connection(guarded, info, proxy, settings, phase, clock)
+                                .await;
                         }
                         Ok(Err(err)) => tracing::debug!(error = %err, "TLS handshake failed"),
                         Err(_) => tracing::debug!("TLS handshake timed out"),
@@ -672,10 +709,11 @@ async fn serve_connection<S>(
     proxy: Arc<Proxy>,
     settings: ConnSettings,
     mut phase: watch::Receiver<Phase>,
+    clock: Arc<CoarseClock>,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let activity = Arc::new(Activity::new());
+    let activity = Arc::new(Activity::new(clock));
     let io = TokioIo::new(Tracked {
         inner: stream,
         activity: activity.clone(),
@@ -803,25 +841,6 @@ async fn supervise<F: std::future::Future>(
     }
 }
 
-/// Milliseconds since the first server started, advanced every [`CLOCK_TICK`] by a background
-/// task. Connections note when bytes last moved on every read and write; reading the real
-/// clock there showed up in profiles, and idle timeouts need no finer grain.
-static COARSE_NOW_MS: AtomicU64 = AtomicU64::new(0);
-static CLOCK_BASE: OnceLock<Instant> = OnceLock::new();
-const CLOCK_TICK: Duration = Duration::from_millis(50);
-
-fn coarse_now_ms() -> u64 {
-    COARSE_NOW_MS.load(Ordering::Relaxed)
-}
-
-async fn run_coarse_clock() {
-    let base = *CLOCK_BASE.get_or_init(Instant::now);
-    loop {
-        COARSE_NOW_MS.fetch_max(base.elapsed().as_millis() as u64, Ordering::Relaxed);
-        tokio::time::sleep(CLOCK_TICK).await;
-    }
-}
-
 /// When bytes last moved on a connection (on the coarse clock).
 ///
 /// A connection is idle when no byte has moved for the idle timeout (a stalled upload, a
@@ -838,6 +857,8 @@ async fn run_coarse_clock() {
 /// the checked `101` to the framing guard (which steps aside) and to the connection's task
 /// (which runs the splice).
 struct Activity {
+    /// The server's clock these times are on.
+    clock: Arc<CoarseClock>,
     last_byte_ms: AtomicU64,
     last_request_ms: AtomicU64,
     in_flight: AtomicU32,
@@ -849,9 +870,10 @@ struct Activity {
 }
 
 impl Activity {
-    fn new() -> Self {
-        let now = coarse_now_ms();
+    fn new(clock: Arc<CoarseClock>) -> Self {
+        let now = clock.now_ms();
         Activity {
+            clock,
             last_byte_ms: AtomicU64::new(now),
             last_request_ms: AtomicU64::new(now),
             in_flight: AtomicU32::new(0),
@@ -876,14 +898,15 @@ impl Activity {
     }
 
     fn touch(&self) {
-        self.last_byte_ms.store(coarse_now_ms(), Ordering::Relaxed);
+        self.last_byte_ms
+            .store(self.clock.now_ms(), Ordering::Relaxed);
     }
 
     /// How long the connection may stay open before the watchdog looks again, or the rule that
     /// closes it now: `idle_timeout` (no byte moved, or no request in progress) or, on
     /// HTTP/1.1, `header_read_timeout` (waiting that long for a request's head).
     fn time_left(&self, settings: &ConnSettings) -> Result<Duration, &'static str> {
-        let now = coarse_now_ms();
+        let now = self.clock.now_ms();
         let bytes = now.saturating_sub(self.last_byte_ms.load(Ordering::Relaxed));
         let waiting = if self.in_flight.load(Ordering::Acquire) > 0 {
             None
@@ -953,9 +976,8 @@ impl http_body::Body for CountedBody {
 impl InFlight {
     fn start(activity: Arc<Activity>) -> Self {
         activity.in_flight.fetch_add(1, Ordering::AcqRel);
-        activity
-            .last_request_ms
-            .store(coarse_now_ms(), Ordering::Relaxed);
+        let now = activity.clock.now_ms();
+        activity.last_request_ms.store(now, Ordering::Relaxed);
         InFlight(activity)
     }
 }
@@ -970,9 +992,8 @@ impl InFlight {
 impl Drop for InFlight {
     // Also on cancellation: a request whose client went away no longer counts.
     fn drop(&mut self) {
-        self.0
-            .last_request_ms
-            .store(coarse_now_ms(), Ordering::Relaxed);
+        let now = self.0.clock.now_ms();
+        self.0.last_request_ms.store(now, Ordering::Relaxed);
         self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 }

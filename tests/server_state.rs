@@ -43,3 +43,71 @@ async fn no_sweep_warning_while_the_database_has_never_answered() {
     assert!(!text.contains("sweep failed"), "a spurious sweep warning: {text}");
     proxy.shutdown().await;
 }
+
+/// Route `per_ip` (`/per-ip`): 100 requests per hour per client address.
+const PER_IP: &str = r#"
+[[routes]]
+name = "per_ip"
+path_prefix = "/per-ip"
+upstream = "app"
+
+  [[routes.limits]]
+  key = "ip"
+  requests = 100
+  window = "1h"
+"#;
+
+/// Issue 19: the coarse clock was a process-wide static counting from the first server's
+/// start, and the `ip` bucket cache a thread-local that every server's worker on a thread
+/// shared. Two servers in this one process (their worker 0 on this one thread) now each have
+/// their own: the clock counts from each one's start and goes on after the other stops, and
+/// requests through one fill only that server's cache.
+#[tokio::test(flavor = "current_thread")]
+async fn two_servers_in_one_process_share_no_clock_and_no_worker_state() {
+    let upstream = Upstream::start().await;
+    let text = limits_config("", "workers = 1", PER_IP);
+    let mut first = Proxy::start(config_from(&text, upstream.addr, &[])).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let mut second = Proxy::start(config_from(&text, upstream.addr, &[])).await;
+    // Both clocks have ticked since the second start.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let (a, b) = (
+        first.server().coarse_clock_ms(),
+        second.server().coarse_clock_ms(),
+    );
+    assert!(
+        a >= b + 300,
+        "each server's clock counts from its own start: first {a} ms, second {b} ms"
+    );
+
+    let client = h1_client();
+    for _ in 0..3 {
+        assert_eq!(
+            get(&client, &first.url("/per-ip")).await.status,
+            http::StatusCode::OK
+        );
+    }
+    let cached = |proxy: &Proxy| -> usize {
+        proxy
+            .server()
+            .workers()
+            .iter()
+            .map(|w| w.ip_buckets().addresses())
+            .sum()
+    };
+    assert_eq!(cached(&first), 1, "the first server cached its client's bucket");
+    assert_eq!(cached(&second), 0, "the second server's workers saw no request");
+
+    // The first server's clock stops with it; the second's goes on.
+    first.shutdown().await;
+    let before = second.server().coarse_clock_ms();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let after = second.server().coarse_clock_ms();
+    assert!(after >= before + 100, "{before} -> {after}");
+    assert_eq!(
+        get(&client, &second.url("/per-ip")).await.status,
+        http::StatusCode::OK
+    );
+    assert_eq!(cached(&second), 1);
+    second.shutdown().await;
+}
