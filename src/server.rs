@@ -51,6 +51,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use prometheus_client::metrics::counter::Counter;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -100,6 +101,7 @@ pub struct Server;
 pub struct ServerBuilder {
     config: Config,
     store: StoreOptions,
+    log_drops: Option<Counter>,
 }
 
 impl ServerBuilder {
@@ -116,9 +118,17 @@ impl ServerBuilder {
         self
     }
 
+    /// `tollgate_log_lines_dropped_total` reads this count: the process's log writer's
+    /// (`log_writer::LogWriter::dropped`). Without it the metric stays 0.
+    pub fn log_drops(mut self, dropped: Counter) -> Self {
+        self.log_drops = Some(dropped);
+        self
+    }
+
     /// Binds every listener, starts the store and begins serving.
     pub async fn start(self) -> Result<RunningServer, StartupError> {
-        Server::start_with(self.config, self.store).await
+        let metrics = Metrics::with_log_drops(self.log_drops.unwrap_or_default());
+        Server::start_with(self.config, self.store, Arc::new(metrics)).await
     }
 }
 
@@ -160,18 +170,19 @@ impl Server {
         ServerBuilder {
             config,
             store: StoreOptions::default(),
+            log_drops: None,
         }
     }
 
     async fn start_with(
         mut config: Config,
         store_options: StoreOptions,
+        metrics: Arc<Metrics>,
     ) -> Result<RunningServer, StartupError> {
         // Decided once: the worker count sizes per-worker state (upstream clients), and a
         // reload keeps it.
         config.server.workers = Some(config.server.worker_count());
         let config = Arc::new(config);
-        let metrics = Arc::new(Metrics::new());
         let hasher = BucketHasher::new(config.keys.secret.as_deref());
         if !hasher.is_keyed() {
             tracing::warn!(
@@ -350,15 +361,27 @@ impl RunningServer {
     }
 
     /// Re-reads the configuration file (SIGHUP). On any error the old configuration keeps
-    /// serving and the error is logged; returns whether the new one was applied.
-    pub fn reload_from(&self, path: &Path, env: &dyn Fn(&str) -> Option<String>) -> bool {
-        match config::load_file(path, env) {
-            Ok(config) => self.reload(config),
-            Err(errors) => {
+    /// serving and the error is logged; returns whether the new one was applied. The file is
+    /// read and parsed on tokio's blocking pool, not on the worker that calls this.
+    pub async fn reload_from(
+        &self,
+        path: &Path,
+        env: impl Fn(&str) -> Option<String> + Send + 'static,
+    ) -> bool {
+        let path = path.to_owned();
+        let loaded = tokio::task::spawn_blocking(move || config::load_file(&path, &env)).await;
+        match loaded {
+            Ok(Ok(config)) => self.reload(config).await,
+            Ok(Err(errors)) => {
                 for line in errors.to_string().lines() {
                     tracing::error!("reload: {line}");
                 }
                 tracing::error!("reload: configuration rejected; the previous one keeps serving");
+                self.metrics.reload("failure");
+                false
+            }
+            Err(err) => {
+                tracing::error!(error = %err, "reload: reading the configuration failed; the previous one keeps serving");
                 self.metrics.reload("failure");
                 false
             }
@@ -367,7 +390,8 @@ impl RunningServer {
 
     /// Swaps routes, limits and upstreams for new requests. Listeners, store settings and
     /// the key secret stay as started (changing them needs a restart), with a warning.
-    pub fn reload(&self, mut config: Config) -> bool {
+    /// Certificates and upstream TLS settings are read and parsed on tokio's blocking pool.
+    pub async fn reload(&self, mut config: Config) -> bool {
         let old = &self.started_with;
         if config.server.listen != old.server.listen
             || config.server.tls_listen != old.server.tls_listen
@@ -398,20 +422,14 @@ impl RunningServer {
         // new file's store policy with the old store (SPEC 8).
         config.store = old.store.clone();
         config.keys = old.keys.clone();
-        // Certificates load first: a bad one fails the whole reload and nothing changes.
-        let certs = match &self.tls {
-            Some(_) => match crate::tls::server_config(&config.server.certs) {
-                Ok(server_config) => Some(server_config),
-                Err(err) => {
-                    tracing::error!(error = %err, "reload: certificates rejected; the previous configuration keeps serving");
-                    self.metrics.reload("failure");
-                    return false;
-                }
-            },
-            None => None,
+        let tls = self.tls.is_some();
+        let prepared = tokio::task::spawn_blocking(move || prepare_reload(config, tls)).await;
+        let prepared = match prepared {
+            Ok(prepared) => prepared,
+            Err(err) => Err(ReloadRejected::Runtime(err.to_string())),
         };
-        match Runtime::build(Arc::new(config)) {
-            Ok(runtime) => {
+        match prepared {
+            Ok((runtime, certs)) => {
                 if let (Some(current), Some(certs)) = (&self.tls, certs) {
                     current.store(certs);
                 }
@@ -420,7 +438,12 @@ impl RunningServer {
                 tracing::info!("reload: configuration applied");
                 true
             }
-            Err(err) => {
+            Err(ReloadRejected::Certs(err)) => {
+                tracing::error!(error = %err, "reload: certificates rejected; the previous configuration keeps serving");
+                self.metrics.reload("failure");
+                false
+            }
+            Err(ReloadRejected::Runtime(err)) => {
                 tracing::error!(error = %err, "reload: configuration rejected; the previous one keeps serving");
                 self.metrics.reload("failure");
                 false
@@ -468,6 +491,31 @@ impl RunningServer {
         .await;
         tracing::info!("tollgate stopped");
     }
+}
+
+/// Why a reload's preparation failed.
+enum ReloadRejected {
+    Certs(String),
+    Runtime(String),
+}
+
+/// The blocking part of a reload: the listeners' certificates (when there are TLS
+/// listeners), then the routes and upstream pools (which read CA files). Certificates load
+/// first: a bad one fails the whole reload and nothing changes.
+fn prepare_reload(
+    config: Config,
+    tls: bool,
+) -> Result<(Runtime, Option<Arc<rustls::ServerConfig>>), ReloadRejected> {
+    let certs = if tls {
+        let certs = crate::tls::server_config(&config.server.certs)
+            .map_err(|err| ReloadRejected::Certs(err.to_string()))?;
+        Some(certs)
+    } else {
+        None
+    };
+    let runtime =
+        Runtime::build(Arc::new(config)).map_err(|err| ReloadRejected::Runtime(err.to_string()))?;
+    Ok((runtime, certs))
 }
 
 /// What every connection worker serves with.
