@@ -40,4 +40,4 @@ pub mod store;
 pub mod tls;
 
 pub use config::Config;
-pub use server::{RunningServer, Server};
+pub use server::{RunningServer, Server, ServerBuilder};

@@ -225,7 +225,13 @@ mod tests {
         assert!(dropped > 0 && dropped < 100, "{dropped} dropped");
         drop(stalled);
         assert!(flush.flush(Duration::from_secs(5)));
-        let lines = out.text.lock().expect("text").split(|b| *b == b'\n').count() - 1;
+        let lines = out
+            .text
+            .lock()
+            .expect("text")
+            .split(|b| *b == b'\n')
+            .count()
+            - 1;
         assert_eq!(lines as u64, 100 - dropped);
     }
 }

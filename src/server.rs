@@ -51,10 +51,10 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use prometheus_client::metrics::counter::Counter;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
+use prometheus_client::metrics::counter::Counter;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch, Semaphore};
@@ -737,8 +737,7 @@ async fn accept_loop(
                         Ok(Ok(tls_stream)) => {
                             let info = ConnInfo::new(peer, true, worker);
                             let guarded = FramingGuard::new(tls_stream);
-                            serve_connection(guarded, info, proxy, settings, phase, clock)
-                                .await;
+                            serve_connection(guarded, info, proxy, settings, phase, clock).await;
                         }
                         Ok(Err(err)) => tracing::debug!(error = %err, "TLS handshake failed"),
                         Err(_) => tracing::debug!("TLS handshake timed out"),

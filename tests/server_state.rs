@@ -40,7 +40,10 @@ async fn no_sweep_warning_while_the_database_has_never_answered() {
         text.contains("postgres not ready"),
         "the start says the store is not up: {text}"
     );
-    assert!(!text.contains("sweep failed"), "a spurious sweep warning: {text}");
+    assert!(
+        !text.contains("sweep failed"),
+        "a spurious sweep warning: {text}"
+    );
     proxy.shutdown().await;
 }
 
@@ -95,8 +98,16 @@ async fn two_servers_in_one_process_share_no_clock_and_no_worker_state() {
             .map(|w| w.ip_buckets().addresses())
             .sum()
     };
-    assert_eq!(cached(&first), 1, "the first server cached its client's bucket");
-    assert_eq!(cached(&second), 0, "the second server's workers saw no request");
+    assert_eq!(
+        cached(&first),
+        1,
+        "the first server cached its client's bucket"
+    );
+    assert_eq!(
+        cached(&second),
+        0,
+        "the second server's workers saw no request"
+    );
 
     // The first server's clock stops with it; the second's goes on.
     first.shutdown().await;
