@@ -4,7 +4,10 @@
 //!   works), so a bad address fails the start rather than half of it.
 //! - Connections are served by `server.workers` worker threads, each with its own
 //!   single-threaded runtime (see [`start_workers`]); worker 0 is the caller's runtime, which
-//!   also runs the store, the admin listener, the sweep and reloads.
+//!   also runs the store, the admin listener and the sweep. A reload's file reads and parsing
+//!   run on tokio's blocking pool. What a request needs of its worker (its index, its cache of
+//!   `ip` buckets: [`Worker`]) and of its server (the activity clock) is passed down with the
+//!   connection, never kept in a static or a thread-local.
 //! - The accept loop survives errors (EMFILE and friends): it backs off, and the failures are
 //!   logged at most once a second across all workers, with a count of those not logged
 //!   ([`open_files`], which also raises the open-file limit at start). It holds one permit of a
