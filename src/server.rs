@@ -22,7 +22,7 @@
 //!   the same watchdog (bytes rule only) and the same shutdown, still holding its
 //!   `max_connections` permit and its place in the open-connections gauge. Until it closes it
 //!   counts as in flight, so a drain waits for it up to `shutdown_timeout`.
-//! - HTTP/2: at most [`H2_MAX_STREAMS`] streams in flight per connection, and a stream whose
+//! - HTTP/2: at most `H2_MAX_STREAMS` (100) streams in flight per connection, and a stream whose
 //!   response the client does not take (its flow-control window kept closed) is reset after
 //!   `idle_timeout`, which also drops its upstream request ([`streams`] has the rule). Pings
 //!   answered on such a connection do not keep it open: once its streams are reset, no request
@@ -33,42 +33,37 @@
 //!   stop. [`Server::builder`] can hand it a store or a clock of the caller's instead.
 //! - Stop: listeners close, connections are asked to finish (HTTP/1.1 after the current
 //!   response, HTTP/2 with GOAWAY), and after `shutdown_timeout` whatever is left is dropped.
+//!
+//! Here: binding, the workers and their accept loops, the start and the stop. One
+//! connection's life is in [`connection`], reloads in [`reload`], the store's start in
+//! [`crate::store::start`].
 
 mod coarse_clock;
+mod connection;
 mod open_files;
 pub mod proxy_protocol;
+mod reload;
 mod streams;
 mod worker;
 
 pub use open_files::{raise_open_file_limit, OpenFileLimit};
 pub use worker::Worker;
 
-use std::convert::Infallible;
-use std::io;
 use std::net::SocketAddr;
-use std::path::Path;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, PoisonError};
-use std::task::{Context, Poll};
+use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
 use prometheus_client::metrics::counter::Counter;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinHandle;
 
 use crate::admin;
-use crate::body::ProxyBody;
-use crate::config::{self, Config};
+use crate::config::Config;
 use crate::error::StartupError;
 use crate::fallback::{self, Instances, LocalFallback};
-use crate::forward::Splice;
 use crate::framing::FramingGuard;
 use crate::key::BucketHasher;
 use crate::limit::Limiter;
@@ -76,14 +71,9 @@ use crate::metrics::Metrics;
 use crate::proxy::{ConnInfo, Proxy, Runtime};
 use crate::store::{self, Clock, Store, StoreHandle, StoreOptions};
 use coarse_clock::CoarseClock;
+use connection::{serve_connection, ConnSettings};
 use open_files::AcceptErrors;
-use streams::{NewStreams, StreamExecutor, StreamProgress};
 
-/// HTTP/2 keep-alive pings: a peer that stops answering is dropped.
-const H2_KEEPALIVE: Duration = Duration::from_secs(20);
-/// HTTP/2 streams in flight per connection (SPEC 5): with a stalled stream reset after
-/// `idle_timeout`, what one client connection can hold upstream at once.
-const H2_MAX_STREAMS: u32 = 100;
 /// Back-off after a failed accept (e.g. out of file descriptors).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
@@ -363,97 +353,6 @@ impl RunningServer {
         self.clock.now_ms()
     }
 
-    /// Re-reads the configuration file (SIGHUP). On any error the old configuration keeps
-    /// serving and the error is logged; returns whether the new one was applied. The file is
-    /// read and parsed on tokio's blocking pool, not on the worker that calls this.
-    pub async fn reload_from(
-        &self,
-        path: &Path,
-        env: impl Fn(&str) -> Option<String> + Send + 'static,
-    ) -> bool {
-        let path = path.to_owned();
-        let loaded = tokio::task::spawn_blocking(move || config::load_file(&path, &env)).await;
-        match loaded {
-            Ok(Ok(config)) => self.reload(config).await,
-            Ok(Err(errors)) => {
-                for line in errors.to_string().lines() {
-                    tracing::error!("reload: {line}");
-                }
-                tracing::error!("reload: configuration rejected; the previous one keeps serving");
-                self.metrics.reload("failure");
-                false
-            }
-            Err(err) => {
-                tracing::error!(error = %err, "reload: reading the configuration failed; the previous one keeps serving");
-                self.metrics.reload("failure");
-                false
-            }
-        }
-    }
-
-    /// Swaps routes, limits and upstreams for new requests. Listeners, store settings and
-    /// the key secret stay as started (changing them needs a restart), with a warning.
-    /// Certificates and upstream TLS settings are read and parsed on tokio's blocking pool.
-    pub async fn reload(&self, mut config: Config) -> bool {
-        let old = &self.started_with;
-        if config.server.listen != old.server.listen
-            || config.server.tls_listen != old.server.tls_listen
-            || config.server.proxy_protocol != old.server.proxy_protocol
-            || config.admin.as_ref().map(|a| a.listen) != old.admin.as_ref().map(|a| a.listen)
-        {
-            tracing::warn!("reload: listener addresses or server.proxy_protocol changed; they apply only after a restart");
-        }
-        let (new_server, old_server) = (&config.server, &old.server);
-        if new_server.header_read_timeout != old_server.header_read_timeout
-            || new_server.idle_timeout != old_server.idle_timeout
-            || new_server.max_connections != old_server.max_connections
-            || new_server.shutdown_timeout != old_server.shutdown_timeout
-        {
-            tracing::warn!("reload: connection settings (timeouts, max_connections) changed; they apply only after a restart");
-        }
-        if config.server.workers.is_some() && config.server.workers != old.server.workers {
-            tracing::warn!("reload: server.workers changed; it applies only after a restart");
-        }
-        config.server.workers = old.server.workers;
-        if config.store != old.store {
-            tracing::warn!("reload: store settings changed; they apply only after a restart");
-        }
-        if config.keys.secret != old.keys.secret {
-            tracing::warn!("reload: keys.secret changed; it applies only after a restart of every instance (see tollgate migrate --accept-new-key)");
-        }
-        // What a reload cannot change stays as started, so the running rules never mix the
-        // new file's store policy with the old store (SPEC 8).
-        config.store = old.store.clone();
-        config.keys = old.keys.clone();
-        let tls = self.tls.is_some();
-        let prepared = tokio::task::spawn_blocking(move || prepare_reload(config, tls)).await;
-        let prepared = match prepared {
-            Ok(prepared) => prepared,
-            Err(err) => Err(ReloadRejected::Runtime(err.to_string())),
-        };
-        match prepared {
-            Ok((runtime, certs)) => {
-                if let (Some(current), Some(certs)) = (&self.tls, certs) {
-                    current.store(certs);
-                }
-                self.proxy.replace_runtime(runtime);
-                self.metrics.reload("success");
-                tracing::info!("reload: configuration applied");
-                true
-            }
-            Err(ReloadRejected::Certs(err)) => {
-                tracing::error!(error = %err, "reload: certificates rejected; the previous configuration keeps serving");
-                self.metrics.reload("failure");
-                false
-            }
-            Err(ReloadRejected::Runtime(err)) => {
-                tracing::error!(error = %err, "reload: configuration rejected; the previous one keeps serving");
-                self.metrics.reload("failure");
-                false
-            }
-        }
-    }
-
     /// Resolves when the server cannot go on (e.g. the database holds another key
     /// fingerprint); the message says why.
     pub async fn fatal(&mut self) -> String {
@@ -494,31 +393,6 @@ impl RunningServer {
         .await;
         tracing::info!("tollgate stopped");
     }
-}
-
-/// Why a reload's preparation failed.
-enum ReloadRejected {
-    Certs(String),
-    Runtime(String),
-}
-
-/// The blocking part of a reload: the listeners' certificates (when there are TLS
-/// listeners), then the routes and upstream pools (which read CA files). Certificates load
-/// first: a bad one fails the whole reload and nothing changes.
-fn prepare_reload(
-    config: Config,
-    tls: bool,
-) -> Result<(Runtime, Option<Arc<rustls::ServerConfig>>), ReloadRejected> {
-    let certs = if tls {
-        let certs = crate::tls::server_config(&config.server.certs)
-            .map_err(|err| ReloadRejected::Certs(err.to_string()))?;
-        Some(certs)
-    } else {
-        None
-    };
-    let runtime =
-        Runtime::build(Arc::new(config)).map_err(|err| ReloadRejected::Runtime(err.to_string()))?;
-    Ok((runtime, certs))
 }
 
 /// What every connection worker serves with.
@@ -633,21 +507,6 @@ async fn run_worker(
     let _ = phase.wait_for(|p| *p == Phase::Stopped).await;
 }
 
-#[derive(Debug, Clone, Copy)]
-struct ConnSettings {
-    header_read_timeout: Duration,
-    idle_timeout: Duration,
-}
-
-impl ConnSettings {
-    /// The watchdog's longest sleep: a deadline of either rule can start at any moment (a
-    /// response finishing starts the wait for the next head), so it looks again at least this
-    /// often and never wakes late.
-    fn next_check(&self) -> Duration {
-        self.idle_timeout.min(self.header_read_timeout)
-    }
-}
-
 /// A future that resolves once the phase leaves Running.
 fn stopped(
     mut phase: watch::Receiver<Phase>,
@@ -750,367 +609,5 @@ async fn accept_loop(
             metrics.open_connections.dec();
             drop(permit);
         });
-    }
-}
-
-async fn serve_connection<S>(
-    stream: FramingGuard<S>,
-    info: ConnInfo,
-    proxy: Arc<Proxy>,
-    settings: ConnSettings,
-    mut phase: watch::Receiver<Phase>,
-    clock: Arc<CoarseClock>,
-) where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let activity = Arc::new(Activity::new(clock));
-    let io = TokioIo::new(Tracked {
-        inner: stream,
-        activity: activity.clone(),
-    });
-    let requests = activity.clone();
-    let peer_port = info.peer.port();
-    let new_streams = Arc::new(NewStreams::default());
-    let streams = new_streams.clone();
-    let service = service_fn(move |req| {
-        let proxy = proxy.clone();
-        let info = info.clone();
-        let in_flight = InFlight::start(requests.clone());
-        let progress = (req.version() == http::Version::HTTP_2).then(|| streams.start());
-        async move {
-            let mut response = proxy.handle(req, info).await;
-            if response.status() == http::StatusCode::SWITCHING_PROTOCOLS {
-                // Only the forwarder's checked 101 carries a splice. The switch is armed now,
-                // before hyper has the response, so the framing guard steps aside exactly for
-                // the bytes after it.
-                if let Some(splice) = response.extensions_mut().remove::<Splice>() {
-                    in_flight.connection().switch_to(splice);
-                }
-            }
-            // The request stays in progress until its body has been sent (or dropped).
-            Ok::<_, Infallible>(response.map(|body| CountedBody {
-                body,
-                _in_flight: in_flight,
-                progress,
-            }))
-        }
-    });
-    // HTTP/2 peers are pinged often enough that a dead one is dropped within about the idle
-    // timeout even while a request is in flight (when no idle rule applies).
-    let h2_ping = H2_KEEPALIVE
-        .min(settings.idle_timeout / 2)
-        .max(Duration::from_millis(100));
-    // Each HTTP/2 stream's task runs under a watch that resets it once the client has not
-    // taken its response for `idle_timeout` (see `streams`).
-    let executor = StreamExecutor::new(new_streams, settings.idle_timeout);
-    let mut builder = auto::Builder::new(executor);
-    // hyper's own header-read timer is off: it arms a boxed timer and reads the clock for
-    // every request (about 1,300 instructions each), where the watchdog below enforces
-    // `header_read_timeout` from the activity it already keeps.
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(None::<Duration>)
-        .keep_alive(true);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .keep_alive_interval(Some(h2_ping))
-        .keep_alive_timeout(h2_ping)
-        .max_concurrent_streams(H2_MAX_STREAMS)
-        .max_header_list_size(crate::framing::MAX_HEAD as u32);
-    let conn = builder.serve_connection_with_upgrades(io, service);
-    tokio::pin!(conn);
-    let served = supervise(conn, &activity, settings, &mut phase, |conn| {
-        conn.graceful_shutdown()
-    });
-    match served.await {
-        Some(Ok(())) => {}
-        Some(Err(err)) => {
-            tracing::debug!(peer = %peer_port, error = %err, "connection ended with an error");
-        }
-        None => return,
-    }
-
-    // After a real 101 the connection goes on as a WebSocket session, here: it keeps this
-    // task's permit and gauge place, and counts as in flight until it closes (so only bytes
-    // keep it open, and a drain waits for it). A drain that begins meanwhile changes nothing
-    // for it; the end of `shutdown_timeout` closes it.
-    let Some(splice) = activity.take_splice() else {
-        return;
-    };
-    let _session = InFlight::start(activity.clone());
-    let session = splice.run();
-    tokio::pin!(session);
-    if supervise(session, &activity, settings, &mut phase, |_| {})
-        .await
-        .is_none()
-    {
-        tracing::debug!(peer = %peer_port, "WebSocket session closed by tollgate");
-    }
-}
-
-/// Drives `work` (one connection's part) to its end, or until the watchdog closes the
-/// connection (`None`): idle (see [`Activity::time_left`]), or the shutdown timeout has
-/// passed. `drain` is called once, when the drain begins.
-async fn supervise<F: std::future::Future>(
-    mut work: Pin<&mut F>,
-    activity: &Activity,
-    settings: ConnSettings,
-    phase: &mut watch::Receiver<Phase>,
-    mut drain: impl FnMut(Pin<&mut F>),
-) -> Option<F::Output> {
-    let idle = tokio::time::sleep(settings.next_check());
-    tokio::pin!(idle);
-    let mut draining = false;
-    loop {
-        tokio::select! {
-            output = work.as_mut() => return Some(output),
-            changed = phase.changed() => {
-                let now = if changed.is_err() { Phase::Forced } else { *phase.borrow() };
-                match now {
-                    Phase::Running => {}
-                    Phase::Draining if !draining => {
-                        draining = true;
-                        drain(work.as_mut());
-                    }
-                    Phase::Draining => {}
-                    Phase::Forced | Phase::Stopped => return None,
-                }
-            }
-            _ = idle.as_mut() => {
-                match activity.time_left(&settings) {
-                    Ok(left) => idle.as_mut().reset(tokio::time::Instant::now() + left),
-                    Err(rule) => {
-                        tracing::debug!(rule, "closing connection");
-                        return None;
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// When bytes last moved on a connection (on the coarse clock).
-///
-/// A connection is idle when no byte has moved for the idle timeout (a stalled upload, a
-/// client that stopped reading, a dead peer), or when no request has been in progress for it.
-/// The second rule is what closes an idle HTTP/2 connection whose peer keeps answering pings:
-/// the pings themselves move bytes.
-///
-/// On HTTP/1.1 the same record enforces `header_read_timeout`: while no request is in progress
-/// the connection is waiting for a head, and that wait may last no longer than the timeout
-/// (from the connection's start, or from the end of its previous response, as hyper counts
-/// it). An HTTP/2 or upgraded connection has no such wait.
-///
-/// It also carries the connection's switch to WebSocket, from the service that hands hyper
-/// the checked `101` to the framing guard (which steps aside) and to the connection's task
-/// (which runs the splice).
-struct Activity {
-    /// The server's clock these times are on.
-    clock: Arc<CoarseClock>,
-    last_byte_ms: AtomicU64,
-    last_request_ms: AtomicU64,
-    in_flight: AtomicU32,
-    http1_heads: AtomicBool,
-    /// A real `101` is being, or has been, handed to hyper.
-    switched: AtomicBool,
-    /// Its splice, until the connection's task takes it.
-    splice: std::sync::Mutex<Option<Splice>>,
-}
-
-impl Activity {
-    fn new(clock: Arc<CoarseClock>) -> Self {
-        let now = clock.now_ms();
-        Activity {
-            clock,
-            last_byte_ms: AtomicU64::new(now),
-            last_request_ms: AtomicU64::new(now),
-            in_flight: AtomicU32::new(0),
-            http1_heads: AtomicBool::new(true),
-            switched: AtomicBool::new(false),
-            splice: std::sync::Mutex::new(None),
-        }
-    }
-
-    /// Arms the switch: from the next read on, the framing guard lets the bytes through, and
-    /// once hyper is done the connection's task runs `splice`.
-    fn switch_to(&self, splice: Splice) {
-        *self.splice.lock().unwrap_or_else(PoisonError::into_inner) = Some(splice);
-        self.switched.store(true, Ordering::Release);
-    }
-
-    fn take_splice(&self) -> Option<Splice> {
-        self.splice
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-    }
-
-    fn touch(&self) {
-        self.last_byte_ms
-            .store(self.clock.now_ms(), Ordering::Relaxed);
-    }
-
-    /// How long the connection may stay open before the watchdog looks again, or the rule that
-    /// closes it now: `idle_timeout` (no byte moved, or no request in progress) or, on
-    /// HTTP/1.1, `header_read_timeout` (waiting that long for a request's head).
-    fn time_left(&self, settings: &ConnSettings) -> Result<Duration, &'static str> {
-        let now = self.clock.now_ms();
-        let bytes = now.saturating_sub(self.last_byte_ms.load(Ordering::Relaxed));
-        let waiting = if self.in_flight.load(Ordering::Acquire) > 0 {
-            None
-        } else {
-            Some(now.saturating_sub(self.last_request_ms.load(Ordering::Relaxed)))
-        };
-        let quiet = Duration::from_millis(bytes.max(waiting.unwrap_or(0)));
-        let Some(mut left) = settings
-            .idle_timeout
-            .checked_sub(quiet)
-            .filter(|d| !d.is_zero())
-        else {
-            return Err("idle_timeout");
-        };
-        let head_wait = waiting.filter(|_| self.http1_heads.load(Ordering::Relaxed));
-        if let Some(waiting) = head_wait {
-            match settings
-                .header_read_timeout
-                .checked_sub(Duration::from_millis(waiting))
-            {
-                Some(head_left) if !head_left.is_zero() => left = left.min(head_left),
-                _ => return Err("header_read_timeout"),
-            }
-        }
-        Ok(left.min(settings.next_check()))
-    }
-}
-
-/// One request in progress on a connection, from its headers until its response body is done.
-struct InFlight(Arc<Activity>);
-
-/// A response body that keeps its request counted as in progress until hyper drops it; on
-/// HTTP/2 it also reports to its stream's watch.
-struct CountedBody {
-    body: ProxyBody,
-    _in_flight: InFlight,
-    progress: Option<StreamProgress>,
-}
-
-impl http_body::Body for CountedBody {
-    type Data = bytes::Bytes;
-    type Error = hyper::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, hyper::Error>>> {
-        let this = self.get_mut();
-        match &mut this.progress {
-            Some(progress) => progress.poll_frame(Pin::new(&mut this.body), cx),
-            None => Pin::new(&mut this.body).poll_frame(cx),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream() && self.progress.as_ref().is_none_or(|p| p.is_drained())
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        match &self.progress {
-            Some(progress) => progress.size_hint(self.body.size_hint()),
-            None => self.body.size_hint(),
-        }
-    }
-}
-
-impl InFlight {
-    fn start(activity: Arc<Activity>) -> Self {
-        activity.in_flight.fetch_add(1, Ordering::AcqRel);
-        let now = activity.clock.now_ms();
-        activity.last_request_ms.store(now, Ordering::Relaxed);
-        InFlight(activity)
-    }
-}
-
-impl InFlight {
-    /// The connection this request came on.
-    fn connection(&self) -> &Activity {
-        &self.0
-    }
-}
-
-impl Drop for InFlight {
-    // Also on cancellation: a request whose client went away no longer counts.
-    fn drop(&mut self) {
-        let now = self.0.clock.now_ms();
-        self.0.last_request_ms.store(now, Ordering::Relaxed);
-        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// A socket that records its activity for the idle watchdog, including whether its framing
-/// guard still expects HTTP/1 heads, and that tells the guard when the connection has
-/// switched to WebSocket (the only way the guard learns it).
-struct Tracked<S> {
-    inner: FramingGuard<S>,
-    activity: Arc<Activity>,
-}
-
-impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for Tracked<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        if self.activity.switched.load(Ordering::Acquire) {
-            self.inner.step_aside();
-        }
-        let before = buf.filled().len();
-        let result = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if matches!(result, Poll::Ready(Ok(()))) && buf.filled().len() > before {
-            self.activity.touch();
-            if !self.inner.reads_http1_heads() {
-                self.activity.http1_heads.store(false, Ordering::Relaxed);
-            }
-        }
-        result
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let result = Pin::new(&mut self.inner).poll_write(cx, buf);
-        if matches!(result, Poll::Ready(Ok(n)) if n > 0) {
-            self.activity.touch();
-        }
-        result
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        let result = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
-        if matches!(result, Poll::Ready(Ok(n)) if n > 0) {
-            self.activity.touch();
-        }
-        result
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
