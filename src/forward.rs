@@ -23,7 +23,6 @@
 //! connection's own task runs it after hyper is done with the connection (see
 //! `server::serve_connection`), so the session keeps that connection's bounds.
 
-use std::cell::Cell;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
@@ -58,17 +57,6 @@ const SURPLUS_GRACE: Duration = Duration::from_secs(1);
 /// How often idle connections are looked over: without it, an expired or surplus one would
 /// stay open until its worker next used that upstream.
 const TRIM_EVERY: Duration = Duration::from_secs(1);
-
-thread_local! {
-    /// Which connection worker runs on this thread (0 on any other thread).
-    static WORKER: Cell<usize> = const { Cell::new(0) };
-}
-
-/// Marks the current thread as connection worker `index`, so that it uses its own upstream
-/// connections (see [`UpstreamPool`]).
-pub fn set_worker_index(index: usize) {
-    WORKER.with(|w| w.set(index));
-}
 
 type Connector = HttpsConnector<HttpConnector>;
 type UpstreamIo = MaybeHttpsStream<TokioIo<TcpStream>>;
@@ -136,6 +124,9 @@ pub struct ForwardRequest<'a> {
     pub max_body_size: Option<u64>,
     /// Where connect failures are counted.
     pub metrics: &'a Metrics,
+    /// The connection worker sending it, whose own upstream connections it uses (see
+    /// [`UpstreamPool`]).
+    pub worker: usize,
 }
 
 /// Where the `Host` of a forwarded request comes from.
@@ -304,7 +295,7 @@ impl UpstreamPool {
             }
             None => (req.map(RequestBody::unlimited), None),
         };
-        let worker = WORKER.with(Cell::get) % self.lanes.len();
+        let worker = fwd.worker % self.lanes.len();
         let sent = tokio::time::timeout(
             self.config.response_timeout,
             self.send(worker, req, &host, fwd.metrics),

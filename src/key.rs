@@ -16,11 +16,10 @@
 //! lists the names a route's limits read, made once per route, and [`keyed_header_problem`]
 //! checks exactly those per request; the proxy answers 400.
 
-use std::cell::RefCell;
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use hmac::{Hmac, Mac};
 use http::{HeaderMap, HeaderName};
@@ -282,6 +281,9 @@ pub struct RequestIdentity<'a> {
     pub client: IpAddr,
     pub ipv6_prefix: u8,
     pub headers: &'a HeaderMap,
+    /// The serving worker's cache of `ip` buckets; `None` (the commands, one-off plans)
+    /// derives every bucket afresh.
+    pub ip_buckets: Option<&'a IpBucketCache>,
 }
 
 /// The bucket this request counts in for one limit, or `None` when the limit does not apply
@@ -306,8 +308,8 @@ pub fn bucket_in(
     if spec.is_global() {
         return Some(Arc::from(policy));
     }
-    if let [KeyPart::Ip] = spec.parts.as_slice() {
-        return Some(IP_BUCKETS.with(|cache| cache.borrow_mut().bucket(policy, who, hasher)));
+    if let (Some(cache), [KeyPart::Ip]) = (who.ip_buckets, spec.parts.as_slice()) {
+        return Some(cache.bucket(policy, who, hasher));
     }
     let subject = subject(spec, who)?;
     Some(bucket_from(policy, &subject, hasher))
@@ -321,11 +323,32 @@ fn bucket_from(policy: &str, subject: &[u8], hasher: &BucketHasher) -> Arc<str> 
     Arc::from(bucket)
 }
 
-thread_local! {
-    /// Each worker's recent `ip` buckets. A keep-alive connection's client address does not
-    /// change between its requests, and building the bucket name (the subject text, the HMAC,
-    /// the hex, the string) was the largest part of the limiter's work per request.
-    static IP_BUCKETS: RefCell<IpBuckets> = RefCell::new(IpBuckets::default());
+/// One worker's recent `ip` buckets. A keep-alive connection's client address does not
+/// change between its requests, and building the bucket name (the subject text, the HMAC,
+/// the hex, the string) was the largest part of the limiter's work per request.
+///
+/// Owned by the worker (`crate::worker::Worker`) and handed down in [`RequestIdentity`], so
+/// two servers in one process never share one. Only its worker's thread uses it: the lock is
+/// never contended, it only makes the cache shareable between that worker's tasks.
+#[derive(Default)]
+pub struct IpBucketCache(Mutex<IpBuckets>);
+
+impl IpBucketCache {
+    fn bucket(&self, policy: &str, who: &RequestIdentity<'_>, hasher: &BucketHasher) -> Arc<str> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .bucket(policy, who, hasher)
+    }
+
+    /// Client addresses it holds buckets for.
+    pub fn addresses(&self) -> usize {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .by_address
+            .len()
+    }
 }
 
 /// Bucket names of `ip` keys, by what they are derived from: the hasher, the IPv6 prefix and
@@ -524,6 +547,7 @@ mod tests {
             client: "192.0.2.1".parse().unwrap(),
             ipv6_prefix: 64,
             headers: h,
+            ip_buckets: None,
         };
         let b1 = bucket_for("s", &spec, &who(&h1), &hasher).unwrap();
         let b2 = bucket_for("s", &spec, &who(&h2), &hasher).unwrap();
@@ -597,6 +621,7 @@ mod tests {
         let keyed = BucketHasher::new(Some(b"one"));
         let other = BucketHasher::new(Some(b"two"));
         let plain = BucketHasher::new(None);
+        let cache = IpBucketCache::default();
         let fresh = |policy: &str, client: IpAddr, prefix: u8, hasher: &BucketHasher| {
             let subject = ip_subject(client, prefix);
             format!("{policy}:{}", hasher.digest(subject.as_bytes()))
@@ -619,6 +644,7 @@ mod tests {
                                 client,
                                 ipv6_prefix: prefix,
                                 headers: &headers,
+                                ip_buckets: Some(&cache),
                             };
                             let cached = bucket_in(policy, &spec, &who, hasher).unwrap();
                             assert_eq!(&*cached, fresh(policy, client, prefix, hasher));
@@ -632,6 +658,7 @@ mod tests {
             client: client.parse().unwrap(),
             ipv6_prefix: prefix,
             headers: &headers,
+            ip_buckets: Some(&cache),
         };
         let a = bucket_in("p:ip", &spec, &who("192.0.2.7", 64), &keyed).unwrap();
         let b = bucket_in("p:ip", &spec, &who("192.0.2.7", 64), &other).unwrap();
@@ -650,15 +677,14 @@ mod tests {
                 client,
                 ipv6_prefix: 64,
                 headers: &headers,
+                ip_buckets: Some(&cache),
             };
             let cached = bucket_in("p:ip", &spec, &w, &keyed).unwrap();
             if n % 1000 == 0 {
                 assert_eq!(&*cached, fresh("p:ip", client, 64, &keyed));
             }
         }
-        IP_BUCKETS.with(|cache| {
-            assert!(cache.borrow().by_address.len() <= IpBuckets::MAX_ADDRESSES);
-        });
+        assert!(cache.addresses() <= IpBuckets::MAX_ADDRESSES);
         let again = bucket_in("p:ip", &spec, &who("192.0.2.7", 64), &keyed).unwrap();
         assert_eq!(again, a);
     }

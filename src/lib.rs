@@ -29,6 +29,7 @@ pub mod framing;
 pub mod headers;
 pub mod key;
 pub mod limit;
+pub mod log_writer;
 pub mod metrics;
 pub mod normalise;
 pub mod plan;
@@ -39,4 +40,4 @@ pub mod store;
 pub mod tls;
 
 pub use config::Config;
-pub use server::{RunningServer, Server};
+pub use server::{RunningServer, Server, ServerBuilder};

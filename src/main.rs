@@ -13,11 +13,13 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri};
+use prometheus_client::metrics::counter::Counter;
 use tracing_subscriber::EnvFilter;
 
 use tollgate::config::{self, Config, HostPattern, KeyPart};
 use tollgate::key::BucketHasher;
 use tollgate::limit::PlannedLimit;
+use tollgate::log_writer::{FlushOnDrop, LogWriter};
 use tollgate::normalise::NormaliseError;
 use tollgate::plan::{self, PlanError, RequestPlan};
 use tollgate::store::postgres::{self, InitError, PostgresStore};
@@ -155,7 +157,8 @@ fn main() -> ExitCode {
         cli.command,
         Some(Command::Explain { .. } | Command::Reset { .. })
     );
-    init_logging(if quiet { "error" } else { "info" });
+    // Kept to the end of `main`: dropping it writes out the log's last lines.
+    let (log_drops, _flush_log) = init_logging(if quiet { "error" } else { "info" });
     let (path, from) = config_path(cli.config);
     let config = match config::load_file(&path, &env) {
         Ok(config) => config,
@@ -190,7 +193,7 @@ fn main() -> ExitCode {
         }
     };
     match cli.command.unwrap_or(Command::Run) {
-        Command::Run => runtime.block_on(run(config, path)),
+        Command::Run => runtime.block_on(run(config, path, log_drops)),
         Command::Check => {
             print_check(&config);
             ExitCode::SUCCESS
@@ -226,26 +229,45 @@ fn certificate_errors(config: &Config) -> Vec<String> {
         .collect()
 }
 
-/// Logs to stderr at `RUST_LOG`, or `default` when it is unset.
-fn init_logging(default: &str) {
+/// Logs go to stderr through the non-blocking writer (`tollgate::log_writer`) at `RUST_LOG`, or
+/// `default` when it is unset: a request never waits for a write. Returns its count of dropped
+/// lines and the guard that flushes it.
+fn init_logging(default: &str) -> (Counter, Option<FlushOnDrop>) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     use std::io::IsTerminal;
+    let ansi = std::io::stderr().is_terminal();
+    let json = env("TOLLGATE_LOG").as_deref() == Some("json");
+    let Ok((writer, flush)) = LogWriter::stderr() else {
+        // No thread for the writer: write directly, as before it existed.
+        let builder = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_ansi(ansi)
+            .with_writer(std::io::stderr);
+        if json {
+            builder.json().flatten_event(true).init();
+        } else {
+            builder.init();
+        }
+        return (Counter::default(), None);
+    };
+    let dropped = writer.dropped();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr);
-    if env("TOLLGATE_LOG").as_deref() == Some("json") {
+        .with_ansi(ansi)
+        .with_writer(writer);
+    if json {
         builder.json().flatten_event(true).init();
     } else {
         builder.init();
     }
+    (dropped, Some(flush))
 }
 
-async fn run(config: Config, path: PathBuf) -> ExitCode {
+async fn run(config: Config, path: PathBuf, log_drops: Counter) -> ExitCode {
     // Before anything is bound: every connection and upstream request needs a descriptor
     // (SPEC 9). It logs the figure, or why it could not.
     let _ = tollgate::server::raise_open_file_limit();
-    let mut server = match Server::start(config).await {
+    let mut server = match Server::builder(config).log_drops(log_drops).start().await {
         Ok(server) => server,
         Err(err) => {
             eprintln!("tollgate: {err}");
@@ -261,7 +283,7 @@ async fn run(config: Config, path: PathBuf) -> ExitCode {
         tokio::select! {
             _ = signals.hangup.recv() => {
                 tracing::info!("SIGHUP: reloading {}", path.display());
-                server.reload_from(&path, &env);
+                server.reload_from(&path, env).await;
             }
             _ = signals.terminate.recv() => break,
             _ = signals.interrupt.recv() => break,

@@ -132,6 +132,8 @@ pub struct Metrics {
     pub sweep_last_success: Gauge<f64, AtomicU64>,
     /// 1 when the last reload was applied (or none was tried), 0 after a rejected one.
     pub config_last_reload_successful: Gauge,
+    /// Log lines the log writer dropped because its queue was full (`log_writer`).
+    pub log_lines_dropped: Counter,
 }
 
 impl Default for Metrics {
@@ -142,6 +144,12 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
+        Self::with_log_drops(Counter::default())
+    }
+
+    /// Metrics whose `tollgate_log_lines_dropped_total` reads `log_lines_dropped`, the count
+    /// of the process's log writer (`log_writer::LogWriter::dropped`).
+    pub fn with_log_drops(log_lines_dropped: Counter) -> Self {
         let mut registry = Registry::with_prefix("tollgate");
         let decisions = Family::<DecisionLabels, Counter>::default();
         let responses = Family::<ResponseLabels, Counter>::default();
@@ -251,7 +259,13 @@ impl Metrics {
             "1 if the last configuration reload was applied (or none was tried), 0 if it was rejected",
             config_last_reload_successful.clone(),
         );
+        registry.register(
+            "log_lines_dropped",
+            "Log lines dropped because the log writer's queue was full (the log's reader fell behind)",
+            log_lines_dropped.clone(),
+        );
         Metrics {
+            log_lines_dropped,
             instances,
             registry,
             decisions,

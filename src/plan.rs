@@ -109,6 +109,7 @@ pub fn plan_request<'c>(
         client,
         ipv6_prefix: config.server.ipv6_prefix,
         headers,
+        ip_buckets: None,
     };
     let policies: Vec<Arc<str>> = route
         .limits
@@ -154,7 +155,8 @@ mod tests {
                 &RequestIdentity {
                     client: ip,
                     ipv6_prefix: 64,
-                    headers: &HeaderMap::new()
+                    headers: &HeaderMap::new(),
+                    ip_buckets: None,
                 },
                 &hasher
             )

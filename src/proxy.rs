@@ -33,6 +33,7 @@ use crate::metrics::{Decision, Metrics, RouteMetrics, NO_ROUTE};
 use crate::normalise;
 use crate::plan;
 use crate::route;
+use crate::server::Worker;
 
 /// A route ready to serve: its configuration plus what is derived from it once.
 pub struct CompiledRoute {
@@ -135,14 +136,17 @@ pub struct ConnInfo {
     pub tls: bool,
     /// The peer's address as an `X-Forwarded-For` entry, made once for the connection.
     pub peer_value: HeaderValue,
+    /// The connection worker serving it, and what that worker keeps for its requests.
+    pub worker: Arc<Worker>,
 }
 
 impl ConnInfo {
-    pub fn new(peer: SocketAddr, tls: bool) -> Self {
+    pub fn new(peer: SocketAddr, tls: bool, worker: Arc<Worker>) -> Self {
         ConnInfo {
             peer,
             tls,
             peer_value: headers::peer_value(peer.ip()),
+            worker,
         }
     }
 }
@@ -306,6 +310,7 @@ impl Proxy {
             client,
             ipv6_prefix: server.ipv6_prefix,
             headers: req.headers(),
+            ip_buckets: Some(conn.worker.ip_buckets()),
         };
         // The same buckets `tollgate explain` and `tollgate reset` name (`plan.rs`).
         let plans: Vec<PlannedLimit> = route
@@ -424,6 +429,7 @@ impl Proxy {
             },
             max_body_size: route.max_body_size,
             metrics: &self.metrics,
+            worker: conn.worker.index(),
         };
         let upstream_started = Instant::now();
         let result = route.upstream.forward(req, fwd).await;

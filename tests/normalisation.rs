@@ -362,9 +362,12 @@ async fn a_reload_applies_underscores_in_headers() {
     assert_eq!(raw_status(proxy.addr, &request).await, 200);
     assert!(upstream.last().headers.get("x_legacy_field").is_none());
     let keep = limits_config("", "underscores_in_headers = true", "");
-    assert!(proxy
-        .server()
-        .reload(config_from(&keep, upstream.addr, &[])));
+    assert!(
+        proxy
+            .server()
+            .reload(config_from(&keep, upstream.addr, &[]))
+            .await
+    );
     assert_eq!(raw_status(proxy.addr, &request).await, 200);
     assert_eq!(upstream.last().headers.get("x_legacy_field").unwrap(), "1");
 }

@@ -147,6 +147,7 @@ const DRIVEN: &[&str] = &[
     "tollgate_memory_evictions_total",
     "tollgate_memory_buckets",
     "tollgate_ready",
+    "tollgate_log_lines_dropped_total",
 ];
 
 /// Allowed, shadow-limited, limited (by the store, then from the cache of exhausted
@@ -431,7 +432,7 @@ async fn a_rejected_reload_shows_until_one_is_applied() {
     let dir = temp_dir("reload");
     let path = dir.join("proxy.toml");
     std::fs::write(&path, format!("{good}\nbogus = 1\n")).expect("write");
-    assert!(!proxy.server().reload_from(&path, &|_| None));
+    assert!(!proxy.server().reload_from(&path, |_| None).await);
     let rejected = scrape(admin, None).await.text();
     assert_eq!(
         sample(&rejected, "tollgate_config_last_reload_successful"),
@@ -446,7 +447,7 @@ async fn a_rejected_reload_shows_until_one_is_applied() {
     );
 
     std::fs::write(&path, &good).expect("write");
-    assert!(proxy.server().reload_from(&path, &|_| None));
+    assert!(proxy.server().reload_from(&path, |_| None).await);
     let applied = scrape(admin, None).await.text();
     assert_eq!(
         sample(&applied, "tollgate_config_last_reload_successful"),

@@ -830,7 +830,9 @@ proptest! {
             }
         }
         let hasher = BucketHasher::new(secret.as_deref());
-        let who = RequestIdentity { client, ipv6_prefix, headers: &headers };
+        // Through a worker's cache of `ip` buckets, as the proxy derives them.
+        let cache = tollgate::key::IpBucketCache::default();
+        let who = RequestIdentity { client, ipv6_prefix, headers: &headers, ip_buckets: Some(&cache) };
         let bucket = bucket_for(&scope, &spec, &who, &hasher).expect("every part present");
         if spec.is_global() {
             prop_assert_eq!(bucket.to_string(), format!("{scope}:global"));
@@ -848,7 +850,7 @@ proptest! {
     #[test]
     fn missing_headers_mean_no_bucket(spec in key_spec(), client in any::<IpAddr>()) {
         let headers = HeaderMap::new();
-        let who = RequestIdentity { client, ipv6_prefix: 64, headers: &headers };
+        let who = RequestIdentity { client, ipv6_prefix: 64, headers: &headers, ip_buckets: None };
         let bucket = bucket_for("s", &spec, &who, &BucketHasher::new(None));
         let needs_header = spec.parts.iter().any(|p| matches!(p, KeyPart::Header(_)));
         prop_assert_eq!(bucket.is_none(), needs_header);
@@ -867,7 +869,7 @@ proptest! {
         let hasher = BucketHasher::new(secret.as_deref());
         let headers = HeaderMap::new();
         let bucket = |host: u64, prefix: u8| {
-            let who = RequestIdentity { client: addr(host), ipv6_prefix: prefix, headers: &headers };
+            let who = RequestIdentity { client: addr(host), ipv6_prefix: prefix, headers: &headers, ip_buckets: None };
             bucket_for("s", &spec, &who, &hasher).expect("ip bucket")
         };
         prop_assert_eq!(bucket(a, 64), bucket(b, 64));

@@ -3,15 +3,16 @@
 //! admits what the estimate admits and no more, next to a fixed-window control that admits
 //! the whole burst; denied requests are not counted; `expires_at`; `r` and `Retry-After`.
 //!
-//! There is no clock seam for a running server: the boundary tests measure the clock (the
-//! database's for PostgreSQL, where the previous window's row is written directly; the
-//! process's for the memory store, with a 2 s window and the boundary found by polling) right
-//! before and right after the burst, and accept what the formula admits at either instant.
+//! On the memory store the boundary test moves the server's clock itself
+//! (`Server::builder(..).clock(..)`), so its figures are exact. PostgreSQL counts on the
+//! database's clock: its boundary test writes the previous window's row directly, measures
+//! the database clock right before and right after the burst, and accepts what the formula
+//! admits at either instant.
 
 mod common;
 
 use std::net::SocketAddr;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use http::StatusCode;
 
@@ -75,13 +76,6 @@ async fn burst(proxies: &[SocketAddr], path: &str, total: usize) -> (usize, Vec<
 fn admits(requests: u32, previous: u32, elapsed: f64, window: f64) -> usize {
     let weighted = f64::from(previous) * (window - elapsed) / window;
     (f64::from(requests) - weighted).floor().max(0.0) as usize
-}
-
-fn unix_now() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("clock after 1970")
-        .as_secs_f64()
 }
 
 async fn db_now(client: &tokio_postgres::Client) -> f64 {
@@ -260,86 +254,66 @@ async fn memory_store_allows_exactly_min_n_requests() {
     proxy.shutdown().await;
 }
 
-/// Sleeps until the process clock is at least `frac` of the way into a window of `window`
-/// seconds (the next such moment).
-async fn until_fraction(window: f64, from: f64, to: f64) {
-    loop {
-        let frac = (unix_now() % window) / window;
-        if (from..to).contains(&frac) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-/// The boundary burst on the memory store, with a 2 s window: the budget is spent late in one
-/// window, then a burst arrives just after the boundary. The sliding limit admits what the
-/// estimate admits; the fixed control admits the whole burst again. `r` counts down with the
-/// estimate and `Retry-After` is the estimate's wait.
+/// The boundary burst on the memory store, on a clock the test moves (`Server::builder`'s
+/// clock seam), so every figure is exact and nothing waits for a boundary: the budget is
+/// spent late in one window, then a burst arrives just after the boundary. The sliding limit
+/// admits what the estimate admits; the fixed control admits the whole burst again.
+/// Near the end of a window after a spent one, `r` is floor(requests - estimate).
+///
+/// The limiter's cache of exhausted buckets runs on the real clock (its entries last the
+/// real time the store's answer said), so the one burst that is denied comes last.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_store_boundary_burst_admits_what_the_estimate_admits() {
     const REQUESTS: u32 = 10;
+    const WINDOW_MS: i64 = 2000;
     const WINDOW: f64 = 2.0;
+    // Some window's start (epoch-aligned): window n starts at T0 + n * WINDOW_MS.
+    const T0: i64 = 1_800_000_000_000;
+    let at = |window: i64, fraction: f64| T0 + window * WINDOW_MS + (fraction * 2000.0) as i64;
+    let hand = tollgate::store::ManualClock::at(at(0, 0.7));
     let upstream = Upstream::start().await;
     let text = config_text("", REQUESTS, "2s");
-    let mut proxy = Proxy::start(config_from(&text, upstream.addr, &[])).await;
+    let config = config_from(&text, upstream.addr, &[]);
+    let mut proxy = Proxy::start_built(tollgate::Server::builder(config).clock(hand.clock())).await;
     let client = h1_client();
-    for attempt in 0..5 {
-        // Late in a window: spend the budget of both limits.
-        until_fraction(WINDOW, 0.6, 0.8).await;
-        let start = unix_now();
-        let (spent_s, _) = burst(&[proxy.addr], "/sliding", REQUESTS as usize).await;
-        let (spent_f, _) = burst(&[proxy.addr], "/fixed", REQUESTS as usize).await;
-        if (unix_now() / WINDOW).floor() != (start / WINDOW).floor() {
-            continue; // the machine was too slow: crossed the boundary already
-        }
-        // The earlier windows' counts may weigh in the first attempt's spending only if the
-        // test started late in one; every attempt starts clean two windows later.
-        assert!(spent_s <= REQUESTS as usize && spent_f <= REQUESTS as usize);
-        if spent_s != REQUESTS as usize || spent_f != REQUESTS as usize {
-            tokio::time::sleep(Duration::from_secs_f64(2.0 * WINDOW)).await;
-            continue;
-        }
-        // Just after the boundary: a burst of the whole budget on both.
-        until_fraction(WINDOW, 0.05, 0.3).await;
-        let before = unix_now() % WINDOW;
-        let (ok, denied) = burst(&[proxy.addr], "/sliding", REQUESTS as usize).await;
-        let after = unix_now() % WINDOW;
-        let (fixed_ok, _) = burst(&[proxy.addr], "/fixed", REQUESTS as usize).await;
-        if after < before {
-            continue; // crossed another boundary
-        }
-        let low = admits(REQUESTS, REQUESTS, before, WINDOW);
-        let high = admits(REQUESTS, REQUESTS, after, WINDOW);
-        assert!(
-            (low..=high).contains(&ok),
-            "attempt {attempt}: {ok} allowed, the estimate admits {low}..={high}"
-        );
-        assert_eq!(
-            fixed_ok, REQUESTS as usize,
-            "the fixed control admits the burst"
-        );
-        // Denied: Retry-After is at most the rest of this window plus the next one's wait.
-        let retry = retry_after(&denied[0]);
-        assert!((1..=2).contains(&retry), "Retry-After {retry}");
-        // Near the end of the window the estimate has fallen: one more fits, and its `r` is
-        // floor(requests - estimate).
-        until_fraction(WINDOW, 0.9, 0.97).await;
-        let e = unix_now() % WINDOW;
-        let answer = get(&client, &proxy.url("/sliding")).await;
-        let e2 = unix_now() % WINDOW;
-        assert_eq!(answer.status, 200, "the estimate fell below the limit");
-        let r = r_of(&answer);
-        let r_low = admits(REQUESTS, REQUESTS, e, WINDOW).saturating_sub(ok + 1);
-        let r_high = admits(REQUESTS, REQUESTS, e2, WINDOW).saturating_sub(ok + 1);
-        assert!(
-            (r_low..=r_high).contains(&(r as usize)),
-            "r={r}, the estimate says {r_low}..={r_high}"
-        );
-        proxy.shutdown().await;
-        return;
-    }
-    panic!("no attempt met the window boundaries: the machine is too slow for a 2 s window");
+
+    // Window 0, late: the whole budget of both limits, no previous window.
+    let (spent_s, _) = burst(&[proxy.addr], "/sliding", REQUESTS as usize).await;
+    let (spent_f, _) = burst(&[proxy.addr], "/fixed", REQUESTS as usize).await;
+    assert_eq!((spent_s, spent_f), (REQUESTS as usize, REQUESTS as usize));
+
+    // Window 1 at 95%: the previous window weighs 10 * 0.05 = 0.5, so one request fits and
+    // leaves r = floor(10 - 0.5 - 1) = 8.
+    hand.set(at(1, 0.95));
+    let answer = get(&client, &proxy.url("/sliding")).await;
+    assert_eq!(
+        answer.status,
+        StatusCode::OK,
+        "the estimate fell below the limit"
+    );
+    let want_r = admits(REQUESTS, REQUESTS, 0.95 * WINDOW, WINDOW) - 1;
+    assert_eq!((r_of(&answer), want_r), (8, 8));
+
+    // Windows 3 and 4 (window 2 empty): spend the budget late in 3, then burst just after
+    // the boundary, 15% into 4: the estimate is 10 * 0.85 = 8.5, so exactly 1 is admitted.
+    hand.set(at(3, 0.7));
+    let (spent_s, _) = burst(&[proxy.addr], "/sliding", REQUESTS as usize).await;
+    let (spent_f, _) = burst(&[proxy.addr], "/fixed", REQUESTS as usize).await;
+    assert_eq!((spent_s, spent_f), (REQUESTS as usize, REQUESTS as usize));
+    hand.set(at(4, 0.15));
+    let (ok, denied) = burst(&[proxy.addr], "/sliding", REQUESTS as usize).await;
+    let (fixed_ok, _) = burst(&[proxy.addr], "/fixed", REQUESTS as usize).await;
+    assert_eq!(ok, admits(REQUESTS, REQUESTS, 0.15 * WINDOW, WINDOW));
+    assert_eq!(ok, 1);
+    assert_eq!(
+        fixed_ok, REQUESTS as usize,
+        "the fixed control admits the burst"
+    );
+    // Denied: Retry-After is at most the rest of this window plus the next one's wait.
+    let retry = retry_after(&denied[0]);
+    assert!((1..=2).contains(&retry), "Retry-After {retry}");
+    assert!(denied.iter().all(|d| r_of(d) == 0));
+    proxy.shutdown().await;
 }
 
 /// `tollgate check` names the algorithm; two limits sharing a bucket prefix must agree on it.

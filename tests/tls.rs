@@ -349,7 +349,7 @@ async fn reload_swaps_certificates_and_a_bad_one_changes_nothing() {
         s.upstream.addr,
         &[],
     );
-    assert!(s.proxy.server().reload(renewed));
+    assert!(s.proxy.server().reload(renewed).await);
     assert_eq!(
         presented_leaf(&s, "b.test").await,
         TestPki::leaf_der(&new_cert)
@@ -365,7 +365,7 @@ async fn reload_swaps_certificates_and_a_bad_one_changes_nothing() {
         s.upstream.addr,
         &[],
     );
-    assert!(!s.proxy.server().reload(broken));
+    assert!(!s.proxy.server().reload(broken).await);
     assert_eq!(
         presented_leaf(&s, "b.test").await,
         TestPki::leaf_der(&new_cert)

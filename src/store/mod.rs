@@ -5,10 +5,15 @@
 //! and "now" come from the same clock (the database's, for Postgres) so that instances whose
 //! clocks disagree still share one window, and `Retry-After` agrees with it.
 
+mod clock;
 pub mod coalesce;
 pub mod memory;
 pub mod pg_tls;
 pub mod postgres;
+pub mod start;
+
+pub use clock::{Clock, ManualClock};
+pub use start::{start, StoreHandle, StoreOptions};
 
 use std::future::Future;
 use std::pin::Pin;

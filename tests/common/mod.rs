@@ -358,7 +358,12 @@ pub struct Proxy {
 
 impl Proxy {
     pub async fn start(config: Config) -> Proxy {
-        let server = Server::start(config).await.expect("tollgate starts");
+        Proxy::start_built(Server::builder(config)).await
+    }
+
+    /// A server given a store or a clock of the test's (`Server::builder`).
+    pub async fn start_built(builder: tollgate::ServerBuilder) -> Proxy {
+        let server = builder.start().await.expect("tollgate starts");
         let addr = server.listen_addrs[0];
         Proxy {
             server: Some(server),

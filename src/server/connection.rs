@@ -1,0 +1,411 @@
+//! One client connection, from the first byte after the handshake to its close: hyper-util's
+//! auto builder (HTTP/1.1, or HTTP/2 by ALPN or prior knowledge), the watchdog that enforces
+//! `idle_timeout` and `header_read_timeout` from the activity the connection records on its
+//! server's coarse clock, the HTTP/2 stream executor, and the WebSocket session a checked
+//! `101` turns the connection into. The server's module notes say what each rule is for.
+
+use std::convert::Infallible;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::watch;
+
+use super::coarse_clock::CoarseClock;
+use super::streams::{NewStreams, StreamExecutor, StreamProgress};
+use super::Phase;
+use crate::body::ProxyBody;
+use crate::forward::Splice;
+use crate::framing::FramingGuard;
+use crate::proxy::{ConnInfo, Proxy};
+
+/// HTTP/2 keep-alive pings: a peer that stops answering is dropped.
+const H2_KEEPALIVE: Duration = Duration::from_secs(20);
+/// HTTP/2 streams in flight per connection (SPEC 5): with a stalled stream reset after
+/// `idle_timeout`, what one client connection can hold upstream at once.
+const H2_MAX_STREAMS: u32 = 100;
+
+/// The per-connection timeouts, from `[server]` as started.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ConnSettings {
+    pub(super) header_read_timeout: Duration,
+    pub(super) idle_timeout: Duration,
+}
+
+impl ConnSettings {
+    /// The watchdog's longest sleep: a deadline of either rule can start at any moment (a
+    /// response finishing starts the wait for the next head), so it looks again at least this
+    /// often and never wakes late.
+    pub(super) fn next_check(&self) -> Duration {
+        self.idle_timeout.min(self.header_read_timeout)
+    }
+}
+
+pub(super) async fn serve_connection<S>(
+    stream: FramingGuard<S>,
+    info: ConnInfo,
+    proxy: Arc<Proxy>,
+    settings: ConnSettings,
+    mut phase: watch::Receiver<Phase>,
+    clock: Arc<CoarseClock>,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let activity = Arc::new(Activity::new(clock));
+    let io = TokioIo::new(Tracked {
+        inner: stream,
+        activity: activity.clone(),
+    });
+    let requests = activity.clone();
+    let peer_port = info.peer.port();
+    let new_streams = Arc::new(NewStreams::default());
+    let streams = new_streams.clone();
+    let service = service_fn(move |req| {
+        let proxy = proxy.clone();
+        let info = info.clone();
+        let in_flight = InFlight::start(requests.clone());
+        let progress = (req.version() == http::Version::HTTP_2).then(|| streams.start());
+        async move {
+            let mut response = proxy.handle(req, info).await;
+            if response.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+                // Only the forwarder's checked 101 carries a splice. The switch is armed now,
+                // before hyper has the response, so the framing guard steps aside exactly for
+                // the bytes after it.
+                if let Some(splice) = response.extensions_mut().remove::<Splice>() {
+                    in_flight.connection().switch_to(splice);
+                }
+            }
+            // The request stays in progress until its body has been sent (or dropped).
+            Ok::<_, Infallible>(response.map(|body| CountedBody {
+                body,
+                _in_flight: in_flight,
+                progress,
+            }))
+        }
+    });
+    // HTTP/2 peers are pinged often enough that a dead one is dropped within about the idle
+    // timeout even while a request is in flight (when no idle rule applies).
+    let h2_ping = H2_KEEPALIVE
+        .min(settings.idle_timeout / 2)
+        .max(Duration::from_millis(100));
+    // Each HTTP/2 stream's task runs under a watch that resets it once the client has not
+    // taken its response for `idle_timeout` (see `streams`).
+    let executor = StreamExecutor::new(new_streams, settings.idle_timeout);
+    let mut builder = auto::Builder::new(executor);
+    // hyper's own header-read timer is off: it arms a boxed timer and reads the clock for
+    // every request (about 1,300 instructions each), where the watchdog below enforces
+    // `header_read_timeout` from the activity it already keeps.
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(None::<Duration>)
+        .keep_alive(true);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(Some(h2_ping))
+        .keep_alive_timeout(h2_ping)
+        .max_concurrent_streams(H2_MAX_STREAMS)
+        .max_header_list_size(crate::framing::MAX_HEAD as u32);
+    let conn = builder.serve_connection_with_upgrades(io, service);
+    tokio::pin!(conn);
+    let served = supervise(conn, &activity, settings, &mut phase, |conn| {
+        conn.graceful_shutdown()
+    });
+    match served.await {
+        Some(Ok(())) => {}
+        Some(Err(err)) => {
+            tracing::debug!(peer = %peer_port, error = %err, "connection ended with an error");
+        }
+        None => return,
+    }
+
+    // After a real 101 the connection goes on as a WebSocket session, here: it keeps this
+    // task's permit and gauge place, and counts as in flight until it closes (so only bytes
+    // keep it open, and a drain waits for it). A drain that begins meanwhile changes nothing
+    // for it; the end of `shutdown_timeout` closes it.
+    let Some(splice) = activity.take_splice() else {
+        return;
+    };
+    let _session = InFlight::start(activity.clone());
+    let session = splice.run();
+    tokio::pin!(session);
+    if supervise(session, &activity, settings, &mut phase, |_| {})
+        .await
+        .is_none()
+    {
+        tracing::debug!(peer = %peer_port, "WebSocket session closed by tollgate");
+    }
+}
+
+/// Drives `work` (one connection's part) to its end, or until the watchdog closes the
+/// connection (`None`): idle (see [`Activity::time_left`]), or the shutdown timeout has
+/// passed. `drain` is called once, when the drain begins.
+async fn supervise<F: std::future::Future>(
+    mut work: Pin<&mut F>,
+    activity: &Activity,
+    settings: ConnSettings,
+    phase: &mut watch::Receiver<Phase>,
+    mut drain: impl FnMut(Pin<&mut F>),
+) -> Option<F::Output> {
+    let idle = tokio::time::sleep(settings.next_check());
+    tokio::pin!(idle);
+    let mut draining = false;
+    loop {
+        tokio::select! {
+            output = work.as_mut() => return Some(output),
+            changed = phase.changed() => {
+                let now = if changed.is_err() { Phase::Forced } else { *phase.borrow() };
+                match now {
+                    Phase::Running => {}
+                    Phase::Draining if !draining => {
+                        draining = true;
+                        drain(work.as_mut());
+                    }
+                    Phase::Draining => {}
+                    Phase::Forced | Phase::Stopped => return None,
+                }
+            }
+            _ = idle.as_mut() => {
+                match activity.time_left(&settings) {
+                    Ok(left) => idle.as_mut().reset(tokio::time::Instant::now() + left),
+                    Err(rule) => {
+                        tracing::debug!(rule, "closing connection");
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// When bytes last moved on a connection (on the coarse clock).
+///
+/// A connection is idle when no byte has moved for the idle timeout (a stalled upload, a
+/// client that stopped reading, a dead peer), or when no request has been in progress for it.
+/// The second rule is what closes an idle HTTP/2 connection whose peer keeps answering pings:
+/// the pings themselves move bytes.
+///
+/// On HTTP/1.1 the same record enforces `header_read_timeout`: while no request is in progress
+/// the connection is waiting for a head, and that wait may last no longer than the timeout
+/// (from the connection's start, or from the end of its previous response, as hyper counts
+/// it). An HTTP/2 or upgraded connection has no such wait.
+///
+/// It also carries the connection's switch to WebSocket, from the service that hands hyper
+/// the checked `101` to the framing guard (which steps aside) and to the connection's task
+/// (which runs the splice).
+struct Activity {
+    /// The server's clock these times are on.
+    clock: Arc<CoarseClock>,
+    last_byte_ms: AtomicU64,
+    last_request_ms: AtomicU64,
+    in_flight: AtomicU32,
+    http1_heads: AtomicBool,
+    /// A real `101` is being, or has been, handed to hyper.
+    switched: AtomicBool,
+    /// Its splice, until the connection's task takes it.
+    splice: std::sync::Mutex<Option<Splice>>,
+}
+
+impl Activity {
+    fn new(clock: Arc<CoarseClock>) -> Self {
+        let now = clock.now_ms();
+        Activity {
+            clock,
+            last_byte_ms: AtomicU64::new(now),
+            last_request_ms: AtomicU64::new(now),
+            in_flight: AtomicU32::new(0),
+            http1_heads: AtomicBool::new(true),
+            switched: AtomicBool::new(false),
+            splice: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Arms the switch: from the next read on, the framing guard lets the bytes through, and
+    /// once hyper is done the connection's task runs `splice`.
+    fn switch_to(&self, splice: Splice) {
+        *self.splice.lock().unwrap_or_else(PoisonError::into_inner) = Some(splice);
+        self.switched.store(true, Ordering::Release);
+    }
+
+    fn take_splice(&self) -> Option<Splice> {
+        self.splice
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+
+    fn touch(&self) {
+        self.last_byte_ms
+            .store(self.clock.now_ms(), Ordering::Relaxed);
+    }
+
+    /// How long the connection may stay open before the watchdog looks again, or the rule that
+    /// closes it now: `idle_timeout` (no byte moved, or no request in progress) or, on
+    /// HTTP/1.1, `header_read_timeout` (waiting that long for a request's head).
+    fn time_left(&self, settings: &ConnSettings) -> Result<Duration, &'static str> {
+        let now = self.clock.now_ms();
+        let bytes = now.saturating_sub(self.last_byte_ms.load(Ordering::Relaxed));
+        let waiting = if self.in_flight.load(Ordering::Acquire) > 0 {
+            None
+        } else {
+            Some(now.saturating_sub(self.last_request_ms.load(Ordering::Relaxed)))
+        };
+        let quiet = Duration::from_millis(bytes.max(waiting.unwrap_or(0)));
+        let Some(mut left) = settings
+            .idle_timeout
+            .checked_sub(quiet)
+            .filter(|d| !d.is_zero())
+        else {
+            return Err("idle_timeout");
+        };
+        let head_wait = waiting.filter(|_| self.http1_heads.load(Ordering::Relaxed));
+        if let Some(waiting) = head_wait {
+            match settings
+                .header_read_timeout
+                .checked_sub(Duration::from_millis(waiting))
+            {
+                Some(head_left) if !head_left.is_zero() => left = left.min(head_left),
+                _ => return Err("header_read_timeout"),
+            }
+        }
+        Ok(left.min(settings.next_check()))
+    }
+}
+
+/// One request in progress on a connection, from its headers until its response body is done.
+struct InFlight(Arc<Activity>);
+
+/// A response body that keeps its request counted as in progress until hyper drops it; on
+/// HTTP/2 it also reports to its stream's watch.
+struct CountedBody {
+    body: ProxyBody,
+    _in_flight: InFlight,
+    progress: Option<StreamProgress>,
+}
+
+impl http_body::Body for CountedBody {
+    type Data = bytes::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        match &mut this.progress {
+            Some(progress) => progress.poll_frame(Pin::new(&mut this.body), cx),
+            None => Pin::new(&mut this.body).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream() && self.progress.as_ref().is_none_or(|p| p.is_drained())
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        match &self.progress {
+            Some(progress) => progress.size_hint(self.body.size_hint()),
+            None => self.body.size_hint(),
+        }
+    }
+}
+
+impl InFlight {
+    fn start(activity: Arc<Activity>) -> Self {
+        activity.in_flight.fetch_add(1, Ordering::AcqRel);
+        let now = activity.clock.now_ms();
+        activity.last_request_ms.store(now, Ordering::Relaxed);
+        InFlight(activity)
+    }
+}
+
+impl InFlight {
+    /// The connection this request came on.
+    fn connection(&self) -> &Activity {
+        &self.0
+    }
+}
+
+impl Drop for InFlight {
+    // Also on cancellation: a request whose client went away no longer counts.
+    fn drop(&mut self) {
+        let now = self.0.clock.now_ms();
+        self.0.last_request_ms.store(now, Ordering::Relaxed);
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A socket that records its activity for the idle watchdog, including whether its framing
+/// guard still expects HTTP/1 heads, and that tells the guard when the connection has
+/// switched to WebSocket (the only way the guard learns it).
+struct Tracked<S> {
+    inner: FramingGuard<S>,
+    activity: Arc<Activity>,
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for Tracked<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if self.activity.switched.load(Ordering::Acquire) {
+            self.inner.step_aside();
+        }
+        let before = buf.filled().len();
+        let result = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if matches!(result, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.activity.touch();
+            if !self.inner.reads_http1_heads() {
+                self.activity.http1_heads.store(false, Ordering::Relaxed);
+            }
+        }
+        result
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let result = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if matches!(result, Poll::Ready(Ok(n)) if n > 0) {
+            self.activity.touch();
+        }
+        result
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let result = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if matches!(result, Poll::Ready(Ok(n)) if n > 0) {
+            self.activity.touch();
+        }
+        result
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
