@@ -388,6 +388,10 @@ impl MemoryStore {
     /// read to the last write: a request with two sliding limits cannot see room on both that
     /// a concurrent request takes on one of them in between.
     fn count(&self, batch: &[Increment]) -> Result<Vec<Counted>, StoreError> {
+        // Most requests meet one limit: one lock, one lookup, nothing to order.
+        if let [inc] = batch {
+            return self.count_one(inc).map(|counted| vec![counted]);
+        }
         let now_ms = (self.clock)();
         let windows: Vec<Window> = batch
             .iter()
@@ -416,17 +420,7 @@ impl MemoryStore {
                     .get(&inc.bucket)
                     .map(|&i| shard.slots[i as usize].window);
                 let window = rolled(held, *current, now_ms);
-                let fits = match inc.sliding {
-                    None => inc.by,
-                    Some(limit) => sliding_admits(
-                        limit,
-                        window.previous,
-                        window.count,
-                        inc.by,
-                        window.end_ms - now_ms,
-                        window.end_ms - window.start_ms,
-                    ),
-                };
+                let fits = own_fits(inc, &window, now_ms);
                 (window, fits)
             })
             .collect();
@@ -434,13 +428,7 @@ impl MemoryStore {
         let allowed = batch
             .iter()
             .zip(&standing)
-            .filter_map(|(inc, (window, fits))| {
-                let limit = inc.enforce?;
-                Some(match inc.sliding {
-                    Some(_) => *fits,
-                    None => limit.saturating_sub(window.count).min(inc.by),
-                })
-            })
+            .filter_map(|(inc, (window, fits))| enforced_allows(inc, window, *fits))
             .min();
         // 3. Count: fixed windows every unit, sliding ones the allowed units they admit.
         let mut counted = Vec::with_capacity(batch.len());
@@ -448,30 +436,25 @@ impl MemoryStore {
             let shard = &mut guards[g];
             let slot = self.slot(shard, &inc.bucket, window, now_ms);
             let held = &mut shard.slots[slot as usize].window;
-            *held = window;
-            let added = match inc.sliding {
-                None => inc.by,
-                Some(_) => {
-                    held.keep_ms = held.end_ms + (held.end_ms - held.start_ms);
-                    allowed.unwrap_or(inc.by).min(fits)
-                }
-            };
-            held.count = held.count.saturating_add(added).min(COUNT_MAX);
-            counted.push(Counted {
-                count: held.count,
-                window_end_ms: held.end_ms,
-                now_ms,
-                added,
-                previous: if inc.sliding.is_some() {
-                    held.previous
-                } else {
-                    0
-                },
-                fits,
-            });
+            counted.push(count_into(held, window, inc, fits, allowed, now_ms));
         }
         drop(guards);
         Ok(counted)
+    }
+
+    /// [`MemoryStore::count`] for a request with one limit: the same three steps under the
+    /// one shard's lock. The slot is found (or made at the current window, which rolls to
+    /// itself) once, instead of looked up for the standing and again for the count.
+    fn count_one(&self, inc: &Increment) -> Result<Counted, StoreError> {
+        let now_ms = (self.clock)();
+        let current = window_at(now_ms, inc.window_secs)?;
+        let mut shard = self.lock(self.shard_of(&inc.bucket));
+        let slot = self.slot(&mut shard, &inc.bucket, current, now_ms);
+        let held = &mut shard.slots[slot as usize].window;
+        let window = rolled(Some(*held), current, now_ms);
+        let fits = own_fits(inc, &window, now_ms);
+        let allowed = enforced_allows(inc, &window, fits);
+        Ok(count_into(held, window, inc, fits, allowed, now_ms))
     }
 
     /// The slot of `bucket` in `shard`, made (at `window`) if the shard does not hold it, and
@@ -571,6 +554,65 @@ impl Store for MemoryStore {
 /// the one just before (a sliding limit reads it; one that ended longer ago weighs nothing,
 /// like a missing row). A held window *later* than `current` (the clock stepped back) keeps
 /// counting: starting over would forget requests already allowed.
+/// How many of `inc.by` units `inc`'s own limit admits, standing at `window`: all of them for
+/// a fixed window (it counts every unit), what the estimate admits for a sliding one.
+fn own_fits(inc: &Increment, window: &Window, now_ms: i64) -> u32 {
+    match inc.sliding {
+        None => inc.by,
+        Some(limit) => sliding_admits(
+            limit,
+            window.previous,
+            window.count,
+            inc.by,
+            window.end_ms - now_ms,
+            window.end_ms - window.start_ms,
+        ),
+    }
+}
+
+/// The units an enforced limit lets through (its estimate's for a sliding one, what is left
+/// of its quota for a fixed one); `None` for a limit that does not enforce (shadow, reads).
+fn enforced_allows(inc: &Increment, window: &Window, fits: u32) -> Option<u32> {
+    let limit = inc.enforce?;
+    Some(match inc.sliding {
+        Some(_) => fits,
+        None => limit.saturating_sub(window.count).min(inc.by),
+    })
+}
+
+/// Counts `inc` into its slot's window `held`, which stands at `window`: a fixed window every
+/// unit, a sliding one the units the whole request is allowed (`allowed`) that it admits.
+fn count_into(
+    held: &mut Window,
+    window: Window,
+    inc: &Increment,
+    fits: u32,
+    allowed: Option<u32>,
+    now_ms: i64,
+) -> Counted {
+    *held = window;
+    let added = match inc.sliding {
+        None => inc.by,
+        Some(_) => {
+            held.keep_ms = held.end_ms + (held.end_ms - held.start_ms);
+            allowed.unwrap_or(inc.by).min(fits)
+        }
+    };
+    held.count = held.count.saturating_add(added).min(COUNT_MAX);
+    Counted {
+        count: held.count,
+        window_end_ms: held.end_ms,
+        now_ms,
+        added,
+        previous: if inc.sliding.is_some() {
+            held.previous
+        } else {
+            0
+        },
+        fits,
+    }
+}
+
 fn rolled(held: Option<Window>, current: Window, now_ms: i64) -> Window {
     match held {
         Some(w) if !(w.end_ms <= now_ms || w.start_ms < current.start_ms) => w,
