@@ -43,7 +43,7 @@ use tower_service::Service;
 
 use crate::body::RequestBody;
 use crate::config::UpstreamConfig;
-use crate::error::{RequestError, StartupError};
+use crate::error::{Detail, RequestError, StartupError};
 use crate::headers;
 use crate::metrics::Metrics;
 
@@ -148,6 +148,18 @@ enum Failure {
     Sent(RequestError),
 }
 
+/// Why upstream `name` cannot start: its name and `cause`'s message as the text, and `cause`
+/// itself kept as the source, for whatever walks the chain.
+fn upstream_error(
+    name: &str,
+    cause: impl std::error::Error + Send + Sync + 'static,
+) -> StartupError {
+    StartupError::Upstream(Detail::caused_by(
+        format!("upstream {name}: {cause}"),
+        cause,
+    ))
+}
+
 impl UpstreamPool {
     /// `workers`: the number of connection workers (one lane each).
     pub fn new(config: Arc<UpstreamConfig>, workers: usize) -> Result<Self, StartupError> {
@@ -163,12 +175,9 @@ impl UpstreamPool {
                 .authority(authority.clone())
                 .path_and_query("/")
                 .build()
-                .map_err(|e| {
-                    StartupError::Upstream(format!("upstream {}: {e}", config.name).into())
-                })?;
-            let host = HeaderValue::from_str(authority.as_str()).map_err(|e| {
-                StartupError::Upstream(format!("upstream {}: {e}", config.name).into())
-            })?;
+                .map_err(|e| upstream_error(&config.name, e))?;
+            let host = HeaderValue::from_str(authority.as_str())
+                .map_err(|e| upstream_error(&config.name, e))?;
             origins.push(Origin {
                 scheme: scheme.clone(),
                 authority: authority.clone(),
@@ -183,7 +192,7 @@ impl UpstreamPool {
         // The TLS connector wraps the plain one and takes over for https:// origins.
         http.enforce_http(false);
         let tls = crate::tls::client_config(config.ca_file.as_deref(), config.http2)
-            .map_err(|e| StartupError::Upstream(format!("upstream {}: {e}", config.name).into()))?;
+            .map_err(|e| upstream_error(&config.name, e))?;
         // hyper-rustls sets ALPN itself from the enabled HTTP versions below.
         let mut tls = (*tls).clone();
         tls.alpn_protocols.clear();
@@ -737,4 +746,39 @@ fn unreachable(err: &(dyn std::error::Error + 'static)) -> RequestError {
         source = s.source();
     }
     RequestError::UpstreamUnreachable(text.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn upstream_with_ca(ca_file: PathBuf) -> UpstreamConfig {
+        UpstreamConfig {
+            name: "app".into(),
+            urls: vec![Uri::from_static("https://127.0.0.1:1")],
+            connect_timeout: Duration::from_secs(1),
+            response_timeout: Duration::from_secs(1),
+            preserve_host: false,
+            ca_file: Some(ca_file),
+            http2: false,
+            max_idle_connections: 1,
+            fail_timeout: Duration::from_secs(1),
+        }
+    }
+
+    /// A start-up error names the upstream and keeps what caused it as its `source()`, so
+    /// the reason is not flattened into text where it was made (issue 19).
+    #[test]
+    fn an_unreadable_ca_file_is_an_upstream_error_with_its_cause() {
+        let missing = std::env::temp_dir().join("tollgate-no-such-ca-file.pem");
+        let Err(err) = UpstreamPool::new(Arc::new(upstream_with_ca(missing)), 1) else {
+            panic!("a CA file that does not exist must keep the upstream from starting");
+        };
+        assert!(matches!(err, StartupError::Upstream(_)), "{err:?}");
+        let text = err.to_string();
+        assert!(text.starts_with("upstream app: "), "{text}");
+        let cause = std::error::Error::source(&err).expect("the TLS error is kept as the cause");
+        assert!(text.contains(&cause.to_string()), "{text} / {cause}");
+    }
 }
