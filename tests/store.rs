@@ -441,6 +441,37 @@ async fn pg_store_is_unavailable_until_initialized() {
     assert!(matches!(err, Err(StoreError::Unavailable(_))), "{err:?}");
 }
 
+/// A failed statement keeps the database's own error as the cause (issue 19: errors kept as
+/// `String` lost their source chains): the chain under the `StoreError` reaches the
+/// `tokio_postgres::Error`, with the server's message.
+#[tokio::test]
+async fn pg_statement_error_keeps_the_database_error_as_its_source() {
+    let db = TestDb::new().await;
+    let store = pg_store(&db).await;
+    db.client()
+        .await
+        .batch_execute("DROP TABLE public.rate_limits CASCADE")
+        .await
+        .expect("drop the counters table");
+    let err = store
+        .increment(&[inc("b", 60, 1)])
+        .await
+        .expect_err("the increment fails without its table");
+    assert!(matches!(err, StoreError::Query(_)), "{err:?}");
+    let mut chain = Vec::new();
+    let mut next = std::error::Error::source(&err);
+    while let Some(e) = next {
+        chain.push(e);
+        next = e.source();
+    }
+    assert!(
+        chain.iter().any(|e| e.is::<tokio_postgres::Error>()),
+        "no tokio_postgres::Error under {err}: {:?}",
+        chain.iter().map(|e| e.to_string()).collect::<Vec<_>>()
+    );
+    assert!(err.to_string().contains("rate_limits"), "{err}");
+}
+
 /// A port nothing listens on.
 async fn closed_port() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");

@@ -628,7 +628,7 @@ fn rolled(held: Option<Window>, current: Window, now_ms: i64) -> Window {
 /// `div_euclid` is the floor even for a clock before 1970.
 fn window_at(now_ms: i64, window_secs: u32) -> Result<Window, StoreError> {
     if window_secs == 0 {
-        return Err(StoreError::Query("a window of 0 seconds".to_owned()));
+        return Err(StoreError::Query("a window of 0 seconds".into()));
     }
     let len_ms = i64::from(window_secs) * 1000;
     let start_ms = now_ms.div_euclid(len_ms) * len_ms;

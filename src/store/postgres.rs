@@ -62,7 +62,7 @@ use tokio_postgres::Client;
 
 use super::coalesce::{position, Folded};
 use super::pg_tls::{self, MakeRustls};
-use super::{Counted, Increment, Peeked, Store, StoreError, StoreFuture};
+use super::{Counted, Increment, Peeked, Reason, Store, StoreError, StoreFuture};
 use crate::config::StoreConfig;
 
 /// Maps and sets over bucket names: names made by tollgate (policy labels and digests), never
@@ -559,7 +559,7 @@ impl PostgresStore {
         let (pg, tls) = connection_config(cfg)?;
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(StoreError::Unavailable(
-                "the Postgres store must be created inside a tokio runtime".to_owned(),
+                "the Postgres store must be created inside a tokio runtime".into(),
             ));
         }
 
@@ -682,9 +682,7 @@ impl PostgresStore {
         self.require_initialized()?;
         match self.health.recent(READINESS_FRESH) {
             Some(true) => Ok(()),
-            Some(false) => Err(StoreError::Unavailable(
-                "recent decisions failed".to_owned(),
-            )),
+            Some(false) => Err(StoreError::Unavailable("recent decisions failed".into())),
             None => {
                 // One readiness probe at a time: a burst of /readyz calls must not take the
                 // pool's connections from decisions. The others get the last outcome.
@@ -692,7 +690,7 @@ impl PostgresStore {
                     return if self.health.ok.load(Ordering::Acquire) {
                         Ok(())
                     } else {
-                        Err(StoreError::Unavailable("the last probe failed".to_owned()))
+                        Err(StoreError::Unavailable("the last probe failed".into()))
                     };
                 };
                 self.probe_increment().await
@@ -711,7 +709,7 @@ impl PostgresStore {
                 let mut conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
                 conn.probe_increment(self.async_commit)
                     .await
-                    .map_err(|e| self.fail(&e))
+                    .map_err(|e| self.fail(e))
             })
             .await;
         self.record(&result);
@@ -814,7 +812,7 @@ impl PostgresStore {
             Ok(())
         } else {
             Err(StoreError::Unavailable(
-                "the database has not been initialized yet".to_owned(),
+                "the database has not been initialized yet".into(),
             ))
         }
     }
@@ -837,7 +835,7 @@ impl PostgresStore {
         match self.last_connect_error.recent() {
             Some((cause, msg)) => {
                 self.failures.note(cause, &msg);
-                StoreError::Unavailable(msg)
+                StoreError::Unavailable(msg.into())
             }
             None => {
                 self.failures
@@ -849,11 +847,11 @@ impl PostgresStore {
 
     fn pool_error(&self, e: RunError<PoolError>) -> StoreError {
         match e {
-            RunError::User(PoolError::Postgres(e)) => self.fail(&e),
+            RunError::User(PoolError::Postgres(e)) => self.fail(e),
             RunError::User(e @ PoolError::Deadline(_)) => {
                 let msg = e.to_string();
                 self.failures.note(Cause::Timeout, &msg);
-                StoreError::Unavailable(msg)
+                StoreError::Unavailable(Reason::caused_by(msg, e))
             }
             RunError::TimedOut => self.timeout_error(),
         }
@@ -861,13 +859,13 @@ impl PostgresStore {
 
     /// A failed statement: logged with its cause (at most once a second per cause) and
     /// mapped to a [`StoreError`].
-    fn fail(&self, e: &tokio_postgres::Error) -> StoreError {
-        let message = describe(e);
-        self.failures.note(cause(e), &message);
-        if is_transient(e) {
-            StoreError::Unavailable(message)
+    fn fail(&self, e: tokio_postgres::Error) -> StoreError {
+        let message = describe(&e);
+        self.failures.note(cause(&e), &message);
+        if is_transient(&e) {
+            StoreError::Unavailable(Reason::caused_by(message, e))
         } else {
-            StoreError::Query(message)
+            StoreError::Query(Reason::caused_by(message, e))
         }
     }
 
@@ -937,7 +935,7 @@ impl PostgresStore {
                 let conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
                 conn.run(conn.query_typed(DECIDE_SQL, &params))
                     .await
-                    .map_err(|e| self.fail(&e))
+                    .map_err(|e| self.fail(e))
             })
             .await
             .and_then(|rows| decided(requests, folded, &rows));
@@ -972,7 +970,7 @@ impl PostgresStore {
                 let conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
                 conn.run(conn.query_typed(INCREMENT_SQL, &params))
                     .await
-                    .map_err(|e| self.fail(&e))
+                    .map_err(|e| self.fail(e))
             })
             .await
             .and_then(|rows| {
@@ -1034,16 +1032,19 @@ impl PostgresStore {
                 let conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
                 conn.run(conn.query_typed(PEEK_SQL, &params))
                     .await
-                    .map_err(|e| self.fail(&e))
+                    .map_err(|e| self.fail(e))
             })
             .await
             .and_then(|rows| {
                 if rows.len() != batch.len() {
-                    return Err(StoreError::Query(format!(
-                        "the peek returned {} rows for {} buckets",
-                        rows.len(),
-                        batch.len()
-                    )));
+                    return Err(StoreError::Query(
+                        format!(
+                            "the peek returned {} rows for {} buckets",
+                            rows.len(),
+                            batch.len()
+                        )
+                        .into(),
+                    ));
                 }
                 rows.iter()
                     .map(|row| {
@@ -1183,7 +1184,7 @@ impl PostgresStore {
                 let conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
                 conn.run(conn.query_typed_one(REFRESH_INSTANCE_SQL, &params))
                     .await
-                    .map_err(|e| self.fail(&e))
+                    .map_err(|e| self.fail(e))
             })
             .await?;
         let live: i64 = row.try_get(0).map_err(query_error)?;
@@ -1201,7 +1202,7 @@ impl PostgresStore {
                 let conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
                 conn.run(conn.execute_typed(DEREGISTER_INSTANCE_SQL, &params))
                     .await
-                    .map_err(|e| self.fail(&e))
+                    .map_err(|e| self.fail(e))
             })
             .await?;
         Ok(deleted > 0)
@@ -1241,7 +1242,7 @@ impl PostgresStore {
             Ok::<_, tokio_postgres::Error>(rows)
         }
         .await
-        .map_err(|e| self.fail(&e))?;
+        .map_err(|e| self.fail(e))?;
         let mut out: Vec<ResetBucket> = buckets
             .iter()
             .map(|(bucket, _)| ResetBucket {
@@ -1728,15 +1729,15 @@ fn connection_config(
     let url = cfg
         .url
         .as_deref()
-        .ok_or_else(|| StoreError::Unavailable("store.url is not set".to_owned()))?;
+        .ok_or_else(|| StoreError::Unavailable("store.url is not set".into()))?;
     // tokio-postgres' parser accepts both URL and key=value forms, several hosts and
     // target_session_attrs=read-write (SPEC 6); pg_tls takes the TLS options out first.
     // Its messages name the bad option, never the URL, so they are safe to return.
     let (mut pg, tls) = pg_tls::parse(url, cfg.ca_file.as_deref())
-        .map_err(|e| StoreError::Unavailable(format!("invalid store.url: {e}")))?;
+        .map_err(|e| StoreError::Unavailable(format!("invalid store.url: {e}").into()))?;
     let tls = tls
         .connector()
-        .map_err(|e| StoreError::Unavailable(format!("TLS to the database: {e}")))?;
+        .map_err(|e| StoreError::Unavailable(format!("TLS to the database: {e}").into()))?;
     // No startup `options` of tollgate's own: PgBouncer refuses the parameter ("unsupported
     // startup parameter: options"). `synchronous_commit` is set by the increment itself, for
     // its own transaction (see INCREMENT_SQL). Options the URL carries are the operator's.
@@ -1760,11 +1761,11 @@ fn columns(batch: &[Increment]) -> Result<(Vec<&str>, Vec<i64>), StoreError> {
     let mut windows = Vec::with_capacity(batch.len());
     for inc in batch {
         if inc.window_secs == 0 {
-            return Err(StoreError::Query("a window of 0 seconds".to_owned()));
+            return Err(StoreError::Query("a window of 0 seconds".into()));
         }
         if !seen.insert(&*inc.bucket) {
             return Err(StoreError::Query(
-                "the same bucket twice in one batch".to_owned(),
+                "the same bucket twice in one batch".into(),
             ));
         }
         buckets.push(&*inc.bucket);
@@ -1875,7 +1876,7 @@ fn decided(
 /// The column is `integer` with `CHECK (count >= 0)`; anything else is a broken table.
 fn count_from(count: i32) -> Result<u32, StoreError> {
     u32::try_from(count)
-        .map_err(|_| StoreError::Query(format!("negative count {count} in rate_limits")))
+        .map_err(|_| StoreError::Query(format!("negative count {count} in rate_limits").into()))
 }
 
 /// Whether an error is the database being (temporarily) out of reach rather than wrong:
@@ -1952,9 +1953,9 @@ fn classify(e: &tokio_postgres::Error, fatal: impl FnOnce(String) -> InitError) 
 /// Maps an error met while counting.
 fn query_error(e: tokio_postgres::Error) -> StoreError {
     if is_transient(&e) {
-        StoreError::Unavailable(describe(&e))
+        StoreError::Unavailable(Reason::caused_by(describe(&e), e))
     } else {
-        StoreError::Query(describe(&e))
+        StoreError::Query(Reason::caused_by(describe(&e), e))
     }
 }
 
