@@ -1982,6 +1982,23 @@ async fn own_timeouts(tx: &tokio_postgres::Transaction<'_>) -> Result<(), tokio_
 /// once one applies a migration and the others, once they get the lock, find it recorded.
 /// Creating the bookkeeping table happens under the lock too: concurrent
 /// `CREATE TABLE IF NOT EXISTS` can fail on a catalog unique index.
+/// The oldest PostgreSQL the migrations run on, as `server_version_num`: 0005's functions
+/// set `plan_cache_mode`, which PostgreSQL 12 introduced (11 refuses the `CREATE FUNCTION`).
+const OLDEST_SERVER: i32 = 120000;
+
+/// Refuses a server older than [`OLDEST_SERVER`] (fatal: only an upgrade helps).
+fn supported_server(version_num: i32) -> Result<(), InitError> {
+    if version_num >= OLDEST_SERVER {
+        return Ok(());
+    }
+    Err(InitError::Database(format!(
+        "PostgreSQL {}.{} is too old: tollgate's migrations need PostgreSQL 12 or later \
+         (server_version_num {version_num})",
+        version_num / 10000,
+        version_num / 100 % 100
+    )))
+}
+
 async fn apply_migrations(client: &mut Client) -> Result<Vec<&'static str>, InitError> {
     // The usual start: every migration is recorded already. One read says so, instead of a
     // locked transaction per migration (N instances starting at once would queue on the lock
@@ -1992,6 +2009,13 @@ async fn apply_migrations(client: &mut Client) -> Result<Vec<&'static str>, Init
         Err(InitError::SchemaBehind { .. }) => {}
         Err(other) => return Err(other),
     }
+    // Something is to be applied: first make sure the server can take it, so that an old
+    // server gets a sentence instead of a syntax error from the middle of a migration.
+    let version = client
+        .query_typed_one("SELECT current_setting('server_version_num')::int4", &[])
+        .await
+        .map_err(|e| classify(&e, InitError::Database))?;
+    supported_server(version.get(0))?;
     let mut applied = Vec::new();
     for migration in MIGRATIONS {
         let db_err = |e: tokio_postgres::Error| classify(&e, InitError::Database);
@@ -2188,6 +2212,20 @@ fn short(fingerprint: &str) -> String {
 mod tests {
     use super::*;
     use crate::config::StoreErrorPolicy;
+
+    /// PostgreSQL 11 and older are refused with a sentence naming the version; 12 and
+    /// later (tested for real: the suite's server) pass.
+    #[test]
+    fn servers_before_postgresql_12_are_refused_by_name() {
+        let err = supported_server(110022).expect_err("11 is too old");
+        assert!(!err.is_retryable());
+        let text = err.to_string();
+        assert!(text.contains("PostgreSQL 11.0 is too old"), "{text}");
+        assert!(text.contains("12 or later"), "{text}");
+        assert!(supported_server(90624).is_err());
+        assert!(supported_server(120000).is_ok());
+        assert!(supported_server(150020).is_ok());
+    }
 
     fn cfg(url: &str, synchronous_commit: bool) -> StoreConfig {
         StoreConfig {
