@@ -49,6 +49,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_postgres::tls::{ChannelBinding, MakeTlsConnect, TlsConnect, TlsStream};
 use tokio_postgres::Socket;
 
+use crate::error::Detail;
+
 /// The `sslmode` of `store.url`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SslMode {
@@ -390,7 +392,7 @@ fn key_value_pairs(s: &str) -> Option<Vec<Pair>> {
 impl TlsSettings {
     /// The connector for these settings. Reads the trust root's file: the error names the
     /// file and the setting it came from.
-    pub fn connector(&self) -> Result<MakeRustls, String> {
+    pub fn connector(&self) -> Result<MakeRustls, Detail> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let roots = match &self.root {
             TrustRoot::Bundled => {
@@ -399,12 +401,12 @@ impl TlsSettings {
                 roots
             }
             TrustRoot::File { path, origin } => {
-                read_roots(path).map_err(|e| format!("{origin}: {e}"))?
+                read_roots(path).map_err(|e| Detail::caused_by(format!("{origin}: {e}"), e))?
             }
         };
         let webpki = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
             .build()
-            .map_err(|e| format!("TLS trust root: {e}"))?;
+            .map_err(|e| Detail::caused_by(format!("TLS trust root: {e}"), e))?;
         let verifier: Arc<dyn ServerCertVerifier> = match self.mode {
             SslMode::VerifyFull => webpki,
             SslMode::VerifyCa => Arc::new(ChainOnly(webpki)),
@@ -413,7 +415,7 @@ impl TlsSettings {
         };
         let mut config = ClientConfig::builder_with_provider(provider)
             .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-            .map_err(|e| format!("TLS configuration: {e}"))?
+            .map_err(|e| Detail::caused_by(format!("TLS configuration: {e}"), e))?
             .dangerous()
             .with_custom_certificate_verifier(verifier)
             .with_no_client_auth();
@@ -425,20 +427,26 @@ impl TlsSettings {
 }
 
 /// Every certificate of a PEM file, as a root store; at least one.
-pub fn read_roots(path: &Path) -> Result<RootCertStore, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+pub fn read_roots(path: &Path) -> Result<RootCertStore, Detail> {
+    let bytes = std::fs::read(path)
+        .map_err(|e| Detail::caused_by(format!("cannot read {}: {e}", path.display()), e))?;
     let mut roots = RootCertStore::empty();
     for item in CertificateDer::pem_slice_iter(&bytes) {
-        let cert = item.map_err(|e| format!("{}: malformed PEM: {e}", path.display()))?;
-        roots
-            .add(cert)
-            .map_err(|e| format!("{}: unusable CA certificate: {e}", path.display()))?;
+        let cert = item
+            .map_err(|e| Detail::caused_by(format!("{}: malformed PEM: {e}", path.display()), e))?;
+        roots.add(cert).map_err(|e| {
+            Detail::caused_by(
+                format!("{}: unusable CA certificate: {e}", path.display()),
+                e,
+            )
+        })?;
     }
     if roots.is_empty() {
         return Err(format!(
             "{}: no certificate found (expected a PEM \"BEGIN CERTIFICATE\" block)",
             path.display()
-        ));
+        )
+        .into());
     }
     Ok(roots)
 }
@@ -891,11 +899,35 @@ mod tests {
                 origin: "store.ca_file",
             },
         };
-        let err = tls.connector().expect_err("no certificate");
+        let err = tls.connector().expect_err("no certificate").to_string();
         assert!(
             err.starts_with("store.ca_file: ") && err.contains("no certificate"),
             "{err}"
         );
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A trust root that cannot be read keeps the I/O error as the cause (issue 19), and the
+    /// text still names the setting and the file.
+    #[test]
+    fn unreadable_trust_root_keeps_the_io_error_as_its_source() {
+        let missing = std::env::temp_dir().join("tollgate-pg-tls-no-such-ca.pem");
+        let tls = TlsSettings {
+            mode: SslMode::VerifyFull,
+            root: TrustRoot::File {
+                path: missing.clone(),
+                origin: "store.ca_file",
+            },
+        };
+        let err = tls.connector().expect_err("the file does not exist");
+        let text = err.to_string();
+        assert!(text.starts_with("store.ca_file: cannot read "), "{text}");
+        let mut next = std::error::Error::source(&err);
+        let mut found = false;
+        while let Some(e) = next {
+            found |= e.is::<std::io::Error>();
+            next = e.source();
+        }
+        assert!(found, "no io::Error under {text}");
     }
 }

@@ -1735,9 +1735,9 @@ fn connection_config(
     // Its messages name the bad option, never the URL, so they are safe to return.
     let (mut pg, tls) = pg_tls::parse(url, cfg.ca_file.as_deref())
         .map_err(|e| StoreError::Unavailable(format!("invalid store.url: {e}").into()))?;
-    let tls = tls
-        .connector()
-        .map_err(|e| StoreError::Unavailable(format!("TLS to the database: {e}").into()))?;
+    let tls = tls.connector().map_err(|e| {
+        StoreError::Unavailable(Reason::caused_by(format!("TLS to the database: {e}"), e))
+    })?;
     // No startup `options` of tollgate's own: PgBouncer refuses the parameter ("unsupported
     // startup parameter: options"). `synchronous_commit` is set by the increment itself, for
     // its own transaction (see INCREMENT_SQL). Options the URL carries are the operator's.
