@@ -458,8 +458,14 @@ async fn pg_statement_error_keeps_the_database_error_as_its_source() {
         .await
         .expect_err("the increment fails without its table");
     assert!(matches!(err, StoreError::Query(_)), "{err:?}");
+    assert_caused_by_postgres(&err);
+    assert!(err.to_string().contains("rate_limits"), "{err}");
+}
+
+/// `err`'s `source()` chain reaches the `tokio_postgres::Error` that caused it.
+fn assert_caused_by_postgres(err: &(dyn std::error::Error + 'static)) {
     let mut chain = Vec::new();
-    let mut next = std::error::Error::source(&err);
+    let mut next = err.source();
     while let Some(e) = next {
         chain.push(e);
         next = e.source();
@@ -469,7 +475,6 @@ async fn pg_statement_error_keeps_the_database_error_as_its_source() {
         "no tokio_postgres::Error under {err}: {:?}",
         chain.iter().map(|e| e.to_string()).collect::<Vec<_>>()
     );
-    assert!(err.to_string().contains("rate_limits"), "{err}");
 }
 
 /// A port nothing listens on.
@@ -496,6 +501,7 @@ async fn pg_closed_port_fails_fast_and_is_unreachable() {
         .expect_err("nothing listens");
     assert!(matches!(err, InitError::Unreachable(_)), "{err}");
     assert!(err.is_retryable());
+    assert_caused_by_postgres(&err);
     assert!(started.elapsed() < Duration::from_secs(5));
 
     let started = Instant::now();
@@ -516,6 +522,7 @@ async fn pg_fatal_errors_are_not_unreachable() {
     let err = store.initialize("fp", true).await.expect_err("no database");
     assert!(matches!(err, InitError::Database(_)), "{err}");
     assert!(!err.is_retryable());
+    assert_caused_by_postgres(&err);
 
     let mut cfg = db.store_config();
     cfg.url = Some("postgres://h:notaport/db".to_owned());

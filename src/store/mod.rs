@@ -108,6 +108,14 @@ impl Reason {
     pub fn as_str(&self) -> &str {
         &self.text
     }
+
+    /// The same cause with its text rewritten (to add where it happened, say).
+    pub fn map_text(self, f: impl FnOnce(String) -> String) -> Self {
+        Reason {
+            text: f(self.text),
+            cause: self.cause,
+        }
+    }
 }
 
 impl std::fmt::Display for Reason {

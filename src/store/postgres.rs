@@ -229,7 +229,7 @@ pub enum InitError {
     /// The database did not answer (refused, timed out, closed, shutting down, too many
     /// connections, read-only standby). Retryable.
     #[error("database unreachable: {0}")]
-    Unreachable(String),
+    Unreachable(#[source] Reason),
     /// `store.migrate = false` and the schema lacks migrations this binary needs. Retryable:
     /// the operator (or a deploy job) may be running `tollgate migrate` right now.
     #[error(
@@ -243,10 +243,14 @@ pub enum InitError {
     FingerprintMismatch(String),
     /// A migration failed (its transaction was rolled back). Fatal.
     #[error("migration {name} failed: {message}")]
-    Migration { name: &'static str, message: String },
+    Migration {
+        name: &'static str,
+        #[source]
+        message: Reason,
+    },
     /// Any other database error (authentication, missing database, permissions, TLS). Fatal.
     #[error("database error: {0}")]
-    Database(String),
+    Database(#[source] Reason),
 }
 
 impl InitError {
@@ -627,9 +631,10 @@ impl PostgresStore {
         let result = tokio::time::timeout(INIT_TIMEOUT, run)
             .await
             .unwrap_or_else(|_| {
-                Err(InitError::Unreachable(format!(
-                    "database initialization did not finish within {INIT_TIMEOUT:?}"
-                )))
+                Err(InitError::Unreachable(
+                    format!("database initialization did not finish within {INIT_TIMEOUT:?}")
+                        .into(),
+                ))
             });
         if result.is_ok() {
             self.initialized.store(true, Ordering::Release);
@@ -658,9 +663,9 @@ impl PostgresStore {
         let result = tokio::time::timeout(INIT_TIMEOUT, run)
             .await
             .unwrap_or_else(|_| {
-                Err(InitError::Unreachable(format!(
-                    "migration did not finish within {INIT_TIMEOUT:?}"
-                )))
+                Err(InitError::Unreachable(
+                    format!("migration did not finish within {INIT_TIMEOUT:?}").into(),
+                ))
             });
         if result.is_ok() {
             self.initialized.store(true, Ordering::Release);
@@ -792,9 +797,10 @@ impl PostgresStore {
                     self.failures.note(cause(&e), &describe(&e));
                 }
                 let at = self.failures.location();
-                Err(match classify(&e, InitError::Database) {
-                    InitError::Unreachable(m) => InitError::Unreachable(format!("{m} ({at})")),
-                    InitError::Database(m) => InitError::Database(format!("{m} ({at})")),
+                let located = |m: Reason| m.map_text(|text| format!("{text} ({at})"));
+                Err(match classify(e, InitError::Database) {
+                    InitError::Unreachable(m) => InitError::Unreachable(located(m)),
+                    InitError::Database(m) => InitError::Database(located(m)),
                     other => other,
                 })
             }
@@ -802,7 +808,10 @@ impl PostgresStore {
                 if log {
                     self.failures.note(Cause::Timeout, &deadline.to_string());
                 }
-                Err(InitError::Unreachable(deadline.to_string()))
+                Err(InitError::Unreachable(Reason::caused_by(
+                    deadline.to_string(),
+                    deadline,
+                )))
             }
         }
     }
@@ -1942,11 +1951,13 @@ fn describe(e: &tokio_postgres::Error) -> String {
 
 /// Maps an error met during initialization: transient ones to `Unreachable`, the rest with
 /// `fatal`.
-fn classify(e: &tokio_postgres::Error, fatal: impl FnOnce(String) -> InitError) -> InitError {
-    if is_transient(e) {
-        InitError::Unreachable(describe(e))
+fn classify(e: tokio_postgres::Error, fatal: impl FnOnce(Reason) -> InitError) -> InitError {
+    let transient = is_transient(&e);
+    let reason = Reason::caused_by(describe(&e), e);
+    if transient {
+        InitError::Unreachable(reason)
     } else {
-        fatal(describe(e))
+        fatal(reason)
     }
 }
 
@@ -1991,12 +2002,15 @@ fn supported_server(version_num: i32) -> Result<(), InitError> {
     if version_num >= OLDEST_SERVER {
         return Ok(());
     }
-    Err(InitError::Database(format!(
-        "PostgreSQL {}.{} is too old: tollgate's migrations need PostgreSQL 12 or later \
+    Err(InitError::Database(
+        format!(
+            "PostgreSQL {}.{} is too old: tollgate's migrations need PostgreSQL 12 or later \
          (server_version_num {version_num})",
-        version_num / 10000,
-        version_num / 100 % 100
-    )))
+            version_num / 10000,
+            version_num / 100 % 100
+        )
+        .into(),
+    ))
 }
 
 async fn apply_migrations(client: &mut Client) -> Result<Vec<&'static str>, InitError> {
@@ -2014,11 +2028,11 @@ async fn apply_migrations(client: &mut Client) -> Result<Vec<&'static str>, Init
     let version = client
         .query_typed_one("SELECT current_setting('server_version_num')::int4", &[])
         .await
-        .map_err(|e| classify(&e, InitError::Database))?;
+        .map_err(|e| classify(e, InitError::Database))?;
     supported_server(version.get(0))?;
     let mut applied = Vec::new();
     for migration in MIGRATIONS {
-        let db_err = |e: tokio_postgres::Error| classify(&e, InitError::Database);
+        let db_err = |e: tokio_postgres::Error| classify(e, InitError::Database);
         let tx = client.transaction().await.map_err(db_err)?;
         own_timeouts(&tx).await.map_err(db_err)?;
         tx.execute_typed(
@@ -2049,7 +2063,7 @@ async fn apply_migrations(client: &mut Client) -> Result<Vec<&'static str>, Init
             continue;
         }
         let mig_err = |e: tokio_postgres::Error| {
-            classify(&e, |message| InitError::Migration {
+            classify(e, |message| InitError::Migration {
                 name: migration.name,
                 message,
             })
@@ -2075,7 +2089,7 @@ async fn apply_migrations(client: &mut Client) -> Result<Vec<&'static str>, Init
 /// this binary relies on. Versions the binary does not know (a newer tollgate migrated) are
 /// fine: migrations only add.
 async fn check_schema(client: &mut Client) -> Result<(), InitError> {
-    let db_err = |e: tokio_postgres::Error| classify(&e, InitError::Database);
+    let db_err = |e: tokio_postgres::Error| classify(e, InitError::Database);
     // A transaction only for its own timeouts (a role's lock_timeout must not fail start-up
     // while a migration job holds a lock); it writes nothing.
     let client = client.transaction().await.map_err(db_err)?;
@@ -2117,7 +2131,7 @@ async fn settle_fingerprint(
     fingerprint: &str,
     accept_new_key: bool,
 ) -> Result<FingerprintChange, InitError> {
-    let db_err = |e: tokio_postgres::Error| classify(&e, InitError::Database);
+    let db_err = |e: tokio_postgres::Error| classify(e, InitError::Database);
     let tx = client.transaction().await.map_err(db_err)?;
     own_timeouts(&tx).await.map_err(db_err)?;
     tx.execute_typed(
