@@ -10,6 +10,7 @@ use std::error::Error;
 use std::fmt;
 use std::io;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use http::StatusCode;
 
@@ -175,24 +176,28 @@ impl From<crate::tls::TlsError> for StartupError {
 ///
 /// The texts are built the way they always were (a prefix and the cause's own message), so
 /// logs and stderr read the same; the cause is kept besides, for whatever walks `source()`.
+#[derive(Clone)]
 pub struct Detail(Repr);
 
+/// Shared (`Arc`), so that one failure handed to every request of a coalesced statement is
+/// cloned by a reference count.
+#[derive(Clone)]
 enum Repr {
     /// Only text: nothing caused it, or the cause was reduced to text where it was made.
     Text(String),
     /// An error as it is: its `Display`, and its `source()` chain.
-    Error(Box<dyn Error + Send + Sync>),
+    Error(Arc<dyn Error + Send + Sync>),
     /// `text` (which usually ends with `source`'s message), caused by `source`.
     Context {
         text: String,
-        source: Box<dyn Error + Send + Sync>,
+        source: Arc<dyn Error + Send + Sync>,
     },
 }
 
 impl Detail {
     /// `error` itself: its message is the text, its sources are the chain.
     pub fn of(error: impl Error + Send + Sync + 'static) -> Self {
-        Detail(Repr::Error(Box::new(error)))
+        Detail(Repr::Error(Arc::new(error)))
     }
 
     /// `text`, caused by `source`. `text` is shown as it is; include `source`'s message in it
@@ -200,7 +205,22 @@ impl Detail {
     pub fn caused_by(text: impl Into<String>, source: impl Error + Send + Sync + 'static) -> Self {
         Detail(Repr::Context {
             text: text.into(),
-            source: Box::new(source),
+            source: Arc::new(source),
+        })
+    }
+
+    /// The same cause with its text rewritten (to add where it happened, say).
+    pub fn map_text(self, f: impl FnOnce(String) -> String) -> Self {
+        Detail(match self.0 {
+            Repr::Text(text) => Repr::Text(f(text)),
+            Repr::Context { text, source } => Repr::Context {
+                text: f(text),
+                source,
+            },
+            Repr::Error(e) => Repr::Context {
+                text: f(e.to_string()),
+                source: e,
+            },
         })
     }
 }

@@ -19,6 +19,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use crate::error::Detail;
+
 /// One bucket to increment. Buckets in one batch are distinct.
 ///
 /// A batch passed to [`Store::increment`] is ONE request's limits, decided together: the
@@ -79,69 +81,9 @@ pub enum StoreError {
     #[error("store timed out")]
     Timeout,
     #[error("store unavailable: {0}")]
-    Unavailable(#[source] Reason),
+    Unavailable(#[source] Detail),
     #[error("store error: {0}")]
-    Query(#[source] Reason),
-}
-
-/// Why the store failed: the text that logs and answers show, and the error that caused it
-/// when there was one, kept for `source()` instead of being flattened into the text (issue
-/// 19). Shared, because one failure is handed to every request of a coalesced statement.
-#[derive(Debug, Clone)]
-pub struct Reason {
-    text: String,
-    cause: Option<Arc<dyn std::error::Error + Send + Sync>>,
-}
-
-impl Reason {
-    /// `text` (which usually ends with `cause`'s message), caused by `cause`.
-    pub fn caused_by(
-        text: impl Into<String>,
-        cause: impl std::error::Error + Send + Sync + 'static,
-    ) -> Self {
-        Reason {
-            text: text.into(),
-            cause: Some(Arc::new(cause)),
-        }
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.text
-    }
-
-    /// The same cause with its text rewritten (to add where it happened, say).
-    pub fn map_text(self, f: impl FnOnce(String) -> String) -> Self {
-        Reason {
-            text: f(self.text),
-            cause: self.cause,
-        }
-    }
-}
-
-impl std::fmt::Display for Reason {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.text)
-    }
-}
-
-impl std::error::Error for Reason {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.cause
-            .as_deref()
-            .map(|e| e as &(dyn std::error::Error + 'static))
-    }
-}
-
-impl From<String> for Reason {
-    fn from(text: String) -> Self {
-        Reason { text, cause: None }
-    }
-}
-
-impl From<&str> for Reason {
-    fn from(text: &str) -> Self {
-        Reason::from(text.to_owned())
-    }
+    Query(#[source] Detail),
 }
 
 /// This process's clock as Unix milliseconds (negative before 1970, saturating): the memory

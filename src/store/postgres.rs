@@ -62,8 +62,9 @@ use tokio_postgres::Client;
 
 use super::coalesce::{position, Folded};
 use super::pg_tls::{self, MakeRustls};
-use super::{Counted, Increment, Peeked, Reason, Store, StoreError, StoreFuture};
+use super::{Counted, Increment, Peeked, Store, StoreError, StoreFuture};
 use crate::config::StoreConfig;
+use crate::error::Detail;
 
 /// Maps and sets over bucket names: names made by tollgate (policy labels and digests), never
 /// text a client chose, so foldhash (a fraction of SipHash's time on an 80-byte name) leaves
@@ -229,7 +230,7 @@ pub enum InitError {
     /// The database did not answer (refused, timed out, closed, shutting down, too many
     /// connections, read-only standby). Retryable.
     #[error("database unreachable: {0}")]
-    Unreachable(#[source] Reason),
+    Unreachable(#[source] Detail),
     /// `store.migrate = false` and the schema lacks migrations this binary needs. Retryable:
     /// the operator (or a deploy job) may be running `tollgate migrate` right now.
     #[error(
@@ -246,11 +247,11 @@ pub enum InitError {
     Migration {
         name: &'static str,
         #[source]
-        message: Reason,
+        message: Detail,
     },
     /// Any other database error (authentication, missing database, permissions, TLS). Fatal.
     #[error("database error: {0}")]
-    Database(#[source] Reason),
+    Database(#[source] Detail),
 }
 
 impl InitError {
@@ -797,7 +798,7 @@ impl PostgresStore {
                     self.failures.note(cause(&e), &describe(&e));
                 }
                 let at = self.failures.location();
-                let located = |m: Reason| m.map_text(|text| format!("{text} ({at})"));
+                let located = |m: Detail| m.map_text(|text| format!("{text} ({at})"));
                 Err(match classify(e, InitError::Database) {
                     InitError::Unreachable(m) => InitError::Unreachable(located(m)),
                     InitError::Database(m) => InitError::Database(located(m)),
@@ -808,7 +809,7 @@ impl PostgresStore {
                 if log {
                     self.failures.note(Cause::Timeout, &deadline.to_string());
                 }
-                Err(InitError::Unreachable(Reason::caused_by(
+                Err(InitError::Unreachable(Detail::caused_by(
                     deadline.to_string(),
                     deadline,
                 )))
@@ -860,7 +861,7 @@ impl PostgresStore {
             RunError::User(e @ PoolError::Deadline(_)) => {
                 let msg = e.to_string();
                 self.failures.note(Cause::Timeout, &msg);
-                StoreError::Unavailable(Reason::caused_by(msg, e))
+                StoreError::Unavailable(Detail::caused_by(msg, e))
             }
             RunError::TimedOut => self.timeout_error(),
         }
@@ -872,9 +873,9 @@ impl PostgresStore {
         let message = describe(&e);
         self.failures.note(cause(&e), &message);
         if is_transient(&e) {
-            StoreError::Unavailable(Reason::caused_by(message, e))
+            StoreError::Unavailable(Detail::caused_by(message, e))
         } else {
-            StoreError::Query(Reason::caused_by(message, e))
+            StoreError::Query(Detail::caused_by(message, e))
         }
     }
 
@@ -1745,7 +1746,7 @@ fn connection_config(
     let (mut pg, tls) = pg_tls::parse(url, cfg.ca_file.as_deref())
         .map_err(|e| StoreError::Unavailable(format!("invalid store.url: {e}").into()))?;
     let tls = tls.connector().map_err(|e| {
-        StoreError::Unavailable(Reason::caused_by(format!("TLS to the database: {e}"), e))
+        StoreError::Unavailable(Detail::caused_by(format!("TLS to the database: {e}"), e))
     })?;
     // No startup `options` of tollgate's own: PgBouncer refuses the parameter ("unsupported
     // startup parameter: options"). `synchronous_commit` is set by the increment itself, for
@@ -1951,9 +1952,9 @@ fn describe(e: &tokio_postgres::Error) -> String {
 
 /// Maps an error met during initialization: transient ones to `Unreachable`, the rest with
 /// `fatal`.
-fn classify(e: tokio_postgres::Error, fatal: impl FnOnce(Reason) -> InitError) -> InitError {
+fn classify(e: tokio_postgres::Error, fatal: impl FnOnce(Detail) -> InitError) -> InitError {
     let transient = is_transient(&e);
-    let reason = Reason::caused_by(describe(&e), e);
+    let reason = Detail::caused_by(describe(&e), e);
     if transient {
         InitError::Unreachable(reason)
     } else {
@@ -1964,9 +1965,9 @@ fn classify(e: tokio_postgres::Error, fatal: impl FnOnce(Reason) -> InitError) -
 /// Maps an error met while counting.
 fn query_error(e: tokio_postgres::Error) -> StoreError {
     if is_transient(&e) {
-        StoreError::Unavailable(Reason::caused_by(describe(&e), e))
+        StoreError::Unavailable(Detail::caused_by(describe(&e), e))
     } else {
-        StoreError::Query(Reason::caused_by(describe(&e), e))
+        StoreError::Query(Detail::caused_by(describe(&e), e))
     }
 }
 
