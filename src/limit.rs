@@ -912,6 +912,43 @@ mod tests {
         assert_eq!(s.retry_secs, 85);
     }
 
+    /// Issue 18: with the joint decision a request that another limit denies is not counted
+    /// in a sliding limit (`added` 0) although that limit's estimate admits it (`fits` 1).
+    /// The sliding limit is then neither violated nor remembered as exhausted.
+    #[tokio::test]
+    async fn a_sliding_limit_that_fits_is_not_exceeded_when_another_limit_denies() {
+        let store = Arc::new(crate::store::memory::MemoryStore::new());
+        let limiter = Limiter::new(store, Duration::from_secs(5), Arc::new(Metrics::new()));
+        // Windows of 366 days on the real clock: no boundary passes during the test.
+        let plans = [
+            PlannedLimit {
+                sliding: true,
+                ..plan("peer:ip", 100, 31_622_400, false)
+            },
+            plan("token:authorization", 2, 31_622_400, false),
+        ];
+        for n in 1..=2 {
+            let verdict = limiter.decide(&plans).await;
+            assert!(matches!(verdict, Verdict::Allow { .. }), "{n}: {verdict:?}");
+        }
+        let Verdict::Deny {
+            outcomes, violated, ..
+        } = limiter.decide(&plans).await
+        else {
+            panic!("the token limit denies the third request");
+        };
+        assert_eq!(violated, [Arc::<str>::from("token:authorization")]);
+        let sliding = &outcomes[0];
+        assert_eq!(sliding.count, 2, "the denied request is not counted");
+        assert!(!sliding.exceeded(), "{sliding:?}");
+        assert_eq!(sliding.remaining(), 98);
+        assert_eq!(
+            limiter.cached_denials(),
+            1,
+            "only the token's bucket is exhausted"
+        );
+    }
+
     #[test]
     fn window_left_is_up_to_the_epoch_aligned_end() {
         assert_eq!(window_left_secs(60_000, 60), 60);
