@@ -260,9 +260,6 @@ async fn memory_store_allows_exactly_min_n_requests() {
 /// spent late in one window, then a burst arrives just after the boundary. The sliding limit
 /// admits what the estimate admits; the fixed control admits the whole burst again.
 /// Near the end of a window after a spent one, `r` is floor(requests - estimate).
-///
-/// The limiter's cache of exhausted buckets runs on the real clock (its entries last the
-/// real time the store's answer said), so the one burst that is denied comes last.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_store_boundary_burst_admits_what_the_estimate_admits() {
     const REQUESTS: u32 = 10;
@@ -314,6 +311,83 @@ async fn memory_store_boundary_burst_admits_what_the_estimate_admits() {
     let retry = retry_after(&denied[0]);
     assert!((1..=2).contains(&retry), "Retry-After {retry}");
     assert!(denied.iter().all(|d| r_of(d) == 0));
+    proxy.shutdown().await;
+}
+
+/// Issue 19: the limiter's cache of exhausted buckets keeps its deadlines on the clock handed
+/// to the server, the memory store's, not on real time. A denial is cached (the next request
+/// is denied without reaching the store, and says so in the test clock's seconds); once the
+/// clock moves past the window's end the next request goes to the store and is allowed, with
+/// no real wait. Both algorithms: a fixed window's entry ends with its window, a sliding one's
+/// when its estimate falls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_store_cached_denials_end_on_the_servers_clock() {
+    const REQUESTS: u32 = 2;
+    const WINDOW_MS: i64 = 60_000;
+    // An epoch-aligned window's start.
+    const T0: i64 = 1_800_000_000_000;
+    let hand = tollgate::store::ManualClock::at(T0 + 30_000);
+    let upstream = Upstream::start().await;
+    let text = config_text("", REQUESTS, "1m");
+    let config = config_from(&text, upstream.addr, &[]);
+    let mut proxy = Proxy::start_built(tollgate::Server::builder(config).clock(hand.clock())).await;
+    let client = h1_client();
+    // What the memory store has counted in the fixed route's current window: every request
+    // that reached it, allowed or denied.
+    let fixed_count = || async {
+        let peek = tollgate::store::Increment {
+            bucket: std::sync::Arc::from("fixed:global"),
+            window_secs: 60,
+            by: 1,
+            sliding: None,
+            enforce: None,
+        };
+        let peeked = proxy.server().store().peek(&[peek]).await.expect("peek");
+        peeked[0].count
+    };
+
+    for path in ["/fixed", "/sliding"] {
+        for n in 1..=REQUESTS {
+            let answer = get(&client, &proxy.url(path)).await;
+            assert_eq!(answer.status, StatusCode::OK, "{path}: request {n}");
+        }
+        for which in ["decided by the store", "cached"] {
+            let answer = get(&client, &proxy.url(path)).await;
+            assert_eq!(
+                answer.status,
+                StatusCode::TOO_MANY_REQUESTS,
+                "{path}: denial {which}"
+            );
+            // 30 s of the test's clock to the window's end; for the sliding limit the estimate
+            // (2 of the spent window weighed against 1 more) falls 30 s into the next one.
+            let want = if path == "/fixed" { 30 } else { 60 };
+            assert_eq!(retry_after(&answer), want, "{path}: denial {which}");
+        }
+    }
+    assert_eq!(
+        fixed_count().await,
+        REQUESTS + 1,
+        "the second denial was the cache's: it never reached the store"
+    );
+
+    // 45 s into the next window: the fixed window is new, and the sliding estimate is
+    // 2 * 0.25 + 1 = 1.5 <= 2. The cached denials must not outlive the clock.
+    hand.set(T0 + WINDOW_MS + 45_000);
+    for path in ["/fixed", "/sliding"] {
+        let answer = get(&client, &proxy.url(path)).await;
+        assert_eq!(
+            answer.status,
+            StatusCode::OK,
+            "{path} after the clock passed the window's end: {}",
+            answer.text()
+        );
+    }
+    assert_eq!(
+        fixed_count().await,
+        1,
+        "the store decided it, in the new window"
+    );
+    assert_eq!(upstream.count(), 2 * REQUESTS as usize + 2);
     proxy.shutdown().await;
 }
 
