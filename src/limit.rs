@@ -12,9 +12,12 @@
 //! Once a bucket is known to be over its limit, [`Exhausted`] remembers it until its window
 //! ends and later requests are denied without asking the store. Counts only grow within a
 //! window, so this is exact; it is what keeps a flooded key from costing a statement per
-//! request. Such a denial lists every enforced limit of the request in its rate-limit fields,
-//! as a store-decided one does (see [`Exhausted::deny`] for what it can say of the limits it
-//! did not count). The cache is bounded; past its bound the store decides. `tollgate reset`
+//! request. Its deadlines are on the [`Clock`] the server was given, the memory store's own
+//! (the system's unless a test hands in a `ManualClock`), so a test that moves that clock past
+//! a window's end sees the cache let go of the bucket at the same moment the store does.
+//! Such a denial lists every enforced limit of the request in its rate-limit fields, as a
+//! store-decided one does (see [`Exhausted::deny`] for what it can say of the limits it did
+//! not count). The cache is bounded; past its bound the store decides. `tollgate reset`
 //! makes every instance forget a bucket here ([`Exhausted::on_reset`], fed by the store's
 //! `LISTEN` session); an instance whose session cannot hear resets caches nothing.
 //!
@@ -32,7 +35,7 @@ use std::time::{Duration, Instant};
 use crate::fallback::{Instances, LocalFallback};
 use crate::metrics::Metrics;
 use crate::store::postgres::ResetEvent;
-use crate::store::{Increment, Store, StoreError};
+use crate::store::{Clock, Increment, Store, StoreError};
 
 /// Buckets are hashed on every request, twice (shard, then map), and SipHash over an
 /// 80-byte bucket name cost more than the rest of the lookup. foldhash is seeded per
@@ -191,17 +194,27 @@ pub struct Limiter {
     timeout: Duration,
     breaker: Breaker,
     exhausted: Arc<Exhausted>,
+    /// What [`Exhausted`]'s deadlines are on: the clock the memory store counts windows by.
+    clock: Clock,
     metrics: Arc<Metrics>,
     local: LocalFallback,
 }
 
 impl Limiter {
-    pub fn new(store: Arc<dyn Store>, timeout: Duration, metrics: Arc<Metrics>) -> Self {
+    /// `clock` is the one the server's memory store counts on ([`crate::store::StoreOptions`]),
+    /// so that cached denials end when the store's windows do, on a test's clock too.
+    pub fn new(
+        store: Arc<dyn Store>,
+        timeout: Duration,
+        metrics: Arc<Metrics>,
+        clock: Clock,
+    ) -> Self {
         Limiter {
             store,
             timeout,
             breaker: Breaker::new(),
             exhausted: Arc::new(Exhausted::new()),
+            clock,
             local: LocalFallback::new(
                 NonZeroUsize::new(crate::config::DEFAULT_MEMORY_BUCKETS)
                     .unwrap_or(NonZeroUsize::MIN),
@@ -236,7 +249,9 @@ impl Limiter {
                 shadow_limited: false,
             };
         }
-        if let Some(denied) = self.exhausted.deny(plans) {
+        // Read once per request: the cache's lookup and the deadlines of what it learns below.
+        let now_ms = self.clock.now_ms();
+        if let Some(denied) = self.exhausted.deny(plans, now_ms) {
             return denied;
         }
         // The permit is held across the store call: if this request is cancelled while it
@@ -285,8 +300,9 @@ impl Limiter {
             if plan.shadow || !outcome.exceeded() {
                 continue;
             }
-            // The store's "now" is no earlier than `started`, so these deadlines are no later
-            // than the real moment the bucket could admit again: the cache never outlives it.
+            // The store's "now" is no earlier than `now_ms` (read before the call; on the memory
+            // store by the same clock), so these deadlines are no later than the moment the
+            // bucket could admit again: the cache never outlives it.
             // A fixed window: until it ends. A sliding one: until the estimate would admit one
             // request if nothing else were admitted meanwhile; anything admitted meanwhile
             // (by another instance) only pushes that moment later, so the denial stays exact.
@@ -297,7 +313,6 @@ impl Limiter {
             } else {
                 c.window_end_ms.saturating_sub(c.now_ms)
             };
-            let left = Duration::from_millis(left_ms.max(0) as u64);
             // Which limits would still deny: a fixed count denies any `requests` below it; a
             // sliding denial is known only for the limit it was decided against (a reload
             // that raised it must ask the store again).
@@ -306,8 +321,9 @@ impl Limiter {
             } else {
                 c.count.saturating_sub(1)
             };
+            let until_ms = now_ms.saturating_add(left_ms.max(0));
             self.exhausted
-                .insert(&plan.bucket, started + left, c.count, denies_up_to);
+                .insert(&plan.bucket, now_ms, until_ms, c.count, denies_up_to);
         }
         judge(outcomes)
     }
@@ -365,10 +381,32 @@ pub(crate) fn increments(plans: &[PlannedLimit]) -> Vec<Increment> {
         .collect()
 }
 
-/// Bucket -> (until when it denies, last count seen, the largest `requests` it denies).
-type ExhaustedShard = HashMap<Arc<str>, (Instant, u32, u32), RandomState>;
+/// Bucket -> its [`Denial`].
+type ExhaustedShard = HashMap<Arc<str>, Denial, RandomState>;
 
-/// Buckets over their limit, with the instant their window ends. Sharded so that concurrent
+/// What is known of one exhausted bucket. Times are unix milliseconds on the limiter's
+/// [`Clock`].
+#[derive(Debug, Clone, Copy)]
+struct Denial {
+    /// When the store said so. A clock that has gone back before it (the system clock
+    /// stepped back, a test set its clock back) drops the entry rather than let it deny for
+    /// longer than the store's answer said.
+    since_ms: i64,
+    /// Until when it denies.
+    until_ms: i64,
+    /// The last count seen.
+    count: u32,
+    /// The largest `requests` it denies.
+    denies_up_to: u32,
+}
+
+impl Denial {
+    fn holds_at(&self, now_ms: i64) -> bool {
+        self.since_ms <= now_ms && now_ms < self.until_ms
+    }
+}
+
+/// Buckets over their limit, with the moment their window ends. Sharded so that concurrent
 /// requests rarely meet on one lock; bounded so that a flood of distinct keys cannot grow it
 /// without limit: at most [`Exhausted::PER_SHARD`] entries in each of [`Exhausted::SHARDS`]
 /// shards. A full shard first drops the entries whose window has ended; if it is still full,
@@ -448,9 +486,17 @@ impl Exhausted {
         &self.shards[index]
     }
 
-    /// Remembers that `bucket` denies every limit of at most `denies_up_to` requests until
-    /// `until` (the end of a fixed window; for a sliding one, the moment its estimate falls).
-    pub fn insert(&self, bucket: &Arc<str>, until: Instant, count: u32, denies_up_to: u32) {
+    /// Remembers that `bucket` denies every limit of at most `denies_up_to` requests from
+    /// `now_ms` until `until_ms` (the end of a fixed window; for a sliding one, the moment its
+    /// estimate falls), both unix milliseconds on the limiter's clock.
+    pub fn insert(
+        &self,
+        bucket: &Arc<str>,
+        now_ms: i64,
+        until_ms: i64,
+        count: u32,
+        denies_up_to: u32,
+    ) {
         if !self.enabled.load(Ordering::Relaxed) {
             return;
         }
@@ -458,13 +504,18 @@ impl Exhausted {
             return;
         };
         if shard.len() >= Self::PER_SHARD {
-            let now = Instant::now();
-            shard.retain(|_, (end, _, _)| *end > now);
+            shard.retain(|_, denial| denial.holds_at(now_ms));
             if shard.len() >= Self::PER_SHARD {
                 return;
             }
         }
-        shard.insert(bucket.clone(), (until, count, denies_up_to));
+        let denial = Denial {
+            since_ms: now_ms,
+            until_ms,
+            count,
+            denies_up_to,
+        };
+        shard.insert(bucket.clone(), denial);
     }
 
     /// A denial for `plans` if an enforced limit among them is known to be exhausted, without
@@ -478,12 +529,12 @@ impl Exhausted {
     /// promise, the limit's quota, while this denial's own member says 0; its `t` is the end of
     /// its current epoch-aligned window by this process's clock (exact on the memory store,
     /// off by the clock skew to the database on Postgres). Shadow limits are left out: they
-    /// are not counted here either, and never appear in the fields.
-    pub fn deny(&self, plans: &[PlannedLimit]) -> Option<Verdict> {
+    /// are not counted here either, and never appear in the fields. `now_ms`: unix
+    /// milliseconds on the limiter's clock.
+    pub fn deny(&self, plans: &[PlannedLimit], now_ms: i64) -> Option<Verdict> {
         if !self.enabled.load(Ordering::Relaxed) {
             return None;
         }
-        let now = Instant::now();
         // Most requests are not denied: find the first exhausted limit before building
         // anything. The limits before it were just found not exhausted, so only the ones after
         // it are looked up again; no bucket is looked up twice.
@@ -491,8 +542,7 @@ impl Exhausted {
             .iter()
             .enumerate()
             .filter(|(_, plan)| !plan.shadow)
-            .find_map(|(i, plan)| self.exhausted(plan, now).map(|found| (i, found)))?;
-        let unix_ms = crate::store::unix_now_ms();
+            .find_map(|(i, plan)| self.exhausted(plan, now_ms).map(|found| (i, found)))?;
         let outcomes = plans
             .iter()
             .enumerate()
@@ -501,10 +551,10 @@ impl Exhausted {
                 let exhausted = match i.cmp(&first) {
                     std::cmp::Ordering::Less => None,
                     std::cmp::Ordering::Equal => Some(found),
-                    std::cmp::Ordering::Greater => self.exhausted(plan, now),
+                    std::cmp::Ordering::Greater => self.exhausted(plan, now_ms),
                 };
                 let (count, reset_secs) =
-                    exhausted.unwrap_or_else(|| (0, window_left_secs(unix_ms, plan.window_secs)));
+                    exhausted.unwrap_or_else(|| (0, window_left_secs(now_ms, plan.window_secs)));
                 // A cached sliding denial: `t` is still the end of the window; `Retry-After`
                 // is the moment the cache entry ends.
                 let sliding = plan.sliding.then(|| SlidingOutcome {
@@ -513,7 +563,7 @@ impl Exhausted {
                     retry_secs: reset_secs,
                 });
                 let reset_secs = if plan.sliding {
-                    window_left_secs(unix_ms, plan.window_secs)
+                    window_left_secs(now_ms, plan.window_secs)
                 } else {
                     reset_secs
                 };
@@ -532,25 +582,23 @@ impl Exhausted {
     }
 
     /// The count remembered for `plan`'s bucket and the whole seconds left in its window, if
-    /// it is exhausted under `plan`'s limit now. An entry whose window has ended is dropped.
-    fn exhausted(&self, plan: &PlannedLimit, now: Instant) -> Option<(u32, u64)> {
+    /// it is exhausted under `plan`'s limit at `now_ms`. An entry that no longer holds (its
+    /// window has ended, or the clock went back before it) is dropped.
+    fn exhausted(&self, plan: &PlannedLimit, now_ms: i64) -> Option<(u32, u64)> {
         let Ok(mut shard) = self.shard(&plan.bucket).lock() else {
             return None;
         };
-        let &(until, count, denies_up_to) = shard.get(&*plan.bucket)?;
-        if until <= now {
+        let denial = *shard.get(&*plan.bucket)?;
+        if !denial.holds_at(now_ms) {
             shard.remove(&*plan.bucket);
             return None;
         }
         // A reload may have raised the limit above what the entry is known to deny.
-        (plan.requests <= denies_up_to).then(|| {
-            let reset_secs = (until - now).as_millis().div_ceil(1000).max(1) as u64;
-            (count, reset_secs)
-        })
+        (plan.requests <= denial.denies_up_to)
+            .then(|| (denial.count, seconds_until(now_ms, denial.until_ms)))
     }
 }
 
-/// Unix time in milliseconds by the system clock (negative before 1970).
 /// Whole seconds from `unix_ms` to the end of the epoch-aligned window of `window_secs`
 /// containing it (at least 1).
 fn window_left_secs(unix_ms: i64, window_secs: u32) -> u64 {
@@ -772,23 +820,19 @@ mod tests {
     #[test]
     fn a_cached_denial_has_an_outcome_for_every_enforced_limit() {
         let cache = Exhausted::new();
+        let now = crate::store::unix_now_ms();
         let plans = [
             plan("a:ip", 5, 60, false),
             plan("s:ip", 1, 60, true),
             plan("b:ip", 100, 86_400, false),
         ];
-        assert!(cache.deny(&plans).is_none(), "nothing exhausted yet");
-        cache.insert(
-            &plans[2].bucket,
-            Instant::now() + Duration::from_secs(30),
-            101,
-            100,
-        );
+        assert!(cache.deny(&plans, now).is_none(), "nothing exhausted yet");
+        cache.insert(&plans[2].bucket, now, now + 30_000, 101, 100);
         let Some(Verdict::Deny {
             outcomes,
             retry_after,
             violated,
-        }) = cache.deny(&plans)
+        }) = cache.deny(&plans, now)
         else {
             panic!("expected a cached denial");
         };
@@ -802,7 +846,30 @@ mod tests {
         assert_eq!(violated, [Arc::<str>::from("b:ip")]);
         // A reload that raised the limit above the remembered count: no cached denial.
         let raised = [plan("b:ip", 200, 86_400, false)];
-        assert!(cache.deny(&raised).is_none());
+        assert!(cache.deny(&raised, now).is_none());
+    }
+
+    /// The cache's deadlines are on the clock it is handed, not on real time: it denies until
+    /// the deadline, not at it, and lets go of an entry when that clock goes back before it.
+    #[test]
+    fn a_cached_denial_holds_from_its_answer_until_its_deadline_on_the_given_clock() {
+        let cache = Exhausted::new();
+        let plans = [plan("a:ip", 5, 60, false)];
+        let t = 1_800_000_000_000;
+        cache.insert(&plans[0].bucket, t, t + 2_500, 6, 5);
+        let retry = |now| match cache.deny(&plans, now) {
+            Some(Verdict::Deny { retry_after, .. }) => Some(retry_after),
+            Some(other) => panic!("{other:?}"),
+            None => None,
+        };
+        assert_eq!(retry(t), Some(3), "2.5 s left, rounded up");
+        assert_eq!(retry(t + 2_499), Some(1));
+        // Back before the answer: not trusted, dropped.
+        assert_eq!(retry(t - 1), None);
+        assert!(cache.is_empty());
+        cache.insert(&plans[0].bucket, t, t + 2_500, 6, 5);
+        assert_eq!(retry(t + 2_500), None, "the deadline itself admits");
+        assert!(cache.is_empty(), "an ended entry is dropped when it is met");
     }
 
     /// The estimate of one more request `t_ms` from now, if nothing is admitted meanwhile:
@@ -910,6 +977,44 @@ mod tests {
         // Nothing fits in this window; in the next, 10 * (100 - e) / 100 + 1 <= 10 from
         // e = 10 s: 75 s + 10 s.
         assert_eq!(s.retry_secs, 85);
+    }
+
+    /// Issue 18: with the joint decision a request that another limit denies is not counted
+    /// in a sliding limit (`added` 0) although that limit's estimate admits it (`fits` 1).
+    /// The sliding limit is then neither violated nor remembered as exhausted.
+    #[tokio::test]
+    async fn a_sliding_limit_that_fits_is_not_exceeded_when_another_limit_denies() {
+        let store = Arc::new(crate::store::memory::MemoryStore::new());
+        let metrics = Arc::new(Metrics::new());
+        let limiter = Limiter::new(store, Duration::from_secs(5), metrics, Clock::system());
+        // Windows of 366 days on the real clock: no boundary passes during the test.
+        let plans = [
+            PlannedLimit {
+                sliding: true,
+                ..plan("peer:ip", 100, 31_622_400, false)
+            },
+            plan("token:authorization", 2, 31_622_400, false),
+        ];
+        for n in 1..=2 {
+            let verdict = limiter.decide(&plans).await;
+            assert!(matches!(verdict, Verdict::Allow { .. }), "{n}: {verdict:?}");
+        }
+        let Verdict::Deny {
+            outcomes, violated, ..
+        } = limiter.decide(&plans).await
+        else {
+            panic!("the token limit denies the third request");
+        };
+        assert_eq!(violated, [Arc::<str>::from("token:authorization")]);
+        let sliding = &outcomes[0];
+        assert_eq!(sliding.count, 2, "the denied request is not counted");
+        assert!(!sliding.exceeded(), "{sliding:?}");
+        assert_eq!(sliding.remaining(), 98);
+        assert_eq!(
+            limiter.cached_denials(),
+            1,
+            "only the token's bucket is exhausted"
+        );
     }
 
     #[test]

@@ -99,7 +99,9 @@ pub struct ServerBuilder {
 
 impl ServerBuilder {
     /// The clock the memory store counts windows by (default: the system's), so that tests
-    /// can cross a window boundary without waiting for it.
+    /// can cross a window boundary without waiting for it. The limiter's cache of exhausted
+    /// buckets keeps its deadlines on it too, whatever the store: with PostgreSQL (which
+    /// counts on the database's clock) a stopped clock keeps cached denials until it moves.
     pub fn clock(mut self, clock: Clock) -> Self {
         self.store.clock = clock;
         self
@@ -219,6 +221,9 @@ impl Server {
 
         let clock = Arc::new(CoarseClock::new());
         let mut background = vec![tokio::spawn(clock.clone().run())];
+        // The limiter's cache of exhausted buckets keeps its deadlines on the memory store's
+        // clock, so that both let go of a window at the same moment (a test's clock too).
+        let store_clock = store_options.clock.clone();
         let StoreHandle {
             store,
             postgres: pg,
@@ -227,10 +232,16 @@ impl Server {
         } = store::start(&config, &hasher, &metrics, store_options).await?;
         background.extend(tasks);
         let instances = Arc::new(Instances::new(metrics.instances.clone()));
-        let limiter =
-            Limiter::new(store.clone(), config.store.timeout, metrics.clone()).with_local_fallback(
-                LocalFallback::new(config.store.memory_buckets, instances.clone()),
-            );
+        let limiter = Limiter::new(
+            store.clone(),
+            config.store.timeout,
+            metrics.clone(),
+            store_clock,
+        )
+        .with_local_fallback(LocalFallback::new(
+            config.store.memory_buckets,
+            instances.clone(),
+        ));
         let mut registration = None;
         if let Some(pg) = pg {
             // The registry of live instances (SPEC 5b) and the reset listener (SPEC 3b).

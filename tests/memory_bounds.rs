@@ -22,6 +22,7 @@ use http_body_util::Full;
 use tollgate::limit::{Limiter, PlannedLimit, Verdict};
 use tollgate::metrics::Metrics;
 use tollgate::store::memory::MemoryStore;
+use tollgate::store::Clock;
 
 use common::db::TestDb;
 use common::*;
@@ -189,7 +190,8 @@ fn memory_buckets_is_validated() {
 #[tokio::test]
 async fn exhausted_cache_stays_bounded_and_denials_stay_exact_when_it_is_full() {
     let store = Arc::new(MemoryStore::new());
-    let limiter = Limiter::new(store, Duration::from_secs(5), Arc::new(Metrics::new()));
+    let metrics = Arc::new(Metrics::new());
+    let limiter = Limiter::new(store, Duration::from_secs(5), metrics, Clock::system());
     let bound = Limiter::CACHED_DENIALS_MAX;
     let plan = |n: usize| {
         [PlannedLimit {

@@ -47,8 +47,9 @@ const RETRY_LONGEST: Duration = Duration::from_secs(5);
 /// What a server needs of the store besides its configuration.
 #[derive(Clone, Default)]
 pub struct StoreOptions {
-    /// The memory store's clock (its windows and sweep). A PostgreSQL store counts on the
-    /// database's clock.
+    /// The memory store's clock (its windows and sweep), and the one the limiter's cache of
+    /// exhausted buckets keeps its deadlines on. A PostgreSQL store counts on the database's
+    /// clock.
     pub clock: Clock,
     /// Count in this store instead of the configured one (tests): no sweep, no database.
     pub store: Option<Arc<dyn Store>>,
