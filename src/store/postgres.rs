@@ -1998,17 +1998,16 @@ async fn own_timeouts(tx: &tokio_postgres::Transaction<'_>) -> Result<(), tokio_
 /// set `plan_cache_mode`, which PostgreSQL 12 introduced (11 refuses the `CREATE FUNCTION`).
 const OLDEST_SERVER: i32 = 120000;
 
-/// Refuses a server older than [`OLDEST_SERVER`] (fatal: only an upgrade helps).
-fn supported_server(version_num: i32) -> Result<(), InitError> {
+/// Refuses a server older than [`OLDEST_SERVER`] (fatal: only an upgrade helps). `version`
+/// is the server's own `server_version` text, for the message: `server_version_num` has no
+/// single layout to print from (11.22 is 110022, 9.6.24 is 90624).
+fn supported_server(version_num: i32, version: &str) -> Result<(), InitError> {
     if version_num >= OLDEST_SERVER {
         return Ok(());
     }
     Err(InitError::Database(
         format!(
-            "PostgreSQL {}.{} is too old: tollgate's migrations need PostgreSQL 12 or later \
-         (server_version_num {version_num})",
-            version_num / 10000,
-            version_num / 100 % 100
+            "PostgreSQL {version} is too old: tollgate's migrations need PostgreSQL 12 or later"
         )
         .into(),
     ))
@@ -2027,10 +2026,13 @@ async fn apply_migrations(client: &mut Client) -> Result<Vec<&'static str>, Init
     // Something is to be applied: first make sure the server can take it, so that an old
     // server gets a sentence instead of a syntax error from the middle of a migration.
     let version = client
-        .query_typed_one("SELECT current_setting('server_version_num')::int4", &[])
+        .query_typed_one(
+            "SELECT current_setting('server_version_num')::int4, current_setting('server_version')",
+            &[],
+        )
         .await
         .map_err(|e| classify(e, InitError::Database))?;
-    supported_server(version.get(0))?;
+    supported_server(version.get(0), version.get(1))?;
     let mut applied = Vec::new();
     for migration in MIGRATIONS {
         let db_err = |e: tokio_postgres::Error| classify(e, InitError::Database);
@@ -2232,14 +2234,14 @@ mod tests {
     /// later (tested for real: the suite's server) pass.
     #[test]
     fn servers_before_postgresql_12_are_refused_by_name() {
-        let err = supported_server(110022).expect_err("11 is too old");
+        let err = supported_server(110022, "11.22").expect_err("11 is too old");
         assert!(!err.is_retryable());
         let text = err.to_string();
-        assert!(text.contains("PostgreSQL 11.0 is too old"), "{text}");
+        assert!(text.contains("PostgreSQL 11.22 is too old"), "{text}");
         assert!(text.contains("12 or later"), "{text}");
-        assert!(supported_server(90624).is_err());
-        assert!(supported_server(120000).is_ok());
-        assert!(supported_server(150020).is_ok());
+        assert!(supported_server(90624, "9.6.24").is_err());
+        assert!(supported_server(120000, "12.0").is_ok());
+        assert!(supported_server(150020, "15.20 (Debian 15.20-0+deb12u1)").is_ok());
     }
 
     fn cfg(url: &str, synchronous_commit: bool) -> StoreConfig {
