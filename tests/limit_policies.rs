@@ -18,6 +18,7 @@ use http::{Method, Request, StatusCode};
 use http_body_util::Full;
 
 use common::db::TestDb;
+use common::ratelimit::members;
 use common::*;
 use tollgate::key::BucketHasher;
 use tollgate::store::Increment;
@@ -59,54 +60,6 @@ fn seconds_left(window: u64) -> u64 {
         .expect("clock after 1970")
         .as_secs();
     window - now % window
-}
-
-/// One member of a structured-field list: its name and its integer parameters.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Member {
-    name: String,
-    params: Vec<(String, u64)>,
-}
-
-impl Member {
-    fn param(&self, key: &str) -> u64 {
-        self.params
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| *v)
-            .unwrap_or_else(|| panic!("member {} has no parameter {key}: {self:?}", self.name))
-    }
-}
-
-/// Parses `"a";q=5;w=60, "b";q=1;w=60` into its members.
-fn members(field: &str) -> Vec<Member> {
-    field
-        .split(',')
-        .map(|member| {
-            let mut parts = member.trim().split(';');
-            let name = parts.next().expect("member name").trim();
-            assert!(
-                name.len() >= 2 && name.starts_with('"') && name.ends_with('"'),
-                "member name is not a quoted string: {field}"
-            );
-            let params = parts
-                .map(|p| {
-                    let (k, v) = p
-                        .split_once('=')
-                        .unwrap_or_else(|| panic!("parameter without value in {field}"));
-                    let v: u64 = v
-                        .trim()
-                        .parse()
-                        .unwrap_or_else(|_| panic!("non-integer parameter {k} in {field}"));
-                    (k.trim().to_string(), v)
-                })
-                .collect();
-            Member {
-                name: name[1..name.len() - 1].to_string(),
-                params,
-            }
-        })
-        .collect()
 }
 
 /// The `RateLimit` members as (name, r, t), checking that each `t` is the time left in a

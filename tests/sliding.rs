@@ -18,6 +18,7 @@ use std::time::Duration;
 use http::StatusCode;
 
 use common::db::TestDb;
+use common::ratelimit::members;
 use common::*;
 
 /// Route `/sliding` with a `global` sliding limit and route `/fixed` with the same limit as a
@@ -560,22 +561,11 @@ upstream = "app"
 
 /// The members of a `RateLimit` field (`"<policy>";r=<left>;t=<reset>, ...`) as
 /// (policy, r), in field order.
-fn rate_limit_members(answer: &Answer) -> Vec<(String, u32)> {
+fn rate_limit_members(answer: &Answer) -> Vec<(String, u64)> {
     let state = answer.header("ratelimit").expect("RateLimit header");
-    state
-        .split(", ")
-        .map(|member| {
-            let mut params = member.split(';');
-            let name = params
-                .next()
-                .and_then(|n| n.strip_prefix('"')?.strip_suffix('"'))
-                .unwrap_or_else(|| panic!("no quoted name in {state}"));
-            let r = params
-                .find_map(|p| p.strip_prefix("r="))
-                .and_then(|r| r.parse().ok())
-                .unwrap_or_else(|| panic!("no r in {state}"));
-            (name.to_string(), r)
-        })
+    members(state)
+        .iter()
+        .map(|m| (m.name.clone(), m.param("r")))
         .collect()
 }
 

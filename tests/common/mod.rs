@@ -9,6 +9,7 @@ pub mod faulty;
 pub mod haproxy;
 pub mod log;
 pub mod pgbouncer;
+pub mod ratelimit;
 pub mod tls;
 pub mod wait;
 
