@@ -273,6 +273,12 @@ impl Error for Detail {
     }
 }
 
+/// The errors under `e` (its `source()`, theirs, and so on), for tests that look for a cause.
+#[cfg(test)]
+pub(crate) fn sources<'a>(e: &'a (dyn Error + 'static)) -> Vec<&'a (dyn Error + 'static)> {
+    std::iter::successors(e.source(), |&s| s.source()).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::PathBuf;
@@ -282,13 +288,10 @@ mod tests {
 
     /// Every message of `e`'s `source()` chain, `e` first.
     fn chain(e: &(dyn Error + 'static)) -> Vec<String> {
-        let mut out = vec![e.to_string()];
-        let mut next = e.source();
-        while let Some(s) = next {
-            out.push(s.to_string());
-            next = s.source();
-        }
-        out
+        std::iter::once(e)
+            .chain(sources(e))
+            .map(|e| e.to_string())
+            .collect()
     }
 
     fn unreadable_cert() -> TlsError {
