@@ -276,18 +276,14 @@ impl<S> FramingGuard<S> {
         }
         let mut folded = false;
         let mut line_start = 0;
-        let mut i = 0;
-        while i < window.len() {
-            match window[i] {
-                b'\r' => {}
-                b'\n' => return Ok(None),
-                _ => {
-                    i += 1;
-                    continue;
-                }
-            }
-            // Only CRLF ends a line.
-            if window.get(i + 1) != Some(&b'\n') {
+        // A line at a time: the next CR or LF is found with memchr (vectorised) instead of a
+        // loop over every byte, which cost about 900 instructions per request (callgrind,
+        // docs/performance.md) for what is usually a handful of lines.
+        while let Some(offset) = memchr::memchr2(b'\r', b'\n', &window[line_start..]) {
+            let i = line_start + offset;
+            // Only CRLF ends a line: a bare LF, or a CR before anything but LF, is for the
+            // byte-by-byte way to judge.
+            if window[i] == b'\n' || window.get(i + 1) != Some(&b'\n') {
                 return Ok(None);
             }
             if i == line_start {
@@ -301,9 +297,8 @@ impl<S> FramingGuard<S> {
                 self.heads_seen += 1;
                 return Ok(Some(end));
             }
-            i += 2;
-            line_start = i;
-            folded |= matches!(window.get(i), Some(b' ' | b'\t'));
+            line_start = i + 2;
+            folded |= matches!(window.get(line_start), Some(b' ' | b'\t'));
         }
         Ok(None)
     }
