@@ -387,8 +387,10 @@ impl Proxy {
         } else {
             headers::peer_value(client)
         };
+        // One pass over the names for the underscore rule here and the forwarder's questions.
+        let names = headers::FieldNames::of(req.headers(), !server.underscores_in_headers);
         if !server.underscores_in_headers {
-            headers::drop_underscored(req.headers_mut());
+            headers::drop_underscored(req.headers_mut(), &names);
         }
         let mut target = if route.config.strip_prefix {
             route::strip(&route.config.path_prefix, &path)
@@ -424,6 +426,7 @@ impl Proxy {
                 proto: if conn.tls { "https" } else { "http" },
                 host: authority_value.as_ref(),
             },
+            names,
             max_body_size: route.max_body_size,
             metrics: &self.metrics,
             worker: conn.worker.index(),
