@@ -275,7 +275,7 @@ impl UpstreamPool {
         // in one growth of the map hyper sized for the parsed fields, instead of one per
         // insert.
         headers.reserve(7);
-        headers::add_forwarded(headers, &fwd.forwarded);
+        headers::add_forwarded(headers, &fwd.forwarded, names);
         // An HTTP/1.0 request may name no host; HTTP/1.1 upstream needs one: the origin's,
         // set by `aim` for whichever origin the request goes to.
         let host = match fwd.forwarded.host {

@@ -105,11 +105,21 @@ pub fn accepts_trailers(headers: &HeaderMap) -> bool {
     })
 }
 
-/// Where the field name `text` is in [`HOP_BY_HOP`] (a test holds the two together). A match
-/// on the text is a switch on its length and one comparison: looking the name up in the list
-/// compared it with every entry of its length, and cost more than the rest of the scan.
-fn hop_by_hop_index(text: &str) -> Option<usize> {
-    Some(match text {
+/// A field name that [`FieldNames`] notes.
+#[derive(Debug, PartialEq)]
+enum Noted {
+    /// Its place in [`HOP_BY_HOP`].
+    HopByHop(usize),
+    ForwardedFor,
+    Forwarded,
+}
+
+/// What the field name `text` is to [`FieldNames`] (a test holds the places to
+/// [`HOP_BY_HOP`]). A match on the text is a switch on its length and one comparison: looking
+/// the name up in the list compared it with every entry of its length, and cost more than the
+/// rest of the scan.
+fn noted(text: &str) -> Option<Noted> {
+    Some(Noted::HopByHop(match text {
         "connection" => CONNECTION_AT,
         "keep-alive" => 1,
         "proxy-connection" => 2,
@@ -120,21 +130,28 @@ fn hop_by_hop_index(text: &str) -> Option<usize> {
         "transfer-encoding" => 7,
         "upgrade" => UPGRADE_AT,
         "http2-settings" => 9,
+        "x-forwarded-for" => return Some(Noted::ForwardedFor),
+        "forwarded" => return Some(Noted::Forwarded),
         _ => return None,
-    })
+    }))
 }
 
-/// What one pass over a message's field names found: which of [`HOP_BY_HOP`] it carries and,
-/// when asked, whether any name has `_`. A request's names are looked over once for everything
-/// that asks (underscores, the WebSocket upgrade, trailers, hop-by-hop removal) rather than
-/// once each, and asking about a field the message does not carry costs no hashed lookup.
+/// What one pass over a message's field names found: which of [`HOP_BY_HOP`] it carries,
+/// whether it carries the client's own `X-Forwarded-For` and `Forwarded`, and, when asked,
+/// whether any name has `_`. A request's names are looked over once for everything that asks
+/// (underscores, the WebSocket upgrade, trailers, hop-by-hop removal, [`add_forwarded`])
+/// rather than once each, and asking about a field the message does not carry costs no
+/// hashed lookup.
 ///
-/// It describes the names as they were when scanned: it is taken before anything is added to
-/// or removed from the message, except by [`drop_underscored`], which removes only names that
-/// none of [`HOP_BY_HOP`] is.
+/// It describes the names as they were when scanned, and is taken before anything is added to
+/// the message: a field it says is absent is absent; one it says is present may have been
+/// removed since (by [`strip_hop_by_hop`], when `Connection` names it), and is then looked up
+/// and found missing. [`drop_underscored`] removes only names that it notes none of.
 #[derive(Debug, Clone, Copy)]
 pub struct FieldNames {
     hop_by_hop: [bool; HOP_BY_HOP.len()],
+    forwarded_for: bool,
+    forwarded: bool,
     /// `None`: not looked for.
     underscored: Option<bool>,
 }
@@ -143,20 +160,25 @@ impl FieldNames {
     /// The scan; `underscores`: look for names with `_` too (for [`drop_underscored`]; a
     /// byte-by-byte look at every name, which a response does not need).
     pub fn of(headers: &HeaderMap, underscores: bool) -> Self {
-        let mut hop_by_hop = [false; HOP_BY_HOP.len()];
+        let mut found = FieldNames {
+            hop_by_hop: [false; HOP_BY_HOP.len()],
+            forwarded_for: false,
+            forwarded: false,
+            underscored: None,
+        };
         let mut underscored = false;
         for name in headers.keys() {
             let text = name.as_str();
-            match hop_by_hop_index(text) {
-                Some(i) => hop_by_hop[i] = true,
+            match noted(text) {
+                Some(Noted::HopByHop(i)) => found.hop_by_hop[i] = true,
+                Some(Noted::ForwardedFor) => found.forwarded_for = true,
+                Some(Noted::Forwarded) => found.forwarded = true,
                 None if underscores => underscored |= text.as_bytes().contains(&b'_'),
                 None => {}
             }
         }
-        FieldNames {
-            hop_by_hop,
-            underscored: underscores.then_some(underscored),
-        }
+        found.underscored = underscores.then_some(underscored);
+        found
     }
 
     /// [`wants_websocket`]: false at once without `Connection` and `Upgrade`.
@@ -265,19 +287,25 @@ pub fn authority_value(authority: &str, headers: &HeaderMap) -> Option<HeaderVal
 /// Appends the peer to `X-Forwarded-For`; sets `X-Forwarded-Proto` and `X-Forwarded-Host`,
 /// keeping the client's own values only when the peer is trusted; sets `X-Real-IP` to the
 /// client address whoever the peer is (it is tollgate's own conclusion, trusted proxies
-/// included); removes `Forwarded` unless the peer is trusted.
-pub fn add_forwarded(headers: &mut HeaderMap, fwd: &ForwardedFor<'_>) {
-    let mut previous = headers
-        .get_all(&X_FORWARDED_FOR)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .map(str::trim)
-        .filter(|v| !v.is_empty())
-        .peekable();
-    let value = if previous.peek().is_none() {
+/// included); removes `Forwarded` unless the peer is trusted. `names`: [`FieldNames::of`] the
+/// request, which says when there is no client's own `X-Forwarded-For` or `Forwarded` to
+/// look up.
+pub fn add_forwarded(headers: &mut HeaderMap, fwd: &ForwardedFor<'_>, names: &FieldNames) {
+    let previous: Vec<&str> = if names.forwarded_for {
+        headers
+            .get_all(&X_FORWARDED_FOR)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let value = if previous.is_empty() {
         Some(fwd.peer.clone())
     } else {
-        let mut joined = previous.collect::<Vec<_>>().join(", ");
+        let mut joined = previous.join(", ");
         joined.push_str(", ");
         joined.push_str(fwd.peer.to_str().unwrap_or("unknown"));
         HeaderValue::from_str(&joined).ok()
@@ -303,7 +331,7 @@ pub fn add_forwarded(headers: &mut HeaderMap, fwd: &ForwardedFor<'_>) {
     }
     // `insert` replaces every field of the name: a client cannot add a second copy.
     headers.insert(X_REAL_IP.clone(), fwd.client.clone());
-    if !fwd.peer_trusted {
+    if !fwd.peer_trusted && names.forwarded {
         headers.remove(&FORWARDED);
     }
 }
@@ -534,6 +562,12 @@ mod tests {
         strip_hop_by_hop(h, &names);
     }
 
+    /// [`add_forwarded`] after its scan.
+    fn forward(h: &mut HeaderMap, fwd: &ForwardedFor<'_>) {
+        let names = FieldNames::of(h, false);
+        add_forwarded(h, fwd, &names);
+    }
+
     /// [`drop_underscored`] after its scan.
     fn drop(h: &mut HeaderMap) {
         let names = FieldNames::of(h, true);
@@ -544,7 +578,9 @@ mod tests {
     /// `drop_underscored` (which runs between the scan and the forwarder's questions).
     #[test]
     fn the_one_scan_answers_like_the_lookups_it_saves() {
-        let fields: [(&str, &str); 7] = [
+        let fields: [(&str, &str); 9] = [
+            ("x-forwarded-for", "198.51.100.1"),
+            ("forwarded", "for=198.51.100.1"),
             ("connection", "keep-alive, Upgrade"),
             ("upgrade", "websocket"),
             ("te", "trailers;q=1"),
@@ -581,6 +617,8 @@ mod tests {
             for (i, hop) in HOP_BY_HOP.iter().enumerate() {
                 assert_eq!(names.hop_by_hop[i], h.contains_key(hop), "{hop} in {h:?}");
             }
+            assert_eq!(names.forwarded_for, h.contains_key(&X_FORWARDED_FOR));
+            assert_eq!(names.forwarded, h.contains_key(&FORWARDED));
         }
         assert_eq!(
             seen, [true; 3],
@@ -665,10 +703,19 @@ mod tests {
     #[test]
     fn the_hop_by_hop_index_is_the_place_in_the_list() {
         for (i, name) in HOP_BY_HOP.iter().enumerate() {
-            assert_eq!(hop_by_hop_index(name.as_str()), Some(i), "{name}");
+            assert_eq!(noted(name.as_str()), Some(Noted::HopByHop(i)), "{name}");
         }
-        for other in ["host", "x-connection", "connectio", "tes", ""] {
-            assert_eq!(hop_by_hop_index(other), None, "{other}");
+        assert_eq!(noted(X_FORWARDED_FOR.as_str()), Some(Noted::ForwardedFor));
+        assert_eq!(noted(FORWARDED.as_str()), Some(Noted::Forwarded));
+        for other in [
+            "host",
+            "x-connection",
+            "connectio",
+            "tes",
+            "x-forwarded-proto",
+            "",
+        ] {
+            assert_eq!(noted(other), None, "{other}");
         }
     }
 
@@ -753,7 +800,7 @@ mod tests {
         h.insert("x-forwarded-for", "198.51.100.1".parse().unwrap());
         h.insert("x-forwarded-proto", "https".parse().unwrap());
         let peer = peer_value("192.0.2.9".parse().unwrap());
-        add_forwarded(
+        forward(
             &mut h,
             &ForwardedFor {
                 peer: &peer,
@@ -769,12 +816,38 @@ mod tests {
         assert_eq!(h.get("x-forwarded-host").unwrap(), "api.example");
     }
 
+    /// The scan is taken before hop-by-hop removal, which may remove an `X-Forwarded-For`
+    /// that `Connection` names: the scan says present, the look-up finds nothing.
+    #[test]
+    fn a_forwarded_for_removed_after_the_scan_is_not_repeated() {
+        let mut h = HeaderMap::new();
+        h.insert("connection", "x-forwarded-for, forwarded".parse().unwrap());
+        h.insert("x-forwarded-for", "6.6.6.6".parse().unwrap());
+        h.insert("forwarded", "for=6.6.6.6".parse().unwrap());
+        let names = FieldNames::of(&h, true);
+        strip_hop_by_hop(&mut h, &names);
+        let peer = peer_value("192.0.2.9".parse().unwrap());
+        let fwd = ForwardedFor {
+            peer: &peer,
+            peer_trusted: false,
+            client: &peer,
+            proto: "http",
+            host: None,
+        };
+        add_forwarded(&mut h, &fwd, &names);
+        assert_eq!(
+            h.get_all("x-forwarded-for").iter().collect::<Vec<_>>(),
+            [&peer]
+        );
+        assert!(!h.contains_key("forwarded"));
+    }
+
     #[test]
     fn forwarded_for_starts_with_the_peer_alone() {
         let mut h = HeaderMap::new();
         let peer = peer_value("::ffff:192.0.2.9".parse().unwrap());
         assert_eq!(peer, "192.0.2.9", "IPv4-mapped peers are written as IPv4");
-        add_forwarded(
+        forward(
             &mut h,
             &ForwardedFor {
                 peer: &peer,
@@ -799,7 +872,7 @@ mod tests {
             h.append("x-real-ip", HeaderValue::from_static("7.7.7.7"));
             h.append("forwarded", HeaderValue::from_static("for=6.6.6.6"));
             h.append("x-forwarded-host", HeaderValue::from_static("spoofed"));
-            add_forwarded(
+            forward(
                 &mut h,
                 &ForwardedFor {
                     peer: &peer,
