@@ -30,7 +30,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::limit::{increments, judge, LimitOutcome, PlannedLimit, Verdict};
+use crate::limit::{increments, judge, LimitOutcome, Outcomes, PlannedLimit, Plans, Verdict};
 use crate::metrics::MemoryStoreMetrics;
 use crate::store::memory::MemoryStore;
 use crate::store::postgres::PostgresStore;
@@ -203,7 +203,9 @@ impl LocalFallback {
     /// Counts `plans` here and judges them against the local quotas. The outcomes carry the
     /// local quota as `requests`, so the rate-limit fields a client sees are those of the
     /// limit it is held to now; a sliding limit's estimate is judged against it too.
-    pub async fn decide(&self, plans: &[PlannedLimit]) -> Verdict {
+    /// `outcomes` as for [`crate::limit::Limiter::decide`].
+    pub async fn decide(&self, plans: &[PlannedLimit], outcomes: &mut Outcomes) -> Verdict {
+        outcomes.clear();
         let instances = self.instances.live();
         if !self.active.swap(true, Ordering::AcqRel) {
             tracing::warn!(
@@ -213,7 +215,7 @@ impl LocalFallback {
             );
         }
         // The plans as this instance alone holds them: each limit at its local quota.
-        let local: Vec<PlannedLimit> = plans
+        let local: Plans = plans
             .iter()
             .map(|plan| PlannedLimit {
                 requests: local_quota(plan.requests, instances),
@@ -225,11 +227,12 @@ impl LocalFallback {
             // Only a zero-second window fails here, which validation rules out.
             _ => return Verdict::StoreFailed,
         };
-        let outcomes = local
-            .iter()
-            .zip(&counted)
-            .map(|(plan, c)| LimitOutcome::counted(plan, c))
-            .collect();
+        outcomes.extend(
+            local
+                .iter()
+                .zip(&counted)
+                .map(|(plan, c)| LimitOutcome::counted(plan, c)),
+        );
         judge(outcomes)
     }
 
@@ -282,8 +285,9 @@ mod tests {
         let local = LocalFallback::new(NonZeroUsize::MIN.saturating_add(99), instances);
         let plans = plan(5, true);
         let mut allowed = 0;
+        let mut outcomes = Outcomes::new();
         for _ in 0..10 {
-            if let Verdict::Allow { outcomes, .. } = local.decide(&plans).await {
+            if let Verdict::Allow { .. } = local.decide(&plans, &mut outcomes).await {
                 allowed += 1;
                 assert_eq!(outcomes[0].requests, 3, "the local quota");
             }
@@ -298,13 +302,17 @@ mod tests {
         let local = LocalFallback::new(NonZeroUsize::MIN.saturating_add(99), instances);
         let plans = plan(5, false);
         let mut allowed = 0;
+        let mut outcomes = Outcomes::new();
         for _ in 0..10 {
-            match local.decide(&plans).await {
-                Verdict::Allow { outcomes, .. } => {
+            match local.decide(&plans, &mut outcomes).await {
+                Verdict::Allow { .. } => {
                     allowed += 1;
                     assert_eq!(outcomes[0].requests, 3, "the local quota");
                 }
-                Verdict::Deny { retry_after, .. } => assert!(retry_after >= 1),
+                Verdict::Deny { retry_after, .. } => {
+                    assert!(retry_after >= 1);
+                    assert_eq!(outcomes[0].requests, 3, "a denial's fields too");
+                }
                 Verdict::StoreFailed => panic!("memory cannot fail"),
             }
         }

@@ -120,6 +120,9 @@ pub struct ForwardRequest<'a> {
     /// as sent upstream.
     pub target: String,
     pub forwarded: headers::ForwardedFor<'a>,
+    /// The request's field names, scanned once by the proxy (underscored ones may have been
+    /// dropped since).
+    pub names: headers::FieldNames,
     /// The route's `max_body_size`: a body growing past it is cut and the request aborted.
     pub max_body_size: Option<u64>,
     /// Where connect failures are counted.
@@ -249,9 +252,10 @@ impl UpstreamPool {
         // An HTTP/1.1 WebSocket upgrade is carried through as an upgrade (to `websocket`
         // alone, whatever else the client listed); any other request, other upgrades (h2c)
         // included, loses its hop-by-hop headers and goes as a plain request.
+        let names = &fwd.names;
         let client_upgrade = if req.version() == Version::HTTP_11
             && !self.config.http2
-            && headers::wants_websocket(req.headers())
+            && names.wants_websocket(req.headers())
         {
             Some(hyper::upgrade::on(&mut req))
         } else {
@@ -259,9 +263,9 @@ impl UpstreamPool {
         };
         let from_h2 = req.version() == Version::HTTP_2;
         let connect = req.method() == Method::CONNECT;
-        let client_takes_trailers = headers::accepts_trailers(req.headers());
+        let client_takes_trailers = names.accepts_trailers(req.headers());
         let headers = req.headers_mut();
-        headers::strip_hop_by_hop(headers);
+        headers::strip_hop_by_hop(headers, names);
         // Framing is tollgate's: the body is re-framed from what actually arrives.
         headers.remove(header::CONTENT_LENGTH);
         if from_h2 && !self.config.http2 {
@@ -271,7 +275,7 @@ impl UpstreamPool {
         // in one growth of the map hyper sized for the parsed fields, instead of one per
         // insert.
         headers.reserve(7);
-        headers::add_forwarded(headers, &fwd.forwarded);
+        headers::add_forwarded(headers, &fwd.forwarded, names);
         // An HTTP/1.0 request may name no host; HTTP/1.1 upstream needs one: the origin's,
         // set by `aim` for whichever origin the request goes to.
         let host = match fwd.forwarded.host {
@@ -327,6 +331,7 @@ impl UpstreamPool {
         if connect && response.status().is_success() {
             return Err(RequestError::UpstreamBadSwitch("2xx to CONNECT"));
         }
+        let response_names = headers::FieldNames::of(response.headers(), false);
         if response.status() == StatusCode::SWITCHING_PROTOCOLS {
             // A switch is only passed on when it is the one the client asked for: anything
             // else would hand the client a connection that no limit sees again.
@@ -346,13 +351,13 @@ impl UpstreamPool {
             };
             response.extensions_mut().insert(splice);
             let headers = response.headers_mut();
-            headers::strip_hop_by_hop(headers);
+            headers::strip_hop_by_hop(headers, &response_names);
             headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
             headers.insert(header::UPGRADE, headers::websocket_upgrade());
             return Ok(response);
         }
-        let announced = response.headers().get(header::TRAILER).cloned();
-        headers::strip_hop_by_hop(response.headers_mut());
+        let announced = response_names.trailer(response.headers());
+        headers::strip_hop_by_hop(response.headers_mut(), &response_names);
         // hyper's HTTP/1.1 encoder only sends the trailer fields that `Trailer` announces; a
         // client that negotiated trailers (`TE: trailers`, e.g. gRPC) gets the announcement
         // back so its trailers actually arrive.

@@ -42,9 +42,11 @@ static HOP_BY_HOP: [HeaderName; 10] = [
     HeaderName::from_static("http2-settings"),
 ];
 
-/// Where `Connection` and `TE` are in [`HOP_BY_HOP`].
+/// Where `Connection`, `TE`, `Trailer` and `Upgrade` are in [`HOP_BY_HOP`].
 const CONNECTION_AT: usize = 0;
 const TE_AT: usize = 5;
+const TRAILER_AT: usize = 6;
+const UPGRADE_AT: usize = 8;
 
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -103,14 +105,99 @@ pub fn accepts_trailers(headers: &HeaderMap) -> bool {
     })
 }
 
-/// Where `name` is in [`HOP_BY_HOP`]. Most fields are none of these, and their length alone
-/// says so: that check is all most names cost.
-fn hop_by_hop_index(name: &HeaderName) -> Option<usize> {
-    let text = name.as_str();
-    if !matches!(text.len(), 2 | 7 | 10 | 14 | 16..=19) {
-        return None;
+/// A field name that [`FieldNames`] notes.
+#[derive(Debug, PartialEq)]
+enum Noted {
+    /// Its place in [`HOP_BY_HOP`].
+    HopByHop(usize),
+    ForwardedFor,
+    Forwarded,
+}
+
+/// What the field name `text` is to [`FieldNames`] (a test holds the places to
+/// [`HOP_BY_HOP`]). A match on the text is a switch on its length and one comparison: looking
+/// the name up in the list compared it with every entry of its length, and cost more than the
+/// rest of the scan.
+fn noted(text: &str) -> Option<Noted> {
+    Some(Noted::HopByHop(match text {
+        "connection" => CONNECTION_AT,
+        "keep-alive" => 1,
+        "proxy-connection" => 2,
+        "proxy-authenticate" => 3,
+        "proxy-authorization" => 4,
+        "te" => TE_AT,
+        "trailer" => TRAILER_AT,
+        "transfer-encoding" => 7,
+        "upgrade" => UPGRADE_AT,
+        "http2-settings" => 9,
+        "x-forwarded-for" => return Some(Noted::ForwardedFor),
+        "forwarded" => return Some(Noted::Forwarded),
+        _ => return None,
+    }))
+}
+
+/// What one pass over a message's field names found: which of [`HOP_BY_HOP`] it carries,
+/// whether it carries the client's own `X-Forwarded-For` and `Forwarded`, and, when asked,
+/// whether any name has `_`. A request's names are looked over once for everything that asks
+/// (underscores, the WebSocket upgrade, trailers, hop-by-hop removal, [`add_forwarded`])
+/// rather than once each, and asking about a field the message does not carry costs no
+/// hashed lookup.
+///
+/// It describes the names as they were when scanned, and is taken before anything is added to
+/// the message: a field it says is absent is absent; one it says is present may have been
+/// removed since (by [`strip_hop_by_hop`], when `Connection` names it), and is then looked up
+/// and found missing. [`drop_underscored`] removes only names that it notes none of.
+#[derive(Debug, Clone, Copy)]
+pub struct FieldNames {
+    hop_by_hop: [bool; HOP_BY_HOP.len()],
+    forwarded_for: bool,
+    forwarded: bool,
+    /// `None`: not looked for.
+    underscored: Option<bool>,
+}
+
+impl FieldNames {
+    /// The scan; `underscores`: look for names with `_` too (for [`drop_underscored`]; a
+    /// byte-by-byte look at every name, which a response does not need).
+    pub fn of(headers: &HeaderMap, underscores: bool) -> Self {
+        let mut found = FieldNames {
+            hop_by_hop: [false; HOP_BY_HOP.len()],
+            forwarded_for: false,
+            forwarded: false,
+            underscored: None,
+        };
+        let mut underscored = false;
+        for name in headers.keys() {
+            let text = name.as_str();
+            match noted(text) {
+                Some(Noted::HopByHop(i)) => found.hop_by_hop[i] = true,
+                Some(Noted::ForwardedFor) => found.forwarded_for = true,
+                Some(Noted::Forwarded) => found.forwarded = true,
+                None if underscores => underscored |= text.as_bytes().contains(&b'_'),
+                None => {}
+            }
+        }
+        found.underscored = underscores.then_some(underscored);
+        found
     }
-    HOP_BY_HOP.iter().position(|h| h.as_str() == text)
+
+    /// [`wants_websocket`]: false at once without `Connection` and `Upgrade`.
+    pub fn wants_websocket(&self, headers: &HeaderMap) -> bool {
+        self.hop_by_hop[CONNECTION_AT] && self.hop_by_hop[UPGRADE_AT] && wants_websocket(headers)
+    }
+
+    /// [`accepts_trailers`]: false at once without `TE`.
+    pub fn accepts_trailers(&self, headers: &HeaderMap) -> bool {
+        self.hop_by_hop[TE_AT] && accepts_trailers(headers)
+    }
+
+    /// The (first) `Trailer` field, the trailer fields the message announces.
+    pub fn trailer(&self, headers: &HeaderMap) -> Option<HeaderValue> {
+        if !self.hop_by_hop[TRAILER_AT] {
+            return None;
+        }
+        headers.get(header::TRAILER).cloned()
+    }
 }
 
 /// Whether a `Connection` value is one option that names no header of the message
@@ -137,17 +224,13 @@ fn connection_named(headers: &HeaderMap) -> Vec<HeaderName> {
         .collect()
 }
 
-/// Removes every hop-by-hop header. Keeps `TE: trailers` when the sender offered it.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // One pass over the names finds which of the fixed list are present; most messages
-    // carry none, or only `Connection`, and a hashed removal per absent name would cost more
-    // than the rest of this function.
-    let mut present = [false; HOP_BY_HOP.len()];
-    for name in headers.keys() {
-        if let Some(i) = hop_by_hop_index(name) {
-            present[i] = true;
-        }
-    }
+/// Removes every hop-by-hop header. Keeps `TE: trailers` when the sender offered it. `names`
+/// is what [`FieldNames::of`] found in `headers`.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap, names: &FieldNames) {
+    // The scan found which of the fixed list are present; most messages carry none, or only
+    // `Connection`, and a hashed removal per absent name would cost more than the rest of
+    // this function.
+    let present = names.hop_by_hop;
     if !present.contains(&true) {
         return;
     }
@@ -204,19 +287,25 @@ pub fn authority_value(authority: &str, headers: &HeaderMap) -> Option<HeaderVal
 /// Appends the peer to `X-Forwarded-For`; sets `X-Forwarded-Proto` and `X-Forwarded-Host`,
 /// keeping the client's own values only when the peer is trusted; sets `X-Real-IP` to the
 /// client address whoever the peer is (it is tollgate's own conclusion, trusted proxies
-/// included); removes `Forwarded` unless the peer is trusted.
-pub fn add_forwarded(headers: &mut HeaderMap, fwd: &ForwardedFor<'_>) {
-    let mut previous = headers
-        .get_all(&X_FORWARDED_FOR)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .map(str::trim)
-        .filter(|v| !v.is_empty())
-        .peekable();
-    let value = if previous.peek().is_none() {
+/// included); removes `Forwarded` unless the peer is trusted. `names`: [`FieldNames::of`] the
+/// request, which says when there is no client's own `X-Forwarded-For` or `Forwarded` to
+/// look up.
+pub fn add_forwarded(headers: &mut HeaderMap, fwd: &ForwardedFor<'_>, names: &FieldNames) {
+    let previous: Vec<&str> = if names.forwarded_for {
+        headers
+            .get_all(&X_FORWARDED_FOR)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let value = if previous.is_empty() {
         Some(fwd.peer.clone())
     } else {
-        let mut joined = previous.collect::<Vec<_>>().join(", ");
+        let mut joined = previous.join(", ");
         joined.push_str(", ");
         joined.push_str(fwd.peer.to_str().unwrap_or("unknown"));
         HeaderValue::from_str(&joined).ok()
@@ -242,18 +331,19 @@ pub fn add_forwarded(headers: &mut HeaderMap, fwd: &ForwardedFor<'_>) {
     }
     // `insert` replaces every field of the name: a client cannot add a second copy.
     headers.insert(X_REAL_IP.clone(), fwd.client.clone());
-    if !fwd.peer_trusted {
+    if !fwd.peer_trusted && names.forwarded {
         headers.remove(&FORWARDED);
     }
 }
 
-/// Removes every field whose name contains `_` (nginx's `underscores_in_headers off`). One
-/// pass over the names finds none in nearly every request; only then are names collected.
-pub fn drop_underscored(headers: &mut HeaderMap) {
-    let underscored = |name: &HeaderName| name.as_str().contains('_');
-    if !headers.keys().any(underscored) {
+/// Removes every field whose name contains `_` (nginx's `underscores_in_headers off`). The
+/// scan (`names`, of `headers`, made with `underscores`) finds none in nearly every request;
+/// only then are names collected.
+pub fn drop_underscored(headers: &mut HeaderMap, names: &FieldNames) {
+    if names.underscored == Some(false) {
         return;
     }
+    let underscored = |name: &HeaderName| name.as_str().contains('_');
     let names: Vec<HeaderName> = headers.keys().filter(|n| underscored(n)).cloned().collect();
     for name in names {
         headers.remove(name);
@@ -466,6 +556,76 @@ fn insert(headers: &mut HeaderMap, name: &HeaderName, value: Vec<u8>) {
 mod tests {
     use super::*;
 
+    /// [`strip_hop_by_hop`] after its scan, as the forwarder runs it.
+    fn strip(h: &mut HeaderMap) {
+        let names = FieldNames::of(h, false);
+        strip_hop_by_hop(h, &names);
+    }
+
+    /// [`add_forwarded`] after its scan.
+    fn forward(h: &mut HeaderMap, fwd: &ForwardedFor<'_>) {
+        let names = FieldNames::of(h, false);
+        add_forwarded(h, fwd, &names);
+    }
+
+    /// [`drop_underscored`] after its scan.
+    fn drop(h: &mut HeaderMap) {
+        let names = FieldNames::of(h, true);
+        drop_underscored(h, &names);
+    }
+
+    /// The scan answers as the functions it saves a lookup for, and its answer survives
+    /// `drop_underscored` (which runs between the scan and the forwarder's questions).
+    #[test]
+    fn the_one_scan_answers_like_the_lookups_it_saves() {
+        let fields: [(&str, &str); 9] = [
+            ("x-forwarded-for", "198.51.100.1"),
+            ("forwarded", "for=198.51.100.1"),
+            ("connection", "keep-alive, Upgrade"),
+            ("upgrade", "websocket"),
+            ("te", "trailers;q=1"),
+            ("trailer", "grpc-status"),
+            ("x_api_key", "k"),
+            ("host", "a"),
+            ("transfer-encoding", "chunked"),
+        ];
+        // Every subset of the fields; `seen`: some subset wants the upgrade, takes trailers,
+        // announces them.
+        let mut seen = [false; 3];
+        for mask in 0u32..1 << fields.len() {
+            let mut h = HeaderMap::new();
+            for (i, (name, value)) in fields.iter().enumerate() {
+                if mask & (1 << i) != 0 {
+                    h.append(*name, value.parse().unwrap());
+                }
+            }
+            let underscored = h.keys().any(|n| n.as_str().contains('_'));
+            // A scan that did not look for underscores leaves `drop_underscored` to look.
+            let mut unscanned = h.clone();
+            drop_underscored(&mut unscanned, &FieldNames::of(&h, false));
+            assert!(!unscanned.keys().any(|n| n.as_str().contains('_')), "{h:?}");
+            let names = FieldNames::of(&h, true);
+            assert_eq!(names.underscored, Some(underscored), "{h:?}");
+            drop_underscored(&mut h, &names);
+            assert_eq!(h, unscanned);
+            assert_eq!(names.wants_websocket(&h), wants_websocket(&h), "{h:?}");
+            assert_eq!(names.accepts_trailers(&h), accepts_trailers(&h), "{h:?}");
+            assert_eq!(names.trailer(&h), h.get(header::TRAILER).cloned(), "{h:?}");
+            seen[0] |= names.wants_websocket(&h);
+            seen[1] |= names.accepts_trailers(&h);
+            seen[2] |= names.trailer(&h).is_some();
+            for (i, hop) in HOP_BY_HOP.iter().enumerate() {
+                assert_eq!(names.hop_by_hop[i], h.contains_key(hop), "{hop} in {h:?}");
+            }
+            assert_eq!(names.forwarded_for, h.contains_key(&X_FORWARDED_FOR));
+            assert_eq!(names.forwarded, h.contains_key(&FORWARDED));
+        }
+        assert_eq!(
+            seen, [true; 3],
+            "each question was answered yes at least once"
+        );
+    }
+
     #[test]
     fn request_ids_are_kept_only_from_trusted_peers_and_when_sane() {
         let with = |values: &[&str], trusted: bool| {
@@ -532,12 +692,31 @@ mod tests {
         h.insert("te", "trailers, deflate".parse().unwrap());
         h.insert("transfer-encoding", "chunked".parse().unwrap());
         h.insert("x-end-to-end", "yes".parse().unwrap());
-        strip_hop_by_hop(&mut h);
+        strip(&mut h);
         assert!(h.get("x-secret-hop").is_none());
         assert!(h.get("keep-alive").is_none());
         assert!(h.get("transfer-encoding").is_none());
         assert_eq!(h.get("te").unwrap(), "trailers");
         assert_eq!(h.get("x-end-to-end").unwrap(), "yes");
+    }
+
+    #[test]
+    fn the_hop_by_hop_index_is_the_place_in_the_list() {
+        for (i, name) in HOP_BY_HOP.iter().enumerate() {
+            assert_eq!(noted(name.as_str()), Some(Noted::HopByHop(i)), "{name}");
+        }
+        assert_eq!(noted(X_FORWARDED_FOR.as_str()), Some(Noted::ForwardedFor));
+        assert_eq!(noted(FORWARDED.as_str()), Some(Noted::Forwarded));
+        for other in [
+            "host",
+            "x-connection",
+            "connectio",
+            "tes",
+            "x-forwarded-proto",
+            "",
+        ] {
+            assert_eq!(noted(other), None, "{other}");
+        }
     }
 
     #[test]
@@ -549,14 +728,14 @@ mod tests {
         h.insert("te", "trailers".parse().unwrap());
         h.insert("x-named", "1".parse().unwrap());
         h.insert("x-kept", "1".parse().unwrap());
-        strip_hop_by_hop(&mut h);
+        strip(&mut h);
         let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
         left.sort_unstable();
         assert_eq!(left, ["te", "x-kept"], "{h:?}");
         // Without `TE` there is nothing to keep.
         let mut h = HeaderMap::new();
         h.insert("connection", "keep-alive".parse().unwrap());
-        strip_hop_by_hop(&mut h);
+        strip(&mut h);
         assert!(h.is_empty(), "{h:?}");
     }
 
@@ -566,13 +745,13 @@ mod tests {
         h.insert("host", "a".parse().unwrap());
         h.insert("x-end-to-end", "yes".parse().unwrap());
         let before = h.clone();
-        strip_hop_by_hop(&mut h);
+        strip(&mut h);
         assert_eq!(h, before);
         // Upper-case tokens name headers too.
         h.insert("connection", "X-End-To-End, Upgrade".parse().unwrap());
         h.insert("upgrade", "websocket".parse().unwrap());
         assert!(wants_websocket(&h));
-        strip_hop_by_hop(&mut h);
+        strip(&mut h);
         assert_eq!(h.len(), 1, "{h:?}");
         assert!(h.contains_key("host"));
     }
@@ -610,7 +789,7 @@ mod tests {
             "AAMAAABkAARAAAAAAAIAAAAA".parse().unwrap(),
         );
         h.insert("x-end-to-end", "yes".parse().unwrap());
-        strip_hop_by_hop(&mut h);
+        strip(&mut h);
         let left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
         assert_eq!(left, ["x-end-to-end"]);
     }
@@ -621,7 +800,7 @@ mod tests {
         h.insert("x-forwarded-for", "198.51.100.1".parse().unwrap());
         h.insert("x-forwarded-proto", "https".parse().unwrap());
         let peer = peer_value("192.0.2.9".parse().unwrap());
-        add_forwarded(
+        forward(
             &mut h,
             &ForwardedFor {
                 peer: &peer,
@@ -637,12 +816,38 @@ mod tests {
         assert_eq!(h.get("x-forwarded-host").unwrap(), "api.example");
     }
 
+    /// The scan is taken before hop-by-hop removal, which may remove an `X-Forwarded-For`
+    /// that `Connection` names: the scan says present, the look-up finds nothing.
+    #[test]
+    fn a_forwarded_for_removed_after_the_scan_is_not_repeated() {
+        let mut h = HeaderMap::new();
+        h.insert("connection", "x-forwarded-for, forwarded".parse().unwrap());
+        h.insert("x-forwarded-for", "6.6.6.6".parse().unwrap());
+        h.insert("forwarded", "for=6.6.6.6".parse().unwrap());
+        let names = FieldNames::of(&h, true);
+        strip_hop_by_hop(&mut h, &names);
+        let peer = peer_value("192.0.2.9".parse().unwrap());
+        let fwd = ForwardedFor {
+            peer: &peer,
+            peer_trusted: false,
+            client: &peer,
+            proto: "http",
+            host: None,
+        };
+        add_forwarded(&mut h, &fwd, &names);
+        assert_eq!(
+            h.get_all("x-forwarded-for").iter().collect::<Vec<_>>(),
+            [&peer]
+        );
+        assert!(!h.contains_key("forwarded"));
+    }
+
     #[test]
     fn forwarded_for_starts_with_the_peer_alone() {
         let mut h = HeaderMap::new();
         let peer = peer_value("::ffff:192.0.2.9".parse().unwrap());
         assert_eq!(peer, "192.0.2.9", "IPv4-mapped peers are written as IPv4");
-        add_forwarded(
+        forward(
             &mut h,
             &ForwardedFor {
                 peer: &peer,
@@ -667,7 +872,7 @@ mod tests {
             h.append("x-real-ip", HeaderValue::from_static("7.7.7.7"));
             h.append("forwarded", HeaderValue::from_static("for=6.6.6.6"));
             h.append("x-forwarded-host", HeaderValue::from_static("spoofed"));
-            add_forwarded(
+            forward(
                 &mut h,
                 &ForwardedFor {
                     peer: &peer,
@@ -692,11 +897,11 @@ mod tests {
         h.append("x_api_key", HeaderValue::from_static("b"));
         h.append("x-custom_field", HeaderValue::from_static("c"));
         h.append("x-api-key", HeaderValue::from_static("d"));
-        drop_underscored(&mut h);
+        drop(&mut h);
         let left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
         assert_eq!(left, ["x-api-key"]);
         let before = h.clone();
-        drop_underscored(&mut h);
+        drop(&mut h);
         assert_eq!(h, before);
     }
 

@@ -32,6 +32,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use smallvec::SmallVec;
+
 use crate::fallback::{Instances, LocalFallback};
 use crate::metrics::Metrics;
 use crate::store::postgres::ResetEvent;
@@ -42,6 +44,23 @@ use crate::store::{Clock, Increment, Store, StoreError};
 /// process like std's hasher, and a bucket's name ends in a SHA-256 or HMAC digest, so a
 /// client cannot line up colliding names.
 type RandomState = foldhash::fast::RandomState;
+
+/// How many limits a request's vectors hold without a heap allocation: most routes have one
+/// or two. The planned limits, their increments and their outcomes were three heap vectors
+/// per request, about 380 instructions with their frees (docs/performance.md).
+const INLINE_LIMITS: usize = 2;
+
+/// The limits that apply to one request, in the route's order.
+pub type Plans = SmallVec<[PlannedLimit; INLINE_LIMITS]>;
+
+/// Where each of a request's limits stands, in plan order. The caller of
+/// [`Limiter::decide`] owns it and the decision fills it in place: inline, two outcomes
+/// are 150 bytes, and a verdict that carried them would copy them at every return and move
+/// (six copies per request).
+pub type Outcomes = SmallVec<[LimitOutcome; INLINE_LIMITS]>;
+
+/// What one request counts in the store, one increment per planned limit.
+pub type Increments = SmallVec<[Increment; INLINE_LIMITS]>;
 
 /// One limit as it applies to one request.
 #[derive(Debug, Clone)]
@@ -171,21 +190,20 @@ pub fn sliding_wait_ms(
     (at - elapsed).max(0.0).ceil() as i64
 }
 
+/// What a decision concluded. Where each limit stands is in the [`Outcomes`] the decision
+/// filled.
 #[derive(Debug)]
 pub enum Verdict {
     /// Every enforced limit holds. `shadow_limited` says a shadow limit would have denied.
-    Allow {
-        outcomes: Vec<LimitOutcome>,
-        shadow_limited: bool,
-    },
+    Allow { shadow_limited: bool },
     /// At least one enforced limit is exceeded.
     Deny {
-        outcomes: Vec<LimitOutcome>,
         /// Seconds until every violated window has ended.
         retry_after: u64,
         violated: Vec<Arc<str>>,
     },
-    /// The store failed, timed out or is being skipped by the breaker.
+    /// The store failed, timed out or is being skipped by the breaker: there are no
+    /// outcomes.
     StoreFailed,
 }
 
@@ -238,20 +256,24 @@ impl Limiter {
 
     /// The request decided in memory by this instance alone, for a route whose store-failure
     /// policy is `local` after [`Limiter::decide`] answered [`Verdict::StoreFailed`].
-    pub async fn decide_locally(&self, plans: &[PlannedLimit]) -> Verdict {
-        self.local.decide(plans).await
+    /// `outcomes` as for [`Limiter::decide`].
+    pub async fn decide_locally(&self, plans: &[PlannedLimit], outcomes: &mut Outcomes) -> Verdict {
+        self.local.decide(plans, outcomes).await
     }
 
-    pub async fn decide(&self, plans: &[PlannedLimit]) -> Verdict {
+    /// Decides the request against `plans`. `outcomes` is cleared, then holds where each
+    /// limit stands (in plan order; see [`Exhausted::deny`] for a cached denial's), or
+    /// nothing when the store failed.
+    pub async fn decide(&self, plans: &[PlannedLimit], outcomes: &mut Outcomes) -> Verdict {
+        outcomes.clear();
         if plans.is_empty() {
             return Verdict::Allow {
-                outcomes: Vec::new(),
                 shadow_limited: false,
             };
         }
         // Read once per request: the cache's lookup and the deadlines of what it learns below.
         let now_ms = self.clock.now_ms();
-        if let Some(denied) = self.exhausted.deny(plans, now_ms) {
+        if let Some(denied) = self.exhausted.deny(plans, now_ms, outcomes) {
             return denied;
         }
         // The permit is held across the store call: if this request is cancelled while it
@@ -291,12 +313,13 @@ impl Limiter {
                 return Verdict::StoreFailed;
             }
         };
-        let outcomes: Vec<LimitOutcome> = plans
-            .iter()
-            .zip(&counted)
-            .map(|(plan, c)| LimitOutcome::counted(plan, c))
-            .collect();
-        for ((plan, c), outcome) in plans.iter().zip(&counted).zip(&outcomes) {
+        outcomes.extend(
+            plans
+                .iter()
+                .zip(&counted)
+                .map(|(plan, c)| LimitOutcome::counted(plan, c)),
+        );
+        for ((plan, c), outcome) in plans.iter().zip(&counted).zip(outcomes.iter()) {
             if plan.shadow || !outcome.exceeded() {
                 continue;
             }
@@ -368,7 +391,7 @@ impl Limiter {
 
 /// One increment per planned limit, in plan order: what the store (or the local fallback)
 /// counts for this request.
-pub(crate) fn increments(plans: &[PlannedLimit]) -> Vec<Increment> {
+pub(crate) fn increments(plans: &[PlannedLimit]) -> Increments {
     plans
         .iter()
         .map(|p| Increment {
@@ -530,8 +553,15 @@ impl Exhausted {
     /// its current epoch-aligned window by this process's clock (exact on the memory store,
     /// off by the clock skew to the database on Postgres). Shadow limits are left out: they
     /// are not counted here either, and never appear in the fields. `now_ms`: unix
-    /// milliseconds on the limiter's clock.
-    pub fn deny(&self, plans: &[PlannedLimit], now_ms: i64) -> Option<Verdict> {
+    /// milliseconds on the limiter's clock. `outcomes` is cleared, then holds the denial's
+    /// outcomes.
+    pub fn deny(
+        &self,
+        plans: &[PlannedLimit],
+        now_ms: i64,
+        outcomes: &mut Outcomes,
+    ) -> Option<Verdict> {
+        outcomes.clear();
         if !self.enabled.load(Ordering::Relaxed) {
             return None;
         }
@@ -543,7 +573,7 @@ impl Exhausted {
             .enumerate()
             .filter(|(_, plan)| !plan.shadow)
             .find_map(|(i, plan)| self.exhausted(plan, now_ms).map(|found| (i, found)))?;
-        let outcomes = plans
+        let cached = plans
             .iter()
             .enumerate()
             .filter(|(_, plan)| !plan.shadow)
@@ -576,8 +606,8 @@ impl Exhausted {
                     shadow: false,
                     sliding,
                 }
-            })
-            .collect();
+            });
+        outcomes.extend(cached);
         Some(judge(outcomes))
     }
 
@@ -614,23 +644,16 @@ pub fn seconds_until(now_ms: i64, end_ms: i64) -> u64 {
 }
 
 /// The decision rule, on counts already taken.
-pub fn judge(outcomes: Vec<LimitOutcome>) -> Verdict {
-    let violated: Vec<&LimitOutcome> = outcomes
-        .iter()
-        .filter(|o| !o.shadow && o.exceeded())
-        .collect();
-    if violated.is_empty() {
+pub fn judge(outcomes: &[LimitOutcome]) -> Verdict {
+    let violated = || outcomes.iter().filter(|o| !o.shadow && o.exceeded());
+    if violated().next().is_none() {
         let shadow_limited = outcomes.iter().any(|o| o.shadow && o.exceeded());
-        return Verdict::Allow {
-            outcomes,
-            shadow_limited,
-        };
+        return Verdict::Allow { shadow_limited };
     }
     // The request is admitted again only once every violated window has ended.
-    let retry_after = violated.iter().map(|o| o.retry_secs()).max().unwrap_or(1);
-    let violated = violated.iter().map(|o| o.policy.clone()).collect();
+    let retry_after = violated().map(|o| o.retry_secs()).max().unwrap_or(1);
+    let violated = violated().map(|o| o.policy.clone()).collect();
     Verdict::Deny {
-        outcomes,
         retry_after,
         violated,
     }
@@ -766,10 +789,10 @@ mod tests {
     #[test]
     fn allowed_up_to_the_limit_then_denied() {
         assert!(matches!(
-            judge(vec![outcome(5, 5, 10, false)]),
+            judge(&[outcome(5, 5, 10, false)]),
             Verdict::Allow { .. }
         ));
-        match judge(vec![outcome(6, 5, 10, false), outcome(1, 100, 50, false)]) {
+        match judge(&[outcome(6, 5, 10, false), outcome(1, 100, 50, false)]) {
             Verdict::Deny {
                 retry_after,
                 violated,
@@ -784,7 +807,7 @@ mod tests {
 
     #[test]
     fn shadow_never_denies() {
-        match judge(vec![outcome(9, 5, 10, true)]) {
+        match judge(&[outcome(9, 5, 10, true)]) {
             Verdict::Allow { shadow_limited, .. } => assert!(shadow_limited),
             other => panic!("expected allow, got {other:?}"),
         }
@@ -792,7 +815,7 @@ mod tests {
 
     #[test]
     fn retry_after_waits_for_every_violated_window() {
-        match judge(vec![outcome(6, 5, 10, false), outcome(3, 2, 40, false)]) {
+        match judge(&[outcome(6, 5, 10, false), outcome(3, 2, 40, false)]) {
             Verdict::Deny { retry_after, .. } => assert_eq!(retry_after, 40),
             other => panic!("expected deny, got {other:?}"),
         }
@@ -826,13 +849,17 @@ mod tests {
             plan("s:ip", 1, 60, true),
             plan("b:ip", 100, 86_400, false),
         ];
-        assert!(cache.deny(&plans, now).is_none(), "nothing exhausted yet");
+        let mut outcomes = Outcomes::new();
+        assert!(
+            cache.deny(&plans, now, &mut outcomes).is_none(),
+            "nothing exhausted yet"
+        );
+        assert!(outcomes.is_empty());
         cache.insert(&plans[2].bucket, now, now + 30_000, 101, 100);
         let Some(Verdict::Deny {
-            outcomes,
             retry_after,
             violated,
-        }) = cache.deny(&plans, now)
+        }) = cache.deny(&plans, now, &mut outcomes)
         else {
             panic!("expected a cached denial");
         };
@@ -846,7 +873,8 @@ mod tests {
         assert_eq!(violated, [Arc::<str>::from("b:ip")]);
         // A reload that raised the limit above the remembered count: no cached denial.
         let raised = [plan("b:ip", 200, 86_400, false)];
-        assert!(cache.deny(&raised, now).is_none());
+        assert!(cache.deny(&raised, now, &mut outcomes).is_none());
+        assert!(outcomes.is_empty(), "no stale outcomes: {outcomes:?}");
     }
 
     /// The cache's deadlines are on the clock it is handed, not on real time: it denies until
@@ -857,7 +885,7 @@ mod tests {
         let plans = [plan("a:ip", 5, 60, false)];
         let t = 1_800_000_000_000;
         cache.insert(&plans[0].bucket, t, t + 2_500, 6, 5);
-        let retry = |now| match cache.deny(&plans, now) {
+        let retry = |now| match cache.deny(&plans, now, &mut Outcomes::new()) {
             Some(Verdict::Deny { retry_after, .. }) => Some(retry_after),
             Some(other) => panic!("{other:?}"),
             None => None,
@@ -995,14 +1023,12 @@ mod tests {
             },
             plan("token:authorization", 2, 31_622_400, false),
         ];
+        let mut outcomes = Outcomes::new();
         for n in 1..=2 {
-            let verdict = limiter.decide(&plans).await;
+            let verdict = limiter.decide(&plans, &mut outcomes).await;
             assert!(matches!(verdict, Verdict::Allow { .. }), "{n}: {verdict:?}");
         }
-        let Verdict::Deny {
-            outcomes, violated, ..
-        } = limiter.decide(&plans).await
-        else {
+        let Verdict::Deny { violated, .. } = limiter.decide(&plans, &mut outcomes).await else {
             panic!("the token limit denies the third request");
         };
         assert_eq!(violated, [Arc::<str>::from("token:authorization")]);

@@ -28,7 +28,7 @@ use crate::forward::{ForwardRequest, UpstreamPool};
 use crate::framing;
 use crate::headers;
 use crate::key::{self, BucketHasher, RequestIdentity};
-use crate::limit::{LimitOutcome, Limiter, PlannedLimit, Verdict};
+use crate::limit::{LimitOutcome, Limiter, Outcomes, PlannedLimit, Plans, Verdict};
 use crate::metrics::{Decision, Metrics, RouteMetrics, NO_ROUTE};
 use crate::normalise;
 use crate::plan;
@@ -313,7 +313,7 @@ impl Proxy {
             ip_buckets: Some(conn.worker.ip_buckets()),
         };
         // The same buckets `tollgate explain` and `tollgate reset` name (`plan.rs`).
-        let plans: Vec<PlannedLimit> = route
+        let plans: Plans = route
             .config
             .limits
             .iter()
@@ -325,29 +325,25 @@ impl Proxy {
 
         // Step 4: the decision, before a byte of the body is read. With `local`, a failing
         // store hands the decision to this instance alone (SPEC 5b).
-        let mut verdict = self.limiter.decide(&plans).await;
+        let mut outcomes = Outcomes::new();
+        let mut verdict = self.limiter.decide(&plans, &mut outcomes).await;
         let local = matches!(verdict, Verdict::StoreFailed)
             && route.on_store_error == StoreErrorPolicy::Local;
         if local {
-            verdict = self.limiter.decide_locally(&plans).await;
+            verdict = self.limiter.decide_locally(&plans, &mut outcomes).await;
         }
-        self.count_policies(route, &plans, &verdict, local);
-        let (decision, outcomes) = match verdict {
-            Verdict::Allow {
-                outcomes,
-                shadow_limited,
-            } => {
-                let word = if local {
+        self.count_policies(route, &plans, &outcomes, &verdict, local);
+        let decision = match verdict {
+            Verdict::Allow { shadow_limited } => {
+                if local {
                     "local_allowed"
                 } else if shadow_limited {
                     "shadow_limited"
                 } else {
                     "allowed"
-                };
-                (word, outcomes)
+                }
             }
             Verdict::Deny {
-                outcomes,
                 retry_after,
                 violated,
             } => {
@@ -364,8 +360,9 @@ impl Proxy {
                     grpc_status,
                 };
             }
+            // No outcomes: the store gave no counts.
             Verdict::StoreFailed => match route.on_store_error {
-                StoreErrorPolicy::Allow => ("failed_open", Vec::new()),
+                StoreErrorPolicy::Allow => "failed_open",
                 // `Local` only when the in-memory count itself failed, which validation rules
                 // out (a zero-second window); closed rather than open, like `deny`.
                 StoreErrorPolicy::Deny | StoreErrorPolicy::Local => {
@@ -390,8 +387,10 @@ impl Proxy {
         } else {
             headers::peer_value(client)
         };
+        // One pass over the names for the underscore rule here and the forwarder's questions.
+        let names = headers::FieldNames::of(req.headers(), !server.underscores_in_headers);
         if !server.underscores_in_headers {
-            headers::drop_underscored(req.headers_mut());
+            headers::drop_underscored(req.headers_mut(), &names);
         }
         let mut target = if route.config.strip_prefix {
             route::strip(&route.config.path_prefix, &path)
@@ -427,6 +426,7 @@ impl Proxy {
                 proto: if conn.tls { "https" } else { "http" },
                 host: authority_value.as_ref(),
             },
+            names,
             max_body_size: route.max_body_size,
             metrics: &self.metrics,
             worker: conn.worker.index(),
@@ -478,26 +478,24 @@ impl Proxy {
         &self,
         route: &CompiledRoute,
         plans: &[PlannedLimit],
+        outcomes: &[LimitOutcome],
         verdict: &Verdict,
         local: bool,
     ) {
-        let outcomes = match verdict {
-            Verdict::Allow { outcomes, .. } | Verdict::Deny { outcomes, .. } => outcomes,
-            Verdict::StoreFailed => {
-                let decision = match route.on_store_error {
-                    StoreErrorPolicy::Allow => Decision::FailedOpen,
-                    // `Local` fails here only if the in-memory count failed: closed, as the
-                    // request is answered.
-                    StoreErrorPolicy::Deny | StoreErrorPolicy::Local => Decision::FailedClosed,
-                };
-                for plan in plans {
-                    route
-                        .metrics
-                        .policy_decision(&self.metrics, &plan.policy, decision);
-                }
-                return;
+        if let Verdict::StoreFailed = verdict {
+            let decision = match route.on_store_error {
+                StoreErrorPolicy::Allow => Decision::FailedOpen,
+                // `Local` fails here only if the in-memory count failed: closed, as the
+                // request is answered.
+                StoreErrorPolicy::Deny | StoreErrorPolicy::Local => Decision::FailedClosed,
+            };
+            for plan in plans {
+                route
+                    .metrics
+                    .policy_decision(&self.metrics, &plan.policy, decision);
             }
-        };
+            return;
+        }
         for outcome in outcomes {
             let decision = match (outcome.exceeded(), outcome.shadow, local) {
                 (false, _, false) => Decision::Allowed,

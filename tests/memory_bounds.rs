@@ -19,7 +19,7 @@ use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::Full;
 
-use tollgate::limit::{Limiter, PlannedLimit, Verdict};
+use tollgate::limit::{Limiter, Outcomes, PlannedLimit, Verdict};
 use tollgate::metrics::Metrics;
 use tollgate::store::memory::MemoryStore;
 use tollgate::store::Clock;
@@ -203,14 +203,18 @@ async fn exhausted_cache_stays_bounded_and_denials_stay_exact_when_it_is_full() 
             sliding: false,
         }]
     };
+    let mut outcomes = Outcomes::new();
     for n in 0..bound + 2000 {
         let plans = plan(n);
         assert!(matches!(
-            limiter.decide(&plans).await,
+            limiter.decide(&plans, &mut outcomes).await,
             Verdict::Allow { .. }
         ));
         assert!(
-            matches!(limiter.decide(&plans).await, Verdict::Deny { .. }),
+            matches!(
+                limiter.decide(&plans, &mut outcomes).await,
+                Verdict::Deny { .. }
+            ),
             "key {n}: its second request must be denied"
         );
         if n % 1024 == 0 {
@@ -227,18 +231,24 @@ async fn exhausted_cache_stays_bounded_and_denials_stay_exact_when_it_is_full() 
     // The keys exhausted last, most of them not cached, are still denied every time.
     for n in bound..bound + 2000 {
         assert!(
-            matches!(limiter.decide(&plan(n)).await, Verdict::Deny { .. }),
+            matches!(
+                limiter.decide(&plan(n), &mut outcomes).await,
+                Verdict::Deny { .. }
+            ),
             "key {n} was let through once the cache was full"
         );
     }
     // A fresh key is decided by the store, exactly.
     let fresh = plan(usize::MAX);
     assert!(matches!(
-        limiter.decide(&fresh).await,
+        limiter.decide(&fresh, &mut outcomes).await,
         Verdict::Allow { .. }
     ));
     for _ in 0..5 {
-        assert!(matches!(limiter.decide(&fresh).await, Verdict::Deny { .. }));
+        assert!(matches!(
+            limiter.decide(&fresh, &mut outcomes).await,
+            Verdict::Deny { .. }
+        ));
     }
 }
 
