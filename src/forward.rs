@@ -43,6 +43,7 @@ use tower_service::Service;
 
 use crate::body::RequestBody;
 use crate::config::UpstreamConfig;
+use crate::deadline::Deadlines;
 use crate::error::{Detail, RequestError, StartupError};
 use crate::headers;
 use crate::metrics::Metrics;
@@ -73,6 +74,8 @@ pub struct UpstreamPool {
     /// that carries it stay on one thread, and the lane's lock is only ever contended by the
     /// once-a-second trim ([`trim_idle`]).
     lanes: Arc<[Mutex<Lane>]>,
+    /// `response_timeout`s, one lane per worker as above, without a timer per request.
+    deadlines: Arc<Deadlines>,
     /// When the pool was built: the clock of `Origin::failed_until`.
     born: std::time::Instant,
 }
@@ -230,6 +233,7 @@ impl UpstreamPool {
             origins,
             next: AtomicUsize::new(0),
             connector,
+            deadlines: Deadlines::new(lanes.len()),
             lanes,
             born: std::time::Instant::now(),
         })
@@ -309,7 +313,8 @@ impl UpstreamPool {
             None => (req.map(RequestBody::unlimited), None),
         };
         let worker = fwd.worker % self.lanes.len();
-        let sent = tokio::time::timeout(
+        let sent = self.deadlines.timeout(
+            worker,
             self.config.response_timeout,
             self.send(worker, req, &host, fwd.metrics),
         );

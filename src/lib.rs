@@ -22,6 +22,7 @@
 pub mod admin;
 pub mod body;
 pub mod config;
+pub mod deadline;
 pub mod error;
 pub mod fallback;
 pub mod forward;

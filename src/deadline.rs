@@ -1,0 +1,382 @@
+//! Coarse deadlines for upstream responses (`response_timeout`, SPEC 5).
+//!
+//! `tokio::time::timeout` arms a timer per request: an entry put into and taken out of the
+//! runtime's timer wheel, about 1,000 instructions per request in the memory-mode benchmark
+//! (callgrind, docs/performance.md), for a timer that almost never fires. Here a request waiting
+//! for its response takes a slot in its worker's [`Deadlines`] lane instead (a few dozen
+//! instructions: a lock nobody else holds, a vector slot, a waker), and one task per upstream
+//! pool looks the lanes over every [`TICK`] and wakes what has expired. A timeout therefore
+//! fires between `response_timeout` and `response_timeout + TICK` (plus scheduling) after the
+//! request was sent, where tokio's timer rounds to the millisecond; for a timeout of seconds
+//! (30 s by default) that difference is nothing.
+//!
+//! Bounds: a lane holds one slot per request in flight on that worker, reused when the request
+//! ends (by response, timeout or cancellation), so it never outgrows the connection and stream
+//! bounds. When no request is waiting, the sweeper sleeps until one is registered, so an idle
+//! upstream costs no wake-ups.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// How often the sweeper looks for expired deadlines while some are registered.
+pub const TICK: Duration = Duration::from_millis(20);
+
+/// The deadlines of one upstream pool, one lane per connection worker (a worker only takes
+/// slots in its own lane, so its lock is contended only by the sweeper, once per tick).
+pub struct Deadlines {
+    lanes: Box<[Mutex<Lane>]>,
+    /// Slots taken, over all lanes: the sweeper goes to sleep when it is 0.
+    waiting: AtomicUsize,
+    /// Whether the sweeper sleeps until `wake` is notified.
+    asleep: AtomicBool,
+    /// Shared with the sweeper, which holds no strong reference while it sleeps: dropping
+    /// the pool notifies it, and it ends.
+    wake: Arc<Notify>,
+}
+
+#[derive(Default)]
+struct Lane {
+    slots: Vec<Slot>,
+    /// Indices of free slots.
+    free: Vec<usize>,
+}
+
+struct Slot {
+    deadline: Instant,
+    /// `None`: free, or expired and woken.
+    waker: Option<Waker>,
+    expired: bool,
+    /// Bumped at every release, so a stale index held by a finished request never frees the
+    /// slot of the request that reuses it.
+    generation: u64,
+    taken: bool,
+}
+
+/// The error of a request whose deadline passed first.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Elapsed;
+
+impl Deadlines {
+    /// `workers` lanes; starts the sweeper on the current runtime, if there is one (outside
+    /// a runtime nothing is ever forwarded, so nothing waits). The sweeper ends when the
+    /// returned `Arc` is dropped.
+    pub fn new(workers: usize) -> Arc<Deadlines> {
+        let deadlines = Arc::new(Deadlines {
+            lanes: (0..workers.max(1))
+                .map(|_| Mutex::new(Lane::default()))
+                .collect(),
+            waiting: AtomicUsize::new(0),
+            asleep: AtomicBool::new(false),
+            wake: Arc::new(Notify::new()),
+        });
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(sweep(Arc::downgrade(&deadlines), deadlines.wake.clone()));
+        }
+        deadlines
+    }
+
+    /// `future`, failing with [`Elapsed`] once `timeout` has passed, counted in `worker`'s
+    /// lane. The clock starts at the first poll that finds `future` pending.
+    pub fn timeout<F: Future>(
+        &self,
+        worker: usize,
+        timeout: Duration,
+        future: F,
+    ) -> Timeout<'_, F> {
+        Timeout {
+            future,
+            deadlines: self,
+            lane: worker % self.lanes.len(),
+            timeout,
+            slot: None,
+        }
+    }
+
+    fn lane(&self, index: usize) -> MutexGuard<'_, Lane> {
+        // A panic while a lane was held leaves at worst a slot unreleased until its deadline.
+        self.lanes[index]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn register(&self, lane: usize, deadline: Instant, waker: Waker) -> (usize, u64) {
+        let taken = {
+            let mut lane = self.lane(lane);
+            let index = match lane.free.pop() {
+                Some(index) => index,
+                None => {
+                    lane.slots.push(Slot {
+                        deadline,
+                        waker: None,
+                        expired: false,
+                        generation: 0,
+                        taken: false,
+                    });
+                    lane.slots.len() - 1
+                }
+            };
+            let slot = &mut lane.slots[index];
+            slot.deadline = deadline;
+            slot.waker = Some(waker);
+            slot.expired = false;
+            slot.taken = true;
+            (index, slot.generation)
+        };
+        // SeqCst, here and in `sweep`: the sweeper raises `asleep` then reads `waiting`, this
+        // raises `waiting` then reads `asleep`; only a single order of all four makes sure
+        // that one of the two sees the other (else a request could wait with the sweeper
+        // asleep, and never time out).
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        if self.asleep.load(Ordering::SeqCst) && self.asleep.swap(false, Ordering::SeqCst) {
+            self.wake.notify_one();
+        }
+        taken
+    }
+
+    /// Whether the slot expired; if not, keeps `waker` as the one to wake.
+    fn check(&self, lane: usize, (index, generation): (usize, u64), waker: &Waker) -> bool {
+        let mut lane = self.lane(lane);
+        let Some(slot) = lane.slots.get_mut(index) else {
+            return false;
+        };
+        if !slot.taken || slot.generation != generation {
+            return false;
+        }
+        if slot.expired {
+            return true;
+        }
+        match &slot.waker {
+            Some(current) if current.will_wake(waker) => {}
+            _ => slot.waker = Some(waker.clone()),
+        }
+        false
+    }
+
+    fn release(&self, lane: usize, (index, generation): (usize, u64)) {
+        let released = {
+            let mut lane = self.lane(lane);
+            match lane.slots.get_mut(index) {
+                Some(slot) if slot.taken && slot.generation == generation => {
+                    slot.taken = false;
+                    slot.waker = None;
+                    slot.generation = slot.generation.wrapping_add(1);
+                    lane.free.push(index);
+                    true
+                }
+                _ => false,
+            }
+        };
+        if released {
+            self.waiting.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Wakes every waiting request whose deadline is not after `now` (outside the lane's
+    /// lock); how many are still registered.
+    fn expire(&self, now: Instant) -> usize {
+        let mut due = Vec::new();
+        for index in 0..self.lanes.len() {
+            let mut lane = self.lane(index);
+            for slot in lane.slots.iter_mut() {
+                if slot.taken && !slot.expired && slot.deadline <= now {
+                    slot.expired = true;
+                    due.extend(slot.waker.take());
+                }
+            }
+        }
+        due.into_iter().for_each(Waker::wake);
+        self.waiting.load(Ordering::SeqCst)
+    }
+}
+
+/// The sweeper of one [`Deadlines`]: every [`TICK`] while requests wait, asleep otherwise.
+/// It ends once the pool is gone.
+async fn sweep(deadlines: Weak<Deadlines>, wake: Arc<Notify>) {
+    loop {
+        tokio::time::sleep(TICK).await;
+        let Some(strong) = deadlines.upgrade() else {
+            return;
+        };
+        if strong.expire(Instant::now()) > 0 {
+            continue;
+        }
+        // Nothing waits: sleep until a registration says so (see `register` for the order).
+        // A notification sent before the wait begins is kept by `Notify`, so none is lost.
+        strong.asleep.store(true, Ordering::SeqCst);
+        if strong.waiting.load(Ordering::SeqCst) > 0 {
+            strong.asleep.store(false, Ordering::SeqCst);
+            continue;
+        }
+        drop(strong);
+        wake.notified().await;
+    }
+}
+
+impl Drop for Deadlines {
+    fn drop(&mut self) {
+        // Wakes a sleeping sweeper, which then finds the pool gone.
+        self.wake.notify_one();
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// [`Deadlines::timeout`]'s future.
+    pub struct Timeout<'a, F> {
+        #[pin]
+        future: F,
+        deadlines: &'a Deadlines,
+        lane: usize,
+        timeout: Duration,
+        slot: Option<(usize, u64)>,
+    }
+
+    impl<F> PinnedDrop for Timeout<'_, F> {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            if let Some(slot) = this.slot.take() {
+                this.deadlines.release(*this.lane, slot);
+            }
+        }
+    }
+}
+
+impl<F: Future> Future for Timeout<'_, F> {
+    type Output = Result<F::Output, Elapsed>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        if let Poll::Ready(output) = this.future.poll(cx) {
+            if let Some(slot) = this.slot.take() {
+                this.deadlines.release(*this.lane, slot);
+            }
+            return Poll::Ready(Ok(output));
+        }
+        match *this.slot {
+            None => {
+                let deadline = Instant::now() + *this.timeout;
+                *this.slot = Some(this.deadlines.register(
+                    *this.lane,
+                    deadline,
+                    cx.waker().clone(),
+                ));
+            }
+            Some(slot) => {
+                if this.deadlines.check(*this.lane, slot, cx.waker()) {
+                    this.deadlines.release(*this.lane, slot);
+                    *this.slot = None;
+                    return Poll::Ready(Err(Elapsed));
+                }
+            }
+        }
+        Poll::Pending
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_pending_future_times_out_within_a_tick_of_its_deadline() {
+        let deadlines = Deadlines::new(2);
+        let started = std::time::Instant::now();
+        let result = deadlines
+            .timeout(1, Duration::from_millis(100), std::future::pending::<()>())
+            .await;
+        let took = started.elapsed();
+        assert_eq!(result, Err(Elapsed));
+        assert!(took >= Duration::from_millis(100), "fired early: {took:?}");
+        assert!(
+            took < Duration::from_millis(100) + 10 * TICK,
+            "fired late: {took:?}"
+        );
+        assert_eq!(
+            deadlines.waiting.load(Ordering::Acquire),
+            0,
+            "slot released"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_future_that_finishes_first_keeps_its_output_and_frees_its_slot() {
+        let deadlines = Deadlines::new(1);
+        let result = deadlines
+            .timeout(0, Duration::from_secs(5), async {
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                7
+            })
+            .await;
+        assert_eq!(result, Ok(7));
+        assert_eq!(deadlines.waiting.load(Ordering::Acquire), 0);
+        // Ready at once: no slot taken at all.
+        assert_eq!(
+            deadlines
+                .timeout(0, Duration::from_secs(5), async { 8 })
+                .await,
+            Ok(8)
+        );
+        assert!(deadlines.lane(0).slots.len() <= 1);
+    }
+
+    #[tokio::test]
+    async fn a_dropped_request_frees_its_slot_and_slots_are_reused() {
+        let deadlines = Deadlines::new(1);
+        for _ in 0..100 {
+            let waiting =
+                deadlines.timeout(0, Duration::from_secs(60), std::future::pending::<()>());
+            // Polled once (registers), then cancelled.
+            let _ = tokio::time::timeout(Duration::from_millis(1), waiting).await;
+        }
+        assert_eq!(deadlines.waiting.load(Ordering::Acquire), 0);
+        assert_eq!(deadlines.lane(0).slots.len(), 1, "one slot, reused");
+    }
+
+    #[tokio::test]
+    async fn a_stale_slot_index_never_frees_its_successor() {
+        let deadlines = Deadlines::new(1);
+        let waker = futures_waker();
+        let first = deadlines.register(0, Instant::now() + Duration::from_secs(60), waker.clone());
+        deadlines.release(0, first);
+        let second = deadlines.register(0, Instant::now() + Duration::from_secs(60), waker.clone());
+        assert_eq!(first.0, second.0, "the slot is reused");
+        deadlines.release(0, first);
+        assert_eq!(deadlines.waiting.load(Ordering::Acquire), 1, "still taken");
+        assert!(!deadlines.check(0, second, &waker));
+        deadlines.release(0, second);
+        assert_eq!(deadlines.waiting.load(Ordering::Acquire), 0);
+    }
+
+    #[tokio::test]
+    async fn the_sweeper_wakes_again_after_sleeping_through_an_idle_spell() {
+        let deadlines = Deadlines::new(1);
+        // Long enough for the sweeper to find nothing and go to sleep.
+        tokio::time::sleep(5 * TICK).await;
+        assert!(
+            deadlines.asleep.load(Ordering::Acquire),
+            "asleep while idle"
+        );
+        // Bounded, so that a sweeper that never wakes fails the test instead of hanging it.
+        let result = tokio::time::timeout(
+            Duration::from_secs(5),
+            deadlines.timeout(0, Duration::from_millis(50), std::future::pending::<()>()),
+        )
+        .await
+        .expect("the sweeper woke for the new deadline");
+        assert_eq!(result, Err(Elapsed));
+        assert!(
+            !deadlines.asleep.load(Ordering::Acquire)
+                || deadlines.waiting.load(Ordering::Acquire) == 0
+        );
+    }
+
+    fn futures_waker() -> Waker {
+        Waker::noop().clone()
+    }
+}
