@@ -284,14 +284,12 @@ impl Limiter {
         };
         let batch = increments(plans);
         let started = Instant::now();
-        let increment = self.store.increment(&batch);
-        let answer = if self.store.answers_inline() {
-            increment.await
-        } else {
-            match tokio::time::timeout(self.timeout, increment).await {
+        let answer = match self.store.increment_now(&batch) {
+            Some(answer) => answer,
+            None => match tokio::time::timeout(self.timeout, self.store.increment(&batch)).await {
                 Ok(result) => result,
                 Err(_) => Err(StoreError::Timeout),
-            }
+            },
         };
         self.metrics
             .store_seconds

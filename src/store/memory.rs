@@ -540,8 +540,8 @@ impl Store for MemoryStore {
         Box::pin(async { Ok(()) })
     }
 
-    fn answers_inline(&self) -> bool {
-        true
+    fn increment_now(&self, batch: &[Increment]) -> Option<Result<Vec<Counted>, StoreError>> {
+        Some(self.count(batch))
     }
 
     fn kind(&self) -> &'static str {
