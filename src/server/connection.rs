@@ -173,13 +173,14 @@ async fn supervise<F: Future>(
             let changed = phase.changed();
             tokio::pin!(changed);
             // A new `changed` (and a reset timer) must be polled once to register.
-            side.due.store(true, Ordering::SeqCst);
+            side.due.store(true, Ordering::Relaxed);
             std::future::poll_fn(|cx| {
                 if let Poll::Ready(output) = work.as_mut().poll(cx) {
                     return Poll::Ready(Side::Done(output));
                 }
                 side.follow(&mut parent, cx.waker());
-                if side.due.swap(false, Ordering::SeqCst) {
+                // Read first: a locked swap at every wake-up costs more than it looks.
+                if side.due.load(Ordering::Acquire) && side.due.swap(false, Ordering::AcqRel) {
                     let mut side_cx = Context::from_waker(&side_waker);
                     if let Poll::Ready(changed) = changed.as_mut().poll(&mut side_cx) {
                         return Poll::Ready(Side::Phase(changed.is_err()));
@@ -254,7 +255,7 @@ impl std::task::Wake for SideWake {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        self.due.store(true, Ordering::SeqCst);
+        self.due.store(true, Ordering::Release);
         let parent = self
             .parent
             .lock()
