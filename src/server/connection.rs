@@ -502,49 +502,39 @@ mod tests {
         }
     }
 
-    /// `supervise` with `work`, bounded so that a wake-up that never comes fails the test
-    /// instead of hanging it.
+    /// `supervise` with `work` and its output, with how many drains began; bounded, so that
+    /// a wake-up that never comes fails the test instead of hanging it.
     async fn supervised<F: Future>(
         work: F,
         activity: &Activity,
         idle: Duration,
-        phase: &mut watch::Receiver<Phase>,
-        drains: &mut u32,
-    ) -> Option<F::Output> {
+        mut phase: watch::Receiver<Phase>,
+    ) -> (Option<F::Output>, u32) {
         tokio::pin!(work);
-        tokio::time::timeout(
-            Duration::from_secs(5),
-            supervise(work, activity, settings(idle), phase, |_| *drains += 1),
-        )
-        .await
-        .expect("supervise woke up")
+        let mut drains = 0;
+        let supervised = supervise(work, activity, settings(idle), &mut phase, |_| drains += 1);
+        let output = tokio::time::timeout(Duration::from_secs(5), supervised)
+            .await
+            .expect("supervise woke up");
+        (output, drains)
     }
 
     #[tokio::test]
     async fn work_that_ends_is_returned() {
         let activity = Activity::new(Arc::new(CoarseClock::new()));
-        let (_tx, mut phase) = watch::channel(Phase::Running);
-        let mut drains = 0;
+        let (_tx, phase) = watch::channel(Phase::Running);
         let work = async {
             tokio::time::sleep(Duration::from_millis(50)).await;
             7
         };
-        let out = supervised(
-            work,
-            &activity,
-            Duration::from_secs(60),
-            &mut phase,
-            &mut drains,
-        );
-        assert_eq!(out.await, Some(7));
-        assert_eq!(drains, 0);
+        let idle = Duration::from_secs(60);
+        assert_eq!(supervised(work, &activity, idle, phase).await, (Some(7), 0));
     }
 
     #[tokio::test]
     async fn a_phase_change_wakes_the_watchdog_though_the_work_never_wakes() {
         let activity = Activity::new(Arc::new(CoarseClock::new()));
-        let (tx, mut phase) = watch::channel(Phase::Running);
-        let mut drains = 0;
+        let (tx, phase) = watch::channel(Phase::Running);
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(50)).await;
             let _ = tx.send(Phase::Draining);
@@ -552,15 +542,9 @@ mod tests {
             let _ = tx.send(Phase::Forced);
         });
         let work = std::future::pending::<()>();
-        let out = supervised(
-            work,
-            &activity,
-            Duration::from_secs(60),
-            &mut phase,
-            &mut drains,
-        );
-        assert_eq!(out.await, None, "forced closed");
-        assert_eq!(drains, 1, "the drain began once");
+        let idle = Duration::from_secs(60);
+        // Closed once forced, after the drain began once.
+        assert_eq!(supervised(work, &activity, idle, phase).await, (None, 1));
     }
 
     #[tokio::test]
@@ -568,18 +552,11 @@ mod tests {
         let clock = Arc::new(CoarseClock::new());
         tokio::spawn(clock.clone().run());
         let activity = Activity::new(clock);
-        let (_tx, mut phase) = watch::channel(Phase::Running);
-        let mut drains = 0;
+        let (_tx, phase) = watch::channel(Phase::Running);
         let started = std::time::Instant::now();
         let work = std::future::pending::<()>();
-        let out = supervised(
-            work,
-            &activity,
-            Duration::from_millis(100),
-            &mut phase,
-            &mut drains,
-        );
-        assert_eq!(out.await, None);
-        assert!(started.elapsed() >= Duration::from_millis(100));
+        let idle = Duration::from_millis(100);
+        assert_eq!(supervised(work, &activity, idle, phase).await, (None, 0));
+        assert!(started.elapsed() >= idle);
     }
 }
