@@ -92,25 +92,9 @@ pub fn load_file(
 /// Validates `text` as if read from `path`. `path` is used in messages and to resolve relative
 /// `cert`, `key` and `ca_file` paths (against the directory containing `path`).
 ///
-/// Defaults applied when a field is absent:
-/// - `server.listen`: `["0.0.0.0:8080"]`, but only when `tls_listen` is absent too;
-///   `server.tls_listen`, `server.trusted_proxies`, `server.certs`: empty;
-///   `server.ipv6_prefix`: 64; `server.header_read_timeout`: 10s; `server.idle_timeout`: 60s;
-///   `server.max_connections`: 10000; `server.shutdown_timeout`: 30s;
-///   `server.rate_limit_headers`: `"draft"`; `server.underscores_in_headers`: false;
-///   `[server.proxy_protocol]`: none (no peer sends a PROXY header).
-/// - `[admin]`: no admin listener.
-/// - `store.url`: none (memory store) unless `TOLLGATE_DATABASE_URL` is set and non-empty;
-///   `store.pool_size`: 16; `store.timeout`: 100ms; `store.on_error`: `"allow"`;
-///   `store.migrate`: true; `store.sweep_interval`: 60s; `store.synchronous_commit`: `"off"`;
-///   `store.memory_buckets`: 1,000,000.
-/// - `keys.secret`: none (plain SHA-256 digests).
-/// - upstreams: `connect_timeout` 2s, `response_timeout` 30s, `preserve_host` true,
-///   `ca_file` none, `http2` false, `max_idle_connections` 128, `fail_timeout` 10s.
-/// - routes: `host` any, `path_prefix` `"/"`, `methods` any, `strip_prefix` false,
-///   `on_store_error` = `store.on_error`, `shadow` false, `limits` none, `reject` none
-///   (inside `[routes.reject]`: `status` 429, `content_type` none, `body` empty).
-/// - limits: `scope` = the route's name, `shadow` false.
+/// A field that is absent takes its default: the value each reader below passes to
+/// [`TableReader::or`], listed for operators in docs/configuration.md's tables (absent
+/// optional sections, such as `[admin]` or `store.url`, mean the feature is off).
 pub fn load_str(
     path: &Path,
     text: &str,
