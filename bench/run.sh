@@ -21,6 +21,10 @@
 #               as pg-hot and pg-10k with `algorithm = "sliding"` (SPEC 3a); not in the default
 #               MODES: MODES="pg-hot pg-hot-sliding pg-10k pg-10k-sliding" gives same-run ratios
 #               (the summary's "sliding / fixed" lines, checked against issue 18's 0.9)
+# Reference (CEILING=1, the default): bench/ceiling, the plainest HTTP/1.1 proxy hyper makes (the
+#   upstream connection polled inside the client connection's task, one thread, no limits, no
+#   header rewriting), measured in the same rounds (h1 only): how far tollgate is from what hyper
+#   can do on this machine (issue 16). Its row is "hyper ceiling" in the summary.
 # Non-flood limits are 2,000,000,000 per hour, so nothing is rejected (non-2xx must stay 0).
 #
 # Usage: [KNOB=value ...] bench/run.sh
@@ -41,8 +45,10 @@
 #   WORKERS [1]: tollgate's connection workers (`server.workers`, like nginx's one worker)
 #   PG_URL [postgres://postgres@127.0.0.1:5432]  (loopback only; trust auth; the script creates
 #             and drops databases tollgate_bench_<mode>)   PG_STATS_WAIT [11] s (see below)
-#   BUILD [1]: cargo build --release first; TOLLGATE_BIN [target/release/tollgate]
-#   BASE_PORT [19200]: upstream +0, nginx +1 (h2c +2), tollgate modes +10.., admin +30..,
+#   BUILD [1]: cargo build --release first (tollgate and bench/ceiling); TOLLGATE_BIN
+#             [target/release/tollgate]; CEILING [1]; CEILING_BIN
+#             [bench/ceiling/target/release/tollgate-bench-ceiling]
+#   BASE_PORT [19200]: upstream +0, nginx +1 (h2c +2), ceiling +3, tollgate modes +10.., admin +30..,
 #             soak +50/+51
 #   OUT [bench/results/<UTC timestamp>]
 #
@@ -106,12 +112,15 @@ PG_URL=${PG_URL:-postgres://postgres@127.0.0.1:5432}
 PG_STATS_WAIT=${PG_STATS_WAIT:-11}
 BUILD=${BUILD:-1}
 TOLLGATE_BIN=${TOLLGATE_BIN:-$ROOT/target/release/tollgate}
+CEILING=${CEILING:-1}
+CEILING_BIN=${CEILING_BIN:-$HERE/ceiling/target/release/tollgate-bench-ceiling}
 BASE_PORT=${BASE_PORT:-19200}
 OUT=${OUT:-$HERE/results/$(date -u +%Y%m%dT%H%M%SZ)}
 
 UPSTREAM_PORT=$BASE_PORT
 NGINX_PORT=$((BASE_PORT + 1))
 NGINX_H2_PORT=$((BASE_PORT + 2))
+CEILING_PORT=$((BASE_PORT + 3))
 SOAK_PORT=$((BASE_PORT + 50))
 SOAK_ADMIN_PORT=$((BASE_PORT + 51))
 
@@ -217,10 +226,17 @@ echo "results: $OUT   (server state: $RUN)"
 if [[ $BUILD == 1 ]]; then
   echo "building tollgate (cargo build --release) ..."
   (cd "$ROOT" && cargo build --release --quiet) || { echo "cargo build --release failed" >&2; exit 1; }
+  if [[ $CEILING == 1 ]]; then
+    echo "building the ceiling proxy (bench/ceiling) ..."
+    cargo build --release --quiet --manifest-path "$HERE/ceiling/Cargo.toml" \
+      || { echo "cargo build of bench/ceiling failed" >&2; exit 1; }
+  fi
 fi
 [[ -x $TOLLGATE_BIN ]] || { echo "no tollgate binary at $TOLLGATE_BIN" >&2; exit 1; }
+[[ $CEILING != 1 || -x $CEILING_BIN ]] || { echo "no ceiling binary at $CEILING_BIN (BUILD=1 builds it, CEILING=0 skips it)" >&2; exit 1; }
 
 ORDER=(nginx)
+[[ $CEILING == 1 ]] && ORDER+=(ceiling)
 for m in $MODES; do
   case $m in
     nolimit | memory | memory-10k | pg-hot | pg-10k | pg-flood | pg-hot-sliding | pg-10k-sliding) ORDER+=("tollgate-$m") ;;
@@ -243,6 +259,7 @@ fi
 declare -A URL H2URL ADMIN CONF LUA PIDOF DB EXPECT_DENY DBSNAP
 URL[nginx]=http://127.0.0.1:$NGINX_PORT/
 H2URL[nginx]=http://127.0.0.1:$NGINX_H2_PORT/
+URL[ceiling]=http://127.0.0.1:$CEILING_PORT/   # h1 only: no H2URL
 
 tollgate_conf() {   # tollgate_conf FILE PORT ADMIN_PORT MODE [DB]
   local file=$1 port=$2 aport=$3 mode=$4 db=${5:-}
@@ -296,7 +313,7 @@ EOF
 
 i=0
 for t in "${ORDER[@]}"; do
-  [[ $t == nginx ]] && continue
+  [[ $t == nginx || $t == ceiling ]] && continue
   m=${t#tollgate-}
   port=$((BASE_PORT + 10 + i)); aport=$((BASE_PORT + 30 + i)); i=$((i + 1))
   URL[$t]=http://127.0.0.1:$port/
@@ -351,8 +368,15 @@ start_bg nginx $(pin proxy) nginx -p "$RUN/" -c "$conf"
 PIDOF[nginx]=${PIDS[-1]}
 wait_200 "${URL[nginx]}" 10
 
+if [[ $CEILING == 1 ]]; then
+  need_port "$CEILING_PORT"
+  start_bg ceiling $(pin proxy) "$CEILING_BIN" "127.0.0.1:$CEILING_PORT" "127.0.0.1:$UPSTREAM_PORT"
+  PIDOF[ceiling]=${PIDS[-1]}
+  wait_200 "${URL[ceiling]}" 10
+fi
+
 for t in "${ORDER[@]}"; do
-  [[ $t == nginx ]] && continue
+  [[ $t == nginx || $t == ceiling ]] && continue
   port=${URL[$t]%/}; need_port "${port##*:}"; need_port "${ADMIN[$t]##*:}"
   if [[ -n ${DB[$t]:-} ]]; then
     psql_admin -c "DROP DATABASE IF EXISTS ${DB[$t]} WITH (FORCE)" >/dev/null
@@ -364,7 +388,7 @@ for t in "${ORDER[@]}"; do
   PIDOF[$t]=${PIDS[-1]}
 done
 for t in "${ORDER[@]}"; do
-  [[ $t == nginx ]] && continue
+  [[ $t == nginx || $t == ceiling ]] && continue
   wait_200 "${ADMIN[$t]}/readyz" 30
   if [[ -n ${EXPECT_DENY[$t]:-} ]]; then
     curl -s -o /dev/null --max-time 2 "${URL[$t]}" || true

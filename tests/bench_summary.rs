@@ -126,3 +126,29 @@ fn without_both_modes_of_a_pair_there_is_no_ratio_line() {
     );
     assert_eq!(sliding_lines(&summary), Vec::<&str>::new(), "{summary}");
 }
+
+/// With the ceiling proxy in the run (issue 16), its row is labelled and the targets table
+/// puts tollgate's ratios next to the ceiling's, from the same rounds.
+#[test]
+fn the_ceiling_is_reported_beside_tollgate() {
+    let mut rows = Vec::new();
+    for (rep, nginx) in [(1u32, 20000), (2, 25000)] {
+        rows.push((rep, "h1", "nginx", nginx));
+        rows.push((rep, "h1", "ceiling", nginx / 100 * 104));
+        rows.push((rep, "h1", "tollgate-memory", nginx / 100 * 70));
+        rows.push((rep, "h1", "tollgate-nolimit", nginx / 100 * 75));
+    }
+    let dir = ResultsDir::with_runs("ceiling", &rows);
+    let summary = dir.summarize();
+    assert!(
+        summary.contains("| hyper ceiling | inline upstream | 32 | h1 |"),
+        "the ceiling's row:\n{summary}"
+    );
+    assert!(
+        summary.contains(
+            "| hyper-inline ceiling (bench/ceiling), for reference | h1 | 32 | 1.04 × nginx; \
+             tollgate memory 0.70; nolimit 0.75 | – |"
+        ),
+        "the ceiling line of the targets table:\n{summary}"
+    );
+}

@@ -243,7 +243,8 @@ def summarize(tsv, soak=None):
                                             rx10k=ratio(t, "tollgate-memory-10k"), non2xx=non2xx,
                                             # median over rounds of sliding / fixed in one round
                                             rfixed=ratio(t, SLIDING_OF[t]) if t in SLIDING_OF else None)
-            target, mode = ("nginx", "proxy_pass") if t == "nginx" else ("tollgate", t.split("-", 1)[1])
+            named = {"nginx": ("nginx", "proxy_pass"), "ceiling": ("hyper ceiling", "inline upstream")}
+            target, mode = named[t] if t in named else ("tollgate", t.split("-", 1)[1])
             out.append(
                 f"| {target} | {mode} | {conns} | {proto} | {fnum(rps)} | {fnum(p50 and p50 / 1000, '{:.2f}')} "
                 f"| {fnum(p99 and p99 / 1000, '{:.2f}')} | {fnum(xn, '{:.2f}')} | {fnum(xm, '{:.2f}')} | {non2xx} "
@@ -269,6 +270,13 @@ def targets_table(stats, groups, soak):
             out.append(f"| memory ≥ nginx req/s, p99 no worse | {proto} | {conns} | "
                        f"{mem['xn']:.2f} × nginx; p99 {fnum(mem['p99'] and mem['p99'] / 1000, '{:.2f}')} vs "
                        f"{fnum(ngx['p99'] and ngx['p99'] / 1000, '{:.2f}')} ms | {verdict(ok)} |")
+        # What hyper itself reaches in this run (bench/ceiling): each tollgate miss reads against it.
+        ceil = g("ceiling")
+        if ceil and ceil["xn"] is not None:
+            gap = "; ".join(f"{m} {g('tollgate-' + m)['xn']:.2f}" for m in ("memory", "nolimit")
+                            if g("tollgate-" + m) and g("tollgate-" + m)["xn"] is not None)
+            out.append(f"| hyper-inline ceiling (bench/ceiling), for reference | {proto} | {conns} | "
+                       f"{ceil['xn']:.2f} × nginx{'; tollgate ' + gap if gap else ''} | – |")
         hot = g("tollgate-pg-hot")
         if hot and hot["xm"] is not None:
             out.append(f"| Postgres hot key ≥ 0.8 × memory | {proto} | {conns} | {hot['xm']:.2f} × memory | {verdict(hot['xm'] >= 0.8)} |")
