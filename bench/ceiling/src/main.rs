@@ -8,8 +8,10 @@
 //! list when it ends; a new client connection takes one from there, or opens one. No limits,
 //! no header rewriting, no timeouts: whatever tollgate costs beyond this is tollgate's.
 //!
-//! Usage: `tollgate-bench-ceiling LISTEN_ADDR UPSTREAM_ADDR` (both `IP:PORT`, loopback in the
-//! benchmark). It runs until killed.
+//! Usage: `tollgate-bench-ceiling LISTEN_ADDR UPSTREAM_ADDR [inline|spawned]` (addresses as
+//! `IP:PORT`, loopback in the benchmark). `spawned` gives each upstream connection a task of
+//! its own instead (the other way to drive them, for comparison; `inline` is the default). It
+//! runs until killed.
 
 use std::cell::RefCell;
 use std::future::{poll_fn, Future};
@@ -34,7 +36,8 @@ type Connection = http1::Connection<TokioIo<TcpStream>, Incoming>;
 /// does its I/O, polled by whichever client connection holds it.
 struct Upstream {
     sender: SendRequest<Incoming>,
-    connection: Pin<Box<Connection>>,
+    /// None when the connection has a task of its own (`spawned`).
+    connection: Option<Pin<Box<Connection>>>,
 }
 
 /// The upstream connection a client connection holds, if any. Shared by the request future
@@ -48,8 +51,8 @@ type Idle = Rc<RefCell<Vec<Upstream>>>;
 /// connection that has ended is let go.
 fn drive(slot: &Slot, cx: &mut Context<'_>) {
     let mut held = slot.borrow_mut();
-    if let Some(up) = held.as_mut() {
-        if up.connection.as_mut().poll(cx).is_ready() {
+    if let Some(connection) = held.as_mut().and_then(|up| up.connection.as_mut()) {
+        if connection.as_mut().poll(cx).is_ready() {
             *held = None;
         }
     }
@@ -90,7 +93,12 @@ impl Body for InlineBody {
 }
 
 /// An upstream connection ready for a request: the held one, else an idle one, else new.
-async fn ready_upstream(slot: &Slot, idle: &Idle, upstream: SocketAddr) -> Result<(), String> {
+async fn ready_upstream(
+    slot: &Slot,
+    idle: &Idle,
+    upstream: SocketAddr,
+    spawned: bool,
+) -> Result<(), String> {
     for _ in 0..3 {
         if slot.borrow().is_none() {
             let reused = idle.borrow_mut().pop();
@@ -104,7 +112,12 @@ async fn ready_upstream(slot: &Slot, idle: &Idle, upstream: SocketAddr) -> Resul
                     let (sender, connection) = http1::handshake(TokioIo::new(tcp))
                         .await
                         .map_err(|e| e.to_string())?;
-                    let connection = Box::pin(connection);
+                    let connection = if spawned {
+                        tokio::task::spawn_local(connection);
+                        None
+                    } else {
+                        Some(Box::pin(connection))
+                    };
                     Upstream { sender, connection }
                 }
             };
@@ -131,16 +144,23 @@ async fn proxy(
     slot: Slot,
     idle: Idle,
     upstream: SocketAddr,
+    spawned: bool,
 ) -> Result<Response<InlineBody>, hyper::Error> {
     let bad_gateway = |slot: Slot| {
         let mut response = Response::new(InlineBody { inner: None, slot });
         *response.status_mut() = StatusCode::BAD_GATEWAY;
         response
     };
-    if ready_upstream(&slot, &idle, upstream).await.is_err() {
+    if ready_upstream(&slot, &idle, upstream, spawned)
+        .await
+        .is_err()
+    {
         return Ok(bad_gateway(slot));
     }
-    let sent = slot.borrow_mut().as_mut().map(|up| up.sender.send_request(req));
+    let sent = slot
+        .borrow_mut()
+        .as_mut()
+        .map(|up| up.sender.send_request(req));
     let Some(sent) = sent else {
         return Ok(bad_gateway(slot));
     };
@@ -164,9 +184,14 @@ async fn proxy(
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
-    let usage = "usage: tollgate-bench-ceiling LISTEN_ADDR UPSTREAM_ADDR";
+    let usage = "usage: tollgate-bench-ceiling LISTEN_ADDR UPSTREAM_ADDR [inline|spawned]";
     let listen: SocketAddr = args.next().ok_or(usage)?.parse()?;
     let upstream: SocketAddr = args.next().ok_or(usage)?.parse()?;
+    let spawned = match args.next().as_deref() {
+        None | Some("inline") => false,
+        Some("spawned") => true,
+        Some(_) => return Err(usage.into()),
+    };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .build()?;
@@ -185,7 +210,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let slot: Slot = Rc::default();
                 let service = {
                     let (slot, idle) = (slot.clone(), idle.clone());
-                    service_fn(move |req| proxy(req, slot.clone(), idle.clone(), upstream))
+                    service_fn(move |req| proxy(req, slot.clone(), idle.clone(), upstream, spawned))
                 };
                 let _ = server::Builder::new()
                     .serve_connection(TokioIo::new(tcp), service)
