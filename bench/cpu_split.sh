@@ -24,6 +24,7 @@
 #        CPU_PROXY [1] CPU_LOAD [0] BASE_PORT [19500]
 #        PG_URL [postgres://postgres@127.0.0.1:5432] (loopback; creates and drops databases
 #        tollgate_cpu_<mode>)   BUILD [1]   TOLLGATE_BIN [target/release/tollgate]
+#        PG_SSLMODE [disable] (the store URL's sslmode; bench/lib/pg.sh)
 # Needs: nginx, wrk, psql, taskset (apt-get install -y nginx wrk).
 set -euo pipefail
 {
@@ -93,7 +94,7 @@ for mode in $MODES; do
     if [[ $mode == pg-* ]]; then
       db=tollgate_cpu_${mode//-/_}
       psql_admin -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db" >/dev/null
-      printf '[store]\nurl = "%s/%s"\npool_size = 16\ntimeout = "100ms"\non_error = "allow"\nmigrate = true\nsynchronous_commit = "off"\n\n' "$PG_URL" "$db"
+      printf '[store]\nurl = "%s"\npool_size = 16\ntimeout = "100ms"\non_error = "allow"\nmigrate = true\nsynchronous_commit = "off"\n\n' "$(store_url "$db")"
     fi
     printf '[[routes]]\nname = "bench"\nupstream = "app"\n'
     if [[ -n $key ]]; then

@@ -45,6 +45,7 @@
 #   WORKERS [1]: tollgate's connection workers (`server.workers`, like nginx's one worker)
 #   PG_URL [postgres://postgres@127.0.0.1:5432]  (loopback only; trust auth; the script creates
 #             and drops databases tollgate_bench_<mode>)   PG_STATS_WAIT [11] s (see below)
+#   PG_SSLMODE [disable]: the `sslmode` of tollgate's `store.url` (bench/lib/pg.sh says why)
 #   BUILD [1]: cargo build --release first (tollgate and bench/ceiling); TOLLGATE_BIN
 #             [target/release/tollgate]; CEILING [1]; CEILING_BIN
 #             [bench/ceiling/target/release/tollgate-bench-ceiling]
@@ -287,7 +288,7 @@ EOF
     if [[ -n $db ]]; then
       cat <<EOF
 [store]
-url = "$PG_URL/$db"
+url = "$(store_url "$db")"
 pool_size = 16
 timeout = "100ms"
 on_error = "allow"
@@ -340,7 +341,7 @@ done
   command -v h2load >/dev/null && echo "h2load: $(h2load --version)"
   echo "tollgate: $("$TOLLGATE_BIN" --version 2>&1 | head -1); commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')$( [[ -n $(git -C "$ROOT" status --porcelain -- src Cargo.toml Cargo.lock migrations 2>/dev/null) ]] && echo ' + uncommitted changes in src/')"
   echo "tollgate runtime: server.workers=$WORKERS (worker 0 is the main thread)"
-  ((NEEDS_PG)) && echo "postgres: $(psql_admin -tAc 'SHOW server_version') at $PG_URL; DB statements from $STATS_METHOD"
+  ((NEEDS_PG)) && echo "postgres: $(psql_admin -tAc 'SHOW server_version') at $PG_URL, sslmode=$PG_SSLMODE; DB statements from $STATS_METHOD"
   echo "loadavg_before: $(cat /proc/loadavg)"
   echo "params: RUNS=$RUNS DURATION=${DURATION}s WARMUP=${WARMUP}s CONNS='$CONNS' PROTOS='$PROTOS' H2_STREAMS=$H2_STREAMS wrk -t1 h2load -t1"
   if [[ $PIN == 1 ]]; then echo "pinning: proxy under test on cpu$CPU_PROXY; wrk/h2load and upstream on cpu$CPU_LOAD"; else echo "pinning: none"; fi

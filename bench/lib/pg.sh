@@ -5,7 +5,17 @@
 # benchmarks create and drop databases. psql_admin runs psql against the `postgres`
 # database, psql_db DB against DB. pin_backends DB moves the server processes serving DB to
 # CPU_LOAD, now; pin_backends_during DB does so every 0.5 s until killed, so that pool
-# connections opened during a run follow.
+# connections opened during a run follow. store_url DB is the `store.url` a tollgate under
+# test gets: DB on PG_URL with `sslmode=$PG_SSLMODE`.
+#
+# PG_SSLMODE [disable]: Debian's PostgreSQL has `ssl = on` (a snakeoil certificate), so the
+# URL's default `prefer` would encrypt the loopback connection of every tollgate since issue 15
+# and of none before it, and an A/B across issue 15 would compare TLS with plaintext
+# (docs/performance.md, fifth December session). `prefer` or `require` measures what TLS to
+# the database costs.
+PG_SSLMODE=${PG_SSLMODE:-disable}
+
+store_url() { echo "$PG_URL/$1?sslmode=$PG_SSLMODE"; }
 
 require_loopback_pg_url() {
   python3 - "$PG_URL" <<'PY' || { echo "PG_URL must point at a loopback address" >&2; exit 1; }
