@@ -26,6 +26,7 @@ PIN=${PIN:-1}
 BUILD=${BUILD:-1}
 TOLLGATE_BIN=${TOLLGATE_BIN:-$ROOT/target/release/tollgate}
 PG_URL=${PG_URL:-postgres://postgres@127.0.0.1:5432}
+PG_SSLMODE=${PG_SSLMODE:-disable}   # the store URL's sslmode, as in bench/lib/pg.sh
 OUT=${OUT:-$HERE/results/profile-$MODE-$(date -u +%Y%m%dT%H%M%SZ)}
 UP=$BASE_PORT; TG=$((BASE_PORT + 1)); ADM=$((BASE_PORT + 2))
 DB=tollgate_bench_profile
@@ -56,7 +57,7 @@ wait_200 "http://127.0.0.1:$UP/" 10
 {
   printf '[server]\nlisten = ["127.0.0.1:%s"]\nshutdown_timeout = "2s"\nworkers = 1\n\n[admin]\nlisten = "127.0.0.1:%s"\n\n' "$TG" "$ADM"
   printf '[keys]\nsecret = "bench-only-secret-not-used-anywhere-else"\n\n[upstreams.app]\nurl = "http://127.0.0.1:%s"\n\n' "$UP"
-  if [[ $MODE == pg-* ]]; then printf '[store]\nurl = "%s/%s"\n\n' "$PG_URL" "$DB"; fi
+  if [[ $MODE == pg-* ]]; then printf '[store]\nurl = "%s/%s?sslmode=%s"\n\n' "$PG_URL" "$DB" "$PG_SSLMODE"; fi
   printf '[[routes]]\nname = "bench"\nupstream = "app"\n'
   case $MODE in
     memory | pg-hot) printf '  [[routes.limits]]\n  key = "ip"\n  requests = 2000000000\n  window = "1h"\n' ;;
