@@ -10,8 +10,9 @@
 # Usage: [KNOB=value ...] bench/profile.sh [memory|nolimit|pg-hot|pg-10k]   (default memory)
 # Knobs: SECONDS_PROF [8] CONNS [32] WARMUP [2] FREQ [499] BASE_PORT [19300] PIN [1]
 #        TOLLGATE_BIN [target/release/tollgate] (built with BUILD=1 [1])
-#        PG_URL [postgres://postgres@127.0.0.1:5432] (pg modes: database tollgate_bench_profile,
-#        created and dropped here)  OUT [bench/results/profile-<mode>-<UTC timestamp>]
+#        PG_URL [postgres://postgres@127.0.0.1:5432] PG_SSLMODE [disable] (bench/lib/pg.sh)
+#        (pg modes: database tollgate_bench_profile, created and dropped here)
+#        OUT [bench/results/profile-<mode>-<UTC timestamp>]
 set -euo pipefail
 {
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -26,7 +27,6 @@ PIN=${PIN:-1}
 BUILD=${BUILD:-1}
 TOLLGATE_BIN=${TOLLGATE_BIN:-$ROOT/target/release/tollgate}
 PG_URL=${PG_URL:-postgres://postgres@127.0.0.1:5432}
-PG_SSLMODE=${PG_SSLMODE:-disable}   # the store URL's sslmode, as in bench/lib/pg.sh
 OUT=${OUT:-$HERE/results/profile-$MODE-$(date -u +%Y%m%dT%H%M%SZ)}
 UP=$BASE_PORT; TG=$((BASE_PORT + 1)); ADM=$((BASE_PORT + 2))
 DB=tollgate_bench_profile
@@ -37,6 +37,8 @@ command -v perf >/dev/null || { echo "missing perf (apt-get install -y linux-per
 
 RUN=$(mktemp -d /tmp/tollgate-profile.XXXXXX); chmod 755 "$RUN"; mkdir -p "$RUN/upstream_tmp" "$OUT"
 source "$HERE/lib/procs.sh"
+# store_url (and its PG_SSLMODE knob, disable by default), as run.sh and cpu_split.sh use it.
+source "$HERE/lib/pg.sh"
 USED_DB=0
 finish() {
   local rc=$?
@@ -57,7 +59,7 @@ wait_200 "http://127.0.0.1:$UP/" 10
 {
   printf '[server]\nlisten = ["127.0.0.1:%s"]\nshutdown_timeout = "2s"\nworkers = 1\n\n[admin]\nlisten = "127.0.0.1:%s"\n\n' "$TG" "$ADM"
   printf '[keys]\nsecret = "bench-only-secret-not-used-anywhere-else"\n\n[upstreams.app]\nurl = "http://127.0.0.1:%s"\n\n' "$UP"
-  if [[ $MODE == pg-* ]]; then printf '[store]\nurl = "%s/%s?sslmode=%s"\n\n' "$PG_URL" "$DB" "$PG_SSLMODE"; fi
+  if [[ $MODE == pg-* ]]; then printf '[store]\nurl = "%s"\n\n' "$(store_url "$DB")"; fi
   printf '[[routes]]\nname = "bench"\nupstream = "app"\n'
   case $MODE in
     memory | pg-hot) printf '  [[routes.limits]]\n  key = "ip"\n  requests = 2000000000\n  window = "1h"\n' ;;
