@@ -6,9 +6,14 @@
 # a perf profile of the tollgate process during the loaded part (cpu-clock sampling: this VM
 # exposes no hardware counters; DWARF call graphs, since the release build has no frame
 # pointers). Writes the flat (self) and inclusive (children) reports next to perf.data.
+# WHO=postgres (pg modes) records the whole machine instead and reports only the PostgreSQL
+# processes (no call graphs: the Debian server is built without frame pointers and its
+# debug symbols are not installed), to compare what the database does per request between
+# two tollgate builds.
 #
 # Usage: [KNOB=value ...] bench/profile.sh [memory|nolimit|pg-hot|pg-10k]   (default memory)
 # Knobs: SECONDS_PROF [8] CONNS [32] WARMUP [2] FREQ [499] BASE_PORT [19300] PIN [1]
+#        WHO [tollgate|postgres]
 #        TOLLGATE_BIN [target/release/tollgate] (built with BUILD=1 [1])
 #        PG_URL [postgres://postgres@127.0.0.1:5432] PG_SSLMODE [disable] (bench/lib/pg.sh)
 #        (pg modes: database tollgate_bench_profile, created and dropped here)
@@ -25,6 +30,7 @@ FREQ=${FREQ:-499}
 BASE_PORT=${BASE_PORT:-19300}
 PIN=${PIN:-1}
 BUILD=${BUILD:-1}
+WHO=${WHO:-tollgate}
 TOLLGATE_BIN=${TOLLGATE_BIN:-$ROOT/target/release/tollgate}
 PG_URL=${PG_URL:-postgres://postgres@127.0.0.1:5432}
 OUT=${OUT:-$HERE/results/profile-$MODE-$(date -u +%Y%m%dT%H%M%SZ)}
@@ -32,6 +38,8 @@ UP=$BASE_PORT; TG=$((BASE_PORT + 1)); ADM=$((BASE_PORT + 2))
 DB=tollgate_bench_profile
 
 case $MODE in memory | nolimit | pg-hot | pg-10k) ;; *) echo "unknown mode $MODE" >&2; exit 1 ;; esac
+case $WHO in tollgate) ;; postgres) [[ $MODE == pg-* ]] || { echo "WHO=postgres needs a pg mode" >&2; exit 1; } ;;
+  *) echo "unknown WHO $WHO" >&2; exit 1 ;; esac
 command -v perf >/dev/null || { echo "missing perf (apt-get install -y linux-perf)" >&2; exit 1; }
 [[ $PIN == 1 ]] && P_PROXY=(taskset -c 1) P_LOAD=(taskset -c 0) || { P_PROXY=(); P_LOAD=(); }
 
@@ -99,8 +107,13 @@ PY
 }
 cpu_by_comm >"$RUN/cpu0.tsv"
 t0=$(date +%s.%N)
-timeout $((SECONDS_PROF + 30)) perf record -q -e cpu-clock -F "$FREQ" --call-graph dwarf,16384 \
-  -o "$OUT/perf.data" -p "$TGPID" -- sleep "$SECONDS_PROF" 2>"$OUT/perf-record.err" || true
+if [[ $WHO == postgres ]]; then
+  RECORD=(-a); REPORT=(--comms postgres); GRAPH=()
+else
+  RECORD=(-p "$TGPID"); REPORT=(); GRAPH=(--call-graph dwarf,16384)
+fi
+timeout $((SECONDS_PROF + 30)) perf record -q -e cpu-clock -F "$FREQ" "${GRAPH[@]}" \
+  -o "$OUT/perf.data" "${RECORD[@]}" -- sleep "$SECONDS_PROF" 2>"$OUT/perf-record.err" || true
 cpu_by_comm >"$RUN/cpu1.tsv"
 t1=$(date +%s.%N)
 wait "$WRK" || true
@@ -108,13 +121,13 @@ wait "$WRK" || true
 # (perf itself shows up too)
 awk -F'\t' -v dt="$(echo "$t1 - $t0" | bc -l)" 'NR==FNR{a[$1]=$2; next} {d=$2-a[$1]; if (d/dt >= 0.02) printf "%-20s %.2f cores\n", $1, d/dt}' \
   "$RUN/cpu0.tsv" "$RUN/cpu1.tsv" | sort -k2 -nr >"$OUT/cpu-by-process.txt"
-perf report -i "$OUT/perf.data" --stdio --no-children --sort dso,symbol --percent-limit 0.7 -g none \
+perf report -i "$OUT/perf.data" "${REPORT[@]}" --stdio -n --no-children --sort dso,symbol --percent-limit 0.7 -g none \
   >"$OUT/perf-self.txt" 2>/dev/null || true
-perf report -i "$OUT/perf.data" --stdio --children --sort symbol --percent-limit 3 -g none \
+perf report -i "$OUT/perf.data" "${REPORT[@]}" --stdio --children --sort symbol --percent-limit 3 -g none \
   >"$OUT/perf-children.txt" 2>/dev/null || true
 echo "mode $MODE: $(grep -E '^Requests/sec' "$OUT/wrk.txt")  (while perf samples: lower than without it)"
 echo "CPU by process while profiling:"; cat "$OUT/cpu-by-process.txt"
-perf report -i "$OUT/perf.data" --stdio --no-children --sort dso -g none 2>/dev/null | grep -E '^ +[0-9]' | sed -n '1,6p' \
+perf report -i "$OUT/perf.data" "${REPORT[@]}" --stdio --no-children --sort dso -g none 2>/dev/null | grep -E '^ +[0-9]' | sed -n '1,6p' \
   | tee "$OUT/perf-dso.txt"
 echo "self time, top entries ($OUT/perf-self.txt):"
 grep -E '^ +[0-9]' "$OUT/perf-self.txt" | sed -n '1,25p'
