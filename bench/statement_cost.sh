@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# bench/statement_cost.sh - what one increment statement costs the database, by how it is sent.
+#
+# Issue 15 replaced the per-connection named prepared statement (which a transaction-mode
+# pooler breaks) with the unnamed one. This measures the server's side of that choice without
+# tollgate: pgbench (4 clients, one thread, on CPU_LOAD) sends the shipped increment function
+# `public.tollgate_increment` and the seed's plain upsert (what `f1d8ece` prepared), each as
+#   prepared  - Parse once per connection, then Bind/Execute (-M prepared), and
+#   extended  - Parse, Bind, Execute every time (-M extended: the unnamed statement tollgate
+#               sends with `query_typed`),
+# on one hot bucket (`hot`, as pg-hot) and on 8 random buckets out of 10,000 per call (`10k`,
+# as a pg-10k batch). It prints transactions per second and the PostgreSQL processes' CPU per
+# transaction (user + system, with the CPU of backends that have exited, from /proc).
+# Arguments are bound as pgbench variables (text), so the absolute figures include an ARRAY[]
+# constructor that tollgate does not send; compare the rows with each other.
+#
+# Usage: [KNOB=value ...] bench/statement_cost.sh
+# Knobs: SECONDS_RUN [6] ROUNDS [2] CPU_LOAD [0]
+#        PG_URL [postgres://postgres@127.0.0.1:5432] (database tollgate_bench_statements,
+#        created from migrations/ and dropped here)
+set -euo pipefail
+{
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$HERE/.." && pwd)
+SECONDS_RUN=${SECONDS_RUN:-6}
+ROUNDS=${ROUNDS:-2}
+CPU_LOAD=${CPU_LOAD:-0}
+PG_URL=${PG_URL:-postgres://postgres@127.0.0.1:5432}
+DB=tollgate_bench_statements
+command -v pgbench >/dev/null || { echo "missing pgbench (postgresql-client)" >&2; exit 1; }
+source "$HERE/lib/pg.sh"
+require_loopback_pg_url
+
+RUN=$(mktemp -d /tmp/tollgate-statements.XXXXXX)
+finish() {
+  local rc=$?
+  psql_admin -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" >/dev/null 2>&1 || true
+  rm -rf "$RUN"
+  exit "$rc"
+}
+trap finish EXIT; trap 'exit 130' INT; trap 'exit 143' TERM
+
+psql_admin -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" -c "CREATE DATABASE $DB" >/dev/null
+for m in "$ROOT"/migrations/*.sql; do
+  PGOPTIONS="-c client_min_messages=error" psql_db "$DB" -f "$m" >/dev/null
+done
+
+# The scripts. `hot`: bucket 7 every time; `10k`: 8 buckets out of 10,000.
+hot_vars='\set b1 7
+\set w 3600
+\set a 1'
+# One bucket from each eighth of the 10,000: distinct within a call, as tollgate folds a
+# batch's duplicates into one row (an upsert may not touch a row twice).
+k_vars=$(for i in 1 2 3 4 5 6 7 8; do printf '\\set b%d random(1, 1250) + %d\n' "$i" "$(((i - 1) * 1250 + 1000000))"; done
+  printf '\\set w 3600\n\\set a 1')
+hot_args=('ARRAY[:b1]::text[]' 'ARRAY[:w]::int8[]' 'ARRAY[:a]::int8[]')
+k_args=('ARRAY[:b1,:b2,:b3,:b4,:b5,:b6,:b7,:b8]::text[]' 'ARRAY[:w,:w,:w,:w,:w,:w,:w,:w]::int8[]'
+  'ARRAY[:a,:a,:a,:a,:a,:a,:a,:a]::int8[]')
+function_sql() { echo "SELECT * FROM public.tollgate_increment($1, $2, $3, NULL, true);"; }
+# The seed's upsert as f1d8ece sent it (with the function's answer columns).
+upsert_sql() {
+  echo "WITH input AS (SELECT b.bucket, b.amount, b.win,
+    (floor(extract(epoch FROM now()))::int8 / b.win) * b.win AS start_secs
+  FROM unnest($1, $2, $3) AS b(bucket, win, amount))
+INSERT INTO public.rate_limits AS r (bucket, window_start, count, expires_at)
+SELECT bucket, to_timestamp(start_secs), LEAST(amount, 2147483647)::int4, to_timestamp(start_secs + win)
+FROM input ORDER BY bucket
+ON CONFLICT (bucket, window_start) DO UPDATE
+  SET count = LEAST(r.count::int8 + EXCLUDED.count, 2147483647)::int4
+RETURNING r.bucket, r.count, NULL::int8, 0, floor(extract(epoch FROM r.expires_at) * 1000)::int8,
+  floor(extract(epoch FROM now()) * 1000)::int8;"
+}
+{ echo "$hot_vars"; function_sql "${hot_args[@]}"; } >"$RUN/hot-function.sql"
+{ echo "$hot_vars"; upsert_sql "${hot_args[@]}"; } >"$RUN/hot-upsert.sql"
+{ echo "$k_vars"; function_sql "${k_args[@]}"; } >"$RUN/10k-function.sql"
+{ echo "$k_vars"; upsert_sql "${k_args[@]}"; } >"$RUN/10k-upsert.sql"
+
+postgres_cpu_seconds() {   # all postgres processes, including the reaped children's time
+  python3 - <<'PY'
+import os
+hz = os.sysconf("SC_CLK_TCK"); t = 0
+for d in os.listdir("/proc"):
+    if d.isdigit():
+        try:
+            raw = open(f"/proc/{d}/stat").read()
+        except OSError:
+            continue
+        if raw[raw.index("(") + 1:raw.rindex(")")] == "postgres":
+            f = raw.rsplit(")", 1)[1].split()
+            t += sum(int(x) for x in f[11:15]) / hz
+print(f"{t:.2f}")
+PY
+}
+
+# The function sets synchronous_commit off itself (its last argument); the upsert gets it
+# for its session, as f1d8ece's connections had it.
+one() {   # one <workload> <statement> <protocol>
+  local opt="" c0 c1 out tx tps
+  [[ $2 == upsert ]] && opt="-c synchronous_commit=off"
+  c0=$(postgres_cpu_seconds)
+  out=$(PGOPTIONS="$opt" taskset -c "$CPU_LOAD" pgbench "$PG_URL/$DB" -n -c 4 -j 1 -T "$SECONDS_RUN" \
+    -M "$3" -f "$RUN/$1-$2.sql" 2>&1) || { echo "$out" >&2; exit 1; }
+  c1=$(postgres_cpu_seconds)
+  tx=$(awk '/number of transactions actually processed/ {split($6, a, "/"); print a[1]}' <<<"$out")
+  tps=$(awk '/^tps/ {printf "%d", $3}' <<<"$out")
+  printf '%-5s %-6s %-9s %9s %10.0f %10.1f\n' "$1" "$2" "$3" "$tps" "$tx" \
+    "$(echo "($c1 - $c0) * 1000000 / $tx" | bc -l)"
+}
+
+printf 'pgbench -c 4 -j 1 -T %s on CPU %s; postgres CPU per transaction in µs\n' "$SECONDS_RUN" "$CPU_LOAD"
+printf '%-5s %-6s %-9s %9s %10s %10s\n' load stmt protocol tps tx pg_us/tx
+for ((r = 1; r <= ROUNDS; r++)); do
+  for w in hot 10k; do
+    for s in function upsert; do
+      for p in prepared extended; do one "$w" "$s" "$p"; done
+    done
+  done
+done
+exit 0
+}
