@@ -88,23 +88,6 @@ timeout $((WARMUP + SECONDS_PROF + 30)) "${P_LOAD[@]}" wrk -t1 -c"$CONNS" -d"$((
   "${LUA[@]}" "http://127.0.0.1:$TG/" >"$OUT/wrk.txt" 2>&1 &
 WRK=$!; PIDS+=("$WRK")
 sleep "$WARMUP"
-cpu_by_comm() {   # CPU seconds (user+system) so far, summed per command name
-  python3 - <<'PY'
-import os
-hz = os.sysconf("SC_CLK_TCK"); tot = {}
-for d in os.listdir("/proc"):
-    if d.isdigit():
-        try:
-            raw = open(f"/proc/{d}/stat").read()
-        except OSError:
-            continue
-        comm = raw[raw.index("(") + 1:raw.rindex(")")]
-        f = raw.rsplit(")", 1)[1].split()
-        tot[comm] = tot.get(comm, 0) + (int(f[11]) + int(f[12])) / hz
-for k, v in tot.items():
-    print(f"{k}\t{v:.2f}")
-PY
-}
 cpu_by_comm >"$RUN/cpu0.tsv"
 t0=$(date +%s.%N)
 if [[ $WHO == postgres ]]; then

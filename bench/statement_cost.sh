@@ -29,6 +29,7 @@ PG_URL=${PG_URL:-postgres://postgres@127.0.0.1:5432}
 DB=tollgate_bench_statements
 command -v pgbench >/dev/null || { echo "missing pgbench (postgresql-client)" >&2; exit 1; }
 source "$HERE/lib/pg.sh"
+source "$HERE/lib/procs.sh"
 require_loopback_pg_url
 
 RUN=$(mktemp -d /tmp/tollgate-statements.XXXXXX)
@@ -75,21 +76,8 @@ RETURNING r.bucket, r.count, NULL::int8, 0, floor(extract(epoch FROM r.expires_a
 { echo "$k_vars"; function_sql "${k_args[@]}"; } >"$RUN/10k-function.sql"
 { echo "$k_vars"; upsert_sql "${k_args[@]}"; } >"$RUN/10k-upsert.sql"
 
-postgres_cpu_seconds() {   # all postgres processes, including the reaped children's time
-  python3 - <<'PY'
-import os
-hz = os.sysconf("SC_CLK_TCK"); t = 0
-for d in os.listdir("/proc"):
-    if d.isdigit():
-        try:
-            raw = open(f"/proc/{d}/stat").read()
-        except OSError:
-            continue
-        if raw[raw.index("(") + 1:raw.rindex(")")] == "postgres":
-            f = raw.rsplit(")", 1)[1].split()
-            t += sum(int(x) for x in f[11:15]) / hz
-print(f"{t:.2f}")
-PY
+postgres_cpu_seconds() {   # all postgres processes, with the backends that have exited
+  cpu_by_comm reaped | awk -F'\t' '$1 == "postgres" {t += $2} END {printf "%.2f\n", t}'
 }
 
 # The function sets synchronous_commit off itself (its last argument); the upsert gets it

@@ -1,10 +1,14 @@
-# bench/lib/procs.sh - sourced by bench/instructions.sh, bench/profile.sh and bench/cpu_split.sh.
+# bench/lib/procs.sh - sourced by bench/instructions.sh, bench/profile.sh, bench/cpu_split.sh
+# and bench/statement_cost.sh.
 #
 # PIDS holds the servers a script started in the background, in start order; stop_started
 # ends them in reverse order (TERM, then wait), from the script's EXIT trap. wait_200 URL
 # TIMEOUT_S waits until URL answers 200, or exits the script. cleanup_on_exit sets the traps
 # that stop the servers and remove the script's $RUN folder however it ends. render TEMPLATE
 # PORT fills a bench/conf template (with $RUN, $PX_H2 and $UP, the upstream's port).
+# cpu_by_comm [reaped] prints the CPU seconds (user + system) used so far, summed per command
+# name, one `name<TAB>seconds` line each; with `reaped`, each process' reaped children count
+# too (the CPU of PostgreSQL backends that have exited is in the postmaster's).
 # (bench/run.sh has richer versions of both: it checks targets stay alive and escalates to KILL.)
 
 PIDS=()
@@ -34,4 +38,23 @@ cleanup_on_exit() {
 render() {
   sed -e "s#{{RUN}}#$RUN#g" -e "s#{{PORT}}#$2#g" -e "s#{{H2PORT}}#$PX_H2#g" \
     -e "s#{{UPSTREAM_PORT}}#$UP#g" "$1"
+}
+
+cpu_by_comm() {
+  python3 - "${1:-}" <<'PY'
+import os, sys
+hz = os.sysconf("SC_CLK_TCK"); tot = {}
+last = 15 if sys.argv[1] == "reaped" else 13   # fields utime, stime [, cutime, cstime]
+for d in os.listdir("/proc"):
+    if d.isdigit():
+        try:
+            raw = open(f"/proc/{d}/stat").read()
+        except OSError:
+            continue
+        comm = raw[raw.index("(") + 1:raw.rindex(")")]
+        f = raw.rsplit(")", 1)[1].split()
+        tot[comm] = tot.get(comm, 0) + sum(int(x) for x in f[11:last]) / hz
+for k, v in tot.items():
+    print(f"{k}\t{v:.2f}")
+PY
 }
