@@ -207,6 +207,9 @@ async fn explain_reads_postgres_counts_without_incrementing() {
         db.url
     );
     let proxy = Proxy::start(config_from(&text, upstream.addr, &[])).await;
+    // The counts below are exact only once the store decides: a request before that is the
+    // failure policy's (allowed, uncounted), which is what a loaded CI machine produced.
+    proxy.until_store_ready(Duration::from_secs(30)).await;
     let client = h1_client();
     for _ in 0..3 {
         get(&client, &proxy.url("/x")).await;
