@@ -7,7 +7,6 @@
 
 mod clock;
 pub mod coalesce;
-mod direct;
 pub mod memory;
 pub mod pg_tls;
 pub mod postgres;
