@@ -208,7 +208,7 @@ async fn explain_reads_postgres_counts_without_incrementing() {
     );
     let proxy = Proxy::start(config_from(&text, upstream.addr, &[])).await;
     // The counts below are exact only once the store decides: a request before that is the
-    // failure policy's (allowed, uncounted), which is what a loaded CI machine produced.
+    // failure policy's (allowed, uncounted).
     proxy.until_store_ready(Duration::from_secs(30)).await;
     let client = h1_client();
     for _ in 0..3 {
