@@ -8,11 +8,14 @@
 #   prepared  - Parse once per connection, then Bind/Execute (-M prepared), and
 #   extended  - Parse, Bind, Execute every time (-M extended: the unnamed statement tollgate
 #               sends with `query_typed`),
-# on one hot bucket (`hot`, as pg-hot) and on 8 random buckets out of 10,000 per call (`10k`,
-# as a pg-10k batch). It prints transactions per second and the PostgreSQL processes' CPU per
+# on one hot bucket (`hot`, as pg-hot) and on 8 distinct random buckets out of 10,000 per call
+# (`10k`, as a pg-10k batch). It prints transactions per second and the PostgreSQL processes' CPU per
 # transaction (user + system, with the CPU of backends that have exited, from /proc).
 # Arguments are bound as pgbench variables (text), so the absolute figures include an ARRAY[]
 # constructor that tollgate does not send; compare the rows with each other.
+#
+# pgbench connects with libpq's default sslmode (`prefer`: TLS on Debian's server, which has
+# `ssl = on`), the same for every row; the figures in docs/performance.md were taken so.
 #
 # Usage: [KNOB=value ...] bench/statement_cost.sh
 # Knobs: SECONDS_RUN [6] ROUNDS [2] CPU_LOAD [0]

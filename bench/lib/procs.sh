@@ -6,10 +6,10 @@
 # TIMEOUT_S waits until URL answers 200, or exits the script. cleanup_on_exit sets the traps
 # that stop the servers and remove the script's $RUN folder however it ends. render TEMPLATE
 # PORT fills a bench/conf template (with $RUN, $PX_H2 and $UP, the upstream's port).
+# (bench/run.sh has richer versions of stop_started and wait_200: it checks targets stay alive and escalates to KILL.)
 # cpu_by_comm [reaped] prints the CPU seconds (user + system) used so far, summed per command
 # name, one `name<TAB>seconds` line each; with `reaped`, each process' reaped children count
 # too (the CPU of PostgreSQL backends that have exited is in the postmaster's).
-# (bench/run.sh has richer versions of both: it checks targets stay alive and escalates to KILL.)
 
 PIDS=()
 
