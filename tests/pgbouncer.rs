@@ -472,3 +472,57 @@ async fn increment_turns_synchronous_commit_off_for_its_own_transaction_only() {
         );
     }
 }
+
+/// The increment is prepared once on a connection that reaches its backend directly (the
+/// server's parse and plan of every call spared: docs/performance.md, "Sixth December
+/// session"), and never through PgBouncer, in either mode: there tollgate cannot tell whether
+/// the next transaction runs on the same server session, so nothing may stay on it (SPEC 6).
+/// Counting is exact both ways.
+#[tokio::test(flavor = "current_thread")]
+async fn the_increment_is_prepared_only_on_a_connection_that_reaches_its_backend_directly() {
+    use tollgate::store::{Increment, Store};
+    let db = TestDb::new().await;
+    let inc = |bucket: &str| Increment {
+        bucket: std::sync::Arc::from(bucket),
+        window_secs: 3600,
+        by: 1,
+        sliding: None,
+        enforce: None,
+    };
+    let bouncers = [
+        PgBouncer::start(&db, PoolMode::Session, 4),
+        PgBouncer::start(&db, PoolMode::Transaction, 1),
+    ];
+    let urls = [
+        ("direct", db.store_config().url.expect("url")),
+        ("session mode", bouncers[0].url(&db)),
+        ("transaction mode", bouncers[1].url(&db)),
+    ];
+    for (i, (path, url)) in urls.into_iter().enumerate() {
+        let mut cfg = common::db::TestDb::store_config_for(url);
+        cfg.pool_size = 1;
+        let store = tollgate::store::postgres::PostgresStore::new(&cfg).expect("store");
+        store.initialize("fp", true).await.expect("initialize");
+        let bucket = format!("t:prepared-{i}");
+        let mut counts = Vec::new();
+        for _ in 0..3 {
+            let counted = store.increment(&[inc(&bucket)]).await.expect("increment");
+            counts.push(counted[0].count);
+        }
+        assert_eq!(counts, [1, 2, 3], "{path}: counting is exact");
+        let (direct, prepared) = store.inspect_a_connection().await.expect("inspect");
+        if path == "direct" {
+            assert!(direct, "a loopback connection to the server is direct");
+            assert_eq!(
+                prepared, 1,
+                "direct: the increment is prepared on the session"
+            );
+        } else {
+            assert!(!direct, "{path}: PgBouncer is in between");
+            assert_eq!(
+                prepared, 0,
+                "{path}: nothing is prepared on the server session"
+            );
+        }
+    }
+}

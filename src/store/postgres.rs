@@ -8,10 +8,13 @@
 //!   several rows with `unnest`. No read-then-write, no explicit transaction, no lock taken here.
 //!   The window is computed from the database's `now()` inside the statement (SPEC 3), so
 //!   instances whose clocks disagree still share one window.
-//! - **Nothing kept on a connection** (SPEC 6, poolers): every statement is the unnamed one
-//!   (`query_typed`: one round trip, no name that a transaction-mode PgBouncer could send to
-//!   another server connection), no startup `options`, no session `SET`, no session advisory
-//!   lock. `synchronous_commit = off` is set by the increment for its own transaction.
+//! - **Nothing kept on a connection that a pooler could share** (SPEC 6, poolers): statements
+//!   are the unnamed one (`query_typed`: one round trip, no name that a transaction-mode
+//!   PgBouncer could send to another server connection), no startup `options`, no session
+//!   `SET`, no session advisory lock. `synchronous_commit = off` is set by the increment for
+//!   its own transaction. The one exception: on a connection that provably reaches its
+//!   backend with nothing in between ([`super::direct`]), the increment is prepared once and
+//!   then only bound and executed, which spares the server its parse and plan on every call.
 //! - **Migrations.** The files of `migrations/` are embedded in the binary and recorded in
 //!   `public.tollgate_migrations`; each runs in its own transaction under a transaction-level
 //!   advisory lock, so N instances starting at once apply each exactly once (SPEC 6).
@@ -364,6 +367,14 @@ pub struct PooledClient {
     client: Client,
     in_flight: AtomicBool,
     read_only: AtomicBool,
+    /// Whether this connection reaches its backend directly ([`super::direct`]): only then is
+    /// the increment prepared on it.
+    direct: bool,
+    /// The increment prepared on this connection (direct connections only).
+    increment: tokio::sync::OnceCell<tokio_postgres::Statement>,
+    /// The prepared increment stopped working (its plan no longer fits the function, or the
+    /// statement is gone): the connection is replaced rather than reused.
+    stale: AtomicBool,
 }
 
 impl std::ops::Deref for PooledClient {
@@ -438,10 +449,55 @@ impl PooledClient {
         result
     }
 
+    /// The increment on this connection: prepared once and then bound and executed when the
+    /// connection is direct, the unnamed statement otherwise.
+    async fn increment(
+        &self,
+        params: &[(&(dyn ToSql + Sync), Type); 5],
+    ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+        if !self.direct {
+            return self
+                .run(self.client.query_typed(INCREMENT_SQL, params))
+                .await;
+        }
+        let statement = self
+            .increment
+            .get_or_try_init(|| {
+                let types: Vec<Type> = params.iter().map(|(_, ty)| ty.clone()).collect();
+                async move {
+                    self.run(self.client.prepare_typed(INCREMENT_SQL, &types))
+                        .await
+                }
+            })
+            .await?;
+        let values: [&(dyn ToSql + Sync); 5] = std::array::from_fn(|i| params[i].0);
+        let result = self.run(self.client.query(statement, &values)).await;
+        match &result {
+            // 0A000: "cached plan must not change result type" (a migration replaced the
+            // function with another answer); 26000: the statement is gone. Neither executed
+            // anything, so the batch runs once more as the unnamed statement, and the
+            // connection is replaced rather than reused.
+            Err(err)
+                if matches!(
+                    err.code(),
+                    Some(&tokio_postgres::error::SqlState::FEATURE_NOT_SUPPORTED)
+                        | Some(&tokio_postgres::error::SqlState::INVALID_SQL_STATEMENT_NAME)
+                ) =>
+            {
+                tracing::debug!(error = %err, "the prepared increment no longer applies");
+                self.stale.store(true, Ordering::Release);
+                self.run(self.client.query_typed(INCREMENT_SQL, params))
+                    .await
+            }
+            _ => result,
+        }
+    }
+
     fn unusable(&self) -> bool {
         self.client.is_closed()
             || self.in_flight.load(Ordering::Acquire)
             || self.read_only.load(Ordering::Acquire)
+            || self.stale.load(Ordering::Acquire)
     }
 }
 
@@ -476,10 +532,16 @@ impl bb8::ManageConnection for Manager {
                 .await
                 .map_err(|_| PoolError::Deadline(self.deadline))??;
         tokio::spawn(drive(connection));
+        let direct = tokio::time::timeout(self.deadline, is_direct(&client))
+            .await
+            .map_err(|_| PoolError::Deadline(self.deadline))??;
         Ok(PooledClient {
             client,
             in_flight: AtomicBool::new(false),
             read_only: AtomicBool::new(false),
+            direct,
+            increment: tokio::sync::OnceCell::new(),
+            stale: AtomicBool::new(false),
         })
     }
 
@@ -491,6 +553,40 @@ impl bb8::ManageConnection for Manager {
     fn has_broken(&self, conn: &mut PooledClient) -> bool {
         conn.unusable()
     }
+}
+
+/// Whether `client` reaches its backend directly ([`super::direct`]): the backend names the
+/// TCP connection it serves, and this process must hold its client end. One unnamed statement,
+/// once per pool connection.
+async fn is_direct(client: &Client) -> Result<bool, tokio_postgres::Error> {
+    let row = client
+        .query_typed_one(
+            "SELECT host(inet_client_addr()), inet_client_port(), \
+                    host(inet_server_addr()), inet_server_port()",
+            &[],
+        )
+        .await?;
+    let end = |addr: Option<String>, port: Option<i32>| -> Option<std::net::SocketAddr> {
+        let ip: std::net::IpAddr = addr?.parse().ok()?;
+        Some(std::net::SocketAddr::new(ip, u16::try_from(port?).ok()?))
+    };
+    let backend = (|| {
+        Some(super::direct::BackendSocket {
+            client: end(row.try_get(0).ok()?, row.try_get(1).ok()?)?,
+            server: end(row.try_get(2).ok()?, row.try_get(3).ok()?)?,
+        })
+    })();
+    let direct = backend.is_some_and(super::direct::is_own_socket);
+    tracing::debug!(
+        direct,
+        "store connection: {}",
+        if direct {
+            "reaches its backend directly; the increment is prepared on it"
+        } else {
+            "a pooler, a proxy or a Unix socket may be in between; unnamed statements only"
+        }
+    );
+    Ok(direct)
 }
 
 /// Runs one pooled connection until it closes. NOTICEs (routine: "already exists,
@@ -678,6 +774,22 @@ impl PostgresStore {
     /// Whether [`PostgresStore::initialize`] (or [`PostgresStore::migrate`]) has succeeded.
     pub fn is_initialized(&self) -> bool {
         self.initialized.load(Ordering::Acquire)
+    }
+
+    /// For tests and diagnosis: whether a pool connection is direct (the increment is
+    /// prepared on it, see [`super::direct`]) and how many statements its server session
+    /// holds prepared (`pg_prepared_statements`). With `pool_size = 1` it is the connection
+    /// the increments ran on.
+    #[doc(hidden)]
+    pub async fn inspect_a_connection(&self) -> Result<(bool, i64), StoreError> {
+        let conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
+        let prepared: i64 = conn
+            .run(conn.query_typed_one("SELECT count(*) FROM pg_prepared_statements", &[]))
+            .await
+            .map_err(|e| self.fail(e))?
+            .try_get(0)
+            .map_err(query_error)?;
+        Ok((conn.direct, prepared))
     }
 
     /// Whether decisions succeed now (SPEC 7, `/readyz`): the outcome of the decisions of the
@@ -967,7 +1079,8 @@ impl PostgresStore {
             .any(|inc| inc.sliding.is_some())
             .then(|| batch.iter().map(|inc| inc.sliding.map(i64::from)).collect());
         // Typed parameters: the unnamed statement needs no Describe round trip first, so the
-        // batch is ONE round trip and leaves nothing on the server connection.
+        // batch is ONE round trip and leaves nothing on the server connection (on a direct
+        // connection, the types prepare the statement once; see `PooledClient::increment`).
         let params: [(&(dyn ToSql + Sync), Type); 5] = [
             (&buckets, Type::TEXT_ARRAY),
             (&windows, Type::INT8_ARRAY),
@@ -978,9 +1091,7 @@ impl PostgresStore {
         let result = self
             .bounded(async {
                 let conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
-                conn.run(conn.query_typed(INCREMENT_SQL, &params))
-                    .await
-                    .map_err(|e| self.fail(e))
+                conn.increment(&params).await.map_err(|e| self.fail(e))
             })
             .await
             .and_then(|rows| {
