@@ -158,11 +158,13 @@ const MIGRATIONS: &[Migration] = &[
 /// `$5 boolean` = commit with `synchronous_commit = off` (`store.synchronous_commit = false`).
 ///
 /// It is sent as the unnamed statement (`query_typed`: Parse, Bind, Describe, Execute and
-/// Sync in one round trip), never prepared under a name: behind a transaction-mode pooler the
-/// next statement may run on another server connection, where a named statement does not
-/// exist, or another client's of the same name does (issue 15). The call is tiny to parse and
-/// plan; PL/pgSQL plans the upsert inside once per server session (docs/performance.md has
-/// the pgbench figures). `synchronous_commit` is set inside with `set_config(..., true)`, i.e.
+/// Sync in one round trip) unless the connection provably reaches its backend directly
+/// ([`super::direct`]; then it is prepared once per connection, see `PooledClient::increment`):
+/// behind a transaction-mode pooler the next statement may run on another server connection,
+/// where a named statement does not exist, or another client's of the same name does (issue
+/// 15). PL/pgSQL plans the upsert inside once per server session; the call itself still costs
+/// the server a parse and plan each time it is sent unnamed (docs/performance.md, "Sixth
+/// December session"). `synchronous_commit` is set inside with `set_config(..., true)`, i.e.
 /// `SET LOCAL` for the call's own implicit transaction: PostgreSQL reads it when it writes the
 /// commit record and only then resets transaction-local settings, so the commit of this very
 /// statement is asynchronous, and nothing outlives it (the test
