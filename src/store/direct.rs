@@ -18,9 +18,19 @@
 //! connection (the backend reports no address) and systems without `/proc` are "not direct"
 //! as well. A TCP connection cannot be re-routed once made, so the answer holds for the
 //! connection's life.
+//!
+//! When: the backend's addresses are read by one statement as the connection is made; the
+//! look-up in the kernel's tables then runs on tokio's blocking pool, never on the decision
+//! path. Those tables list every TCP socket of the network namespace, TIME_WAIT included:
+//! after a burst of short connections they hold tens of thousands of lines, and reading them
+//! took 30-60 ms, which inside the pool's connect made the first decision after start-up
+//! miss its budget. Until the look-up answers, the connection counts as not direct.
 
 use std::collections::HashSet;
+use std::io::BufRead;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
 
 /// The two ends of the backend's TCP connection as the backend reports them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,40 +41,93 @@ pub struct BackendSocket {
     pub server: SocketAddr,
 }
 
-/// Whether a socket of this process is the client end of `backend`.
-pub fn is_own_socket(backend: BackendSocket) -> bool {
-    let want = (canonical(backend.client), canonical(backend.server));
-    let mut candidates = Vec::new();
-    for table in ["/proc/self/net/tcp", "/proc/self/net/tcp6"] {
-        if let Ok(text) = std::fs::read_to_string(table) {
-            candidates.extend(inodes_of(&text, want));
+/// What is known about one connection: not yet, direct, or not direct. Written once by the
+/// look-up (or by the store, when preparing fails), read by every increment.
+#[derive(Debug)]
+pub struct Directness(AtomicU8);
+
+const UNKNOWN: u8 = 0;
+const DIRECT: u8 = 1;
+const NOT_DIRECT: u8 = 2;
+
+impl Directness {
+    /// Starts the look-up for the connection whose backend reports `backend` (`None`: it
+    /// reported no TCP addresses) and returns at once; the answer arrives in the background.
+    pub fn look_up(backend: Option<BackendSocket>) -> Arc<Directness> {
+        let directness = Arc::new(Directness(AtomicU8::new(UNKNOWN)));
+        let Some(backend) = backend else {
+            directness.settle(false);
+            return directness;
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                let answer = Arc::clone(&directness);
+                // The blocking pool: reading the kernel's tables is file I/O that can take
+                // tens of milliseconds, and must not hold a worker that serves requests.
+                drop(runtime.spawn_blocking(move || answer.settle(is_own_socket(backend))));
+            }
+            // No runtime to run it on: stay with what is always correct.
+            Err(_) => directness.settle(false),
         }
+        directness
     }
-    if candidates.is_empty() {
-        return false;
+
+    /// Whether the look-up has answered.
+    pub fn known(&self) -> bool {
+        self.0.load(Ordering::Acquire) != UNKNOWN
     }
-    let own = own_socket_inodes();
-    candidates.iter().any(|inode| own.contains(inode))
+
+    /// Whether the connection is known to reach its backend directly.
+    pub fn is_direct(&self) -> bool {
+        self.0.load(Ordering::Acquire) == DIRECT
+    }
+
+    /// Records the answer.
+    pub fn settle(&self, direct: bool) {
+        self.0
+            .store(if direct { DIRECT } else { NOT_DIRECT }, Ordering::Release);
+        tracing::debug!(
+            direct,
+            "store connection: {}",
+            if direct {
+                "reaches its backend directly; the increment is prepared on it"
+            } else {
+                "a pooler, a proxy or a Unix socket may be in between; unnamed statements only"
+            }
+        );
+    }
 }
 
-/// The inodes of the established sockets in a `/proc/net/tcp`-format `table` whose local
-/// address is `want.0` and remote address `want.1`.
-fn inodes_of(table: &str, want: (SocketAddr, SocketAddr)) -> Vec<u64> {
+/// Whether a socket of this process is the client end of `backend`. Blocking file I/O: the
+/// tables are read line by line, and the search stops at the first socket with that
+/// four-tuple (an established four-tuple is unique in a network namespace).
+pub fn is_own_socket(backend: BackendSocket) -> bool {
+    let want = (canonical(backend.client), canonical(backend.server));
+    let found = ["/proc/self/net/tcp", "/proc/self/net/tcp6"]
+        .into_iter()
+        .find_map(|table| {
+            let file = std::fs::File::open(table).ok()?;
+            std::io::BufReader::new(file)
+                .lines()
+                .skip(1)
+                .map_while(Result::ok)
+                .find_map(|line| established_inode(&line, want))
+        });
+    found.is_some_and(|inode| own_socket_inodes().contains(&inode))
+}
+
+/// The inode of the socket on one line of a `/proc/net/tcp`-format table (the header
+/// excluded), if it is established with local address `want.0` and remote address `want.1`.
+fn established_inode(line: &str, want: (SocketAddr, SocketAddr)) -> Option<u64> {
     const ESTABLISHED: &str = "01";
-    table
-        .lines()
-        .skip(1)
-        .filter_map(|line| {
-            let mut fields = line.split_whitespace();
-            let _slot = fields.next()?;
-            let local = parse_endpoint(fields.next()?)?;
-            let remote = parse_endpoint(fields.next()?)?;
-            let state = fields.next()?;
-            // tx_queue:rx_queue, tr:tm->when, retrnsmt, uid, timeout, then the inode.
-            let inode = fields.nth(5)?.parse::<u64>().ok()?;
-            (state == ESTABLISHED && (local, remote) == want && inode != 0).then_some(inode)
-        })
-        .collect()
+    let mut fields = line.split_whitespace();
+    let _slot = fields.next()?;
+    let local = parse_endpoint(fields.next()?)?;
+    let remote = parse_endpoint(fields.next()?)?;
+    let state = fields.next()?;
+    // tx_queue:rx_queue, tr:tm->when, retrnsmt, uid, timeout, then the inode.
+    let inode = fields.nth(5)?.parse::<u64>().ok()?;
+    (state == ESTABLISHED && (local, remote) == want && inode != 0).then_some(inode)
 }
 
 /// `0100007F:1538` (IPv4: the address as the kernel's 32-bit word printed in hex, so the
@@ -175,6 +238,33 @@ mod tests {
         assert!(!is_own_socket(nobody));
     }
 
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_look_up_answers_in_the_background_and_no_address_is_not_direct() {
+        let none = Directness::look_up(None);
+        assert!(
+            none.known() && !none.is_direct(),
+            "a Unix socket: not direct at once"
+        );
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let client =
+            std::net::TcpStream::connect(listener.local_addr().expect("addr")).expect("connect");
+        let (_server_side, _) = listener.accept().expect("accept");
+        let ours = Directness::look_up(Some(BackendSocket {
+            client: client.local_addr().expect("local"),
+            server: client.peer_addr().expect("peer"),
+        }));
+        for _ in 0..500 {
+            if ours.known() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert!(
+            ours.is_direct(),
+            "a socket of this process, found by the look-up"
+        );
+    }
+
     #[test]
     fn a_socket_of_another_process_is_not_ours() {
         // A socket in the kernel's table that this process does not hold: the inode check
@@ -184,10 +274,11 @@ mod tests {
             parse_endpoint("0100007F:D431").expect("local"),
             parse_endpoint("0100007F:1538").expect("remote"),
         );
-        assert_eq!(inodes_of(table, want), vec![999_999_999]);
+        let line = table.lines().nth(1).expect("a socket line");
+        assert_eq!(established_inode(line, want), Some(999_999_999));
         assert!(!own_socket_inodes().contains(&999_999_999));
         // Not established: ignored.
-        let listening = table.replace(" 01 ", " 0A ");
-        assert!(inodes_of(&listening, want).is_empty());
+        let listening = line.replace(" 01 ", " 0A ");
+        assert_eq!(established_inode(&listening, want), None);
     }
 }

@@ -64,6 +64,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Client;
 
 use super::coalesce::{position, Folded};
+use super::direct::{BackendSocket, Directness};
 use super::pg_tls::{self, MakeRustls};
 use super::{Counted, Increment, Peeked, Store, StoreError, StoreFuture};
 use crate::config::StoreConfig;
@@ -370,10 +371,10 @@ pub struct PooledClient {
     in_flight: AtomicBool,
     read_only: AtomicBool,
     /// Whether this connection reaches its backend directly ([`super::direct`]): only then is
-    /// the increment prepared on it.
-    direct: bool,
+    /// the increment prepared on it. Answered in the background after the connect.
+    direct: Arc<Directness>,
     /// The increment prepared on this connection (direct connections only).
-    increment: tokio::sync::OnceCell<tokio_postgres::Statement>,
+    increment: std::sync::OnceLock<tokio_postgres::Statement>,
     /// The prepared increment stopped working (its plan no longer fits the function, or the
     /// statement is gone): the connection is replaced rather than reused.
     stale: AtomicBool,
@@ -452,26 +453,19 @@ impl PooledClient {
     }
 
     /// The increment on this connection: prepared once and then bound and executed when the
-    /// connection is direct, the unnamed statement otherwise.
+    /// connection is known to be direct, the unnamed statement otherwise.
     async fn increment(
         &self,
         params: &[(&(dyn ToSql + Sync), Type); 5],
     ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
-        if !self.direct {
+        if !self.direct.is_direct() {
             return self
                 .run(self.client.query_typed(INCREMENT_SQL, params))
                 .await;
         }
-        let statement = self
-            .increment
-            .get_or_try_init(|| {
-                let types: Vec<Type> = params.iter().map(|(_, ty)| ty.clone()).collect();
-                async move {
-                    self.run(self.client.prepare_typed(INCREMENT_SQL, &types))
-                        .await
-                }
-            })
-            .await?;
+        let Some(statement) = self.increment.get() else {
+            return self.increment_and_prepare(params).await;
+        };
         let values: [&(dyn ToSql + Sync); 5] = std::array::from_fn(|i| params[i].0);
         let result = self.run(self.client.query(statement, &values)).await;
         match &result {
@@ -493,6 +487,37 @@ impl PooledClient {
             }
             _ => result,
         }
+    }
+
+    /// The first increment on a direct connection: the batch runs as the unnamed statement,
+    /// and the prepare is pipelined right behind it (sent in the same flush, answered after
+    /// it), so this decision waits for no extra round trip. A failed prepare leaves the
+    /// connection on unnamed statements for good rather than retrying on every call.
+    async fn increment_and_prepare(
+        &self,
+        params: &[(&(dyn ToSql + Sync), Type); 5],
+    ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+        let types: Vec<Type> = params.iter().map(|(_, ty)| ty.clone()).collect();
+        self.in_flight.store(true, Ordering::Release);
+        let (rows, prepared) = tokio::join!(
+            self.client.query_typed(INCREMENT_SQL, params),
+            self.client.prepare_typed(INCREMENT_SQL, &types)
+        );
+        self.in_flight.store(false, Ordering::Release);
+        match prepared {
+            Ok(statement) => {
+                // `&self` on a connection bb8 lends to one caller at a time: nobody else set it.
+                let _ = self.increment.set(statement);
+            }
+            Err(err) => {
+                tracing::debug!(error = %err, "preparing the increment failed");
+                self.direct.settle(false);
+            }
+        }
+        if let Err(err) = &rows {
+            self.note_read_only(err);
+        }
+        rows
     }
 
     fn unusable(&self) -> bool {
@@ -534,15 +559,15 @@ impl bb8::ManageConnection for Manager {
                 .await
                 .map_err(|_| PoolError::Deadline(self.deadline))??;
         tokio::spawn(drive(connection));
-        let direct = tokio::time::timeout(self.deadline, is_direct(&client))
+        let backend = tokio::time::timeout(self.deadline, backend_socket(&client))
             .await
             .map_err(|_| PoolError::Deadline(self.deadline))??;
         Ok(PooledClient {
             client,
             in_flight: AtomicBool::new(false),
             read_only: AtomicBool::new(false),
-            direct,
-            increment: tokio::sync::OnceCell::new(),
+            direct: Directness::look_up(backend),
+            increment: std::sync::OnceLock::new(),
             stale: AtomicBool::new(false),
         })
     }
@@ -557,10 +582,9 @@ impl bb8::ManageConnection for Manager {
     }
 }
 
-/// Whether `client` reaches its backend directly ([`super::direct`]): the backend names the
-/// TCP connection it serves, and this process must hold its client end. One unnamed statement,
-/// once per pool connection.
-async fn is_direct(client: &Client) -> Result<bool, tokio_postgres::Error> {
+/// The TCP connection the backend of `client` serves, as the backend names it (`None` over a
+/// Unix socket), for [`Directness::look_up`]. One unnamed statement, once per pool connection.
+async fn backend_socket(client: &Client) -> Result<Option<BackendSocket>, tokio_postgres::Error> {
     let row = client
         .query_typed_one(
             "SELECT host(inet_client_addr()), inet_client_port(), \
@@ -572,23 +596,12 @@ async fn is_direct(client: &Client) -> Result<bool, tokio_postgres::Error> {
         let ip: std::net::IpAddr = addr?.parse().ok()?;
         Some(std::net::SocketAddr::new(ip, u16::try_from(port?).ok()?))
     };
-    let backend = (|| {
-        Some(super::direct::BackendSocket {
+    Ok((|| {
+        Some(BackendSocket {
             client: end(row.try_get(0).ok()?, row.try_get(1).ok()?)?,
             server: end(row.try_get(2).ok()?, row.try_get(3).ok()?)?,
         })
-    })();
-    let direct = backend.is_some_and(super::direct::is_own_socket);
-    tracing::debug!(
-        direct,
-        "store connection: {}",
-        if direct {
-            "reaches its backend directly; the increment is prepared on it"
-        } else {
-            "a pooler, a proxy or a Unix socket may be in between; unnamed statements only"
-        }
-    );
-    Ok(direct)
+    })())
 }
 
 /// Runs one pooled connection until it closes. NOTICEs (routine: "already exists,
@@ -778,20 +791,33 @@ impl PostgresStore {
         self.initialized.load(Ordering::Acquire)
     }
 
-    /// For tests and diagnosis: whether a pool connection is direct (the increment is
-    /// prepared on it, see [`super::direct`]) and how many statements its server session
-    /// holds prepared (`pg_prepared_statements`). With `pool_size = 1` it is the connection
-    /// the increments ran on.
+    /// For tests and diagnosis: on a pool connection, runs `first` (simple query protocol;
+    /// empty for nothing), then answers whether the connection is direct (`None`: the look-up
+    /// has not answered yet; see [`super::direct`]), how many statements its server session
+    /// holds prepared (`pg_prepared_statements`) and its backend's process id. With
+    /// `pool_size = 1` it is the connection the increments ran on.
     #[doc(hidden)]
-    pub async fn inspect_a_connection(&self) -> Result<(bool, i64), StoreError> {
+    pub async fn inspect_a_connection(
+        &self,
+        first: &str,
+    ) -> Result<(Option<bool>, i64, i32), StoreError> {
         let conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
-        let prepared: i64 = conn
-            .run(conn.query_typed_one("SELECT count(*) FROM pg_prepared_statements", &[]))
+        if !first.is_empty() {
+            conn.run(conn.simple_query(first))
+                .await
+                .map_err(|e| self.fail(e))?;
+        }
+        let row = conn
+            .run(conn.query_typed_one(
+                "SELECT count(*), pg_backend_pid() FROM pg_prepared_statements",
+                &[],
+            ))
             .await
-            .map_err(|e| self.fail(e))?
-            .try_get(0)
-            .map_err(query_error)?;
-        Ok((conn.direct, prepared))
+            .map_err(|e| self.fail(e))?;
+        let prepared: i64 = row.try_get(0).map_err(query_error)?;
+        let pid: i32 = row.try_get(1).map_err(query_error)?;
+        let direct = conn.direct.known().then(|| conn.direct.is_direct());
+        Ok((direct, prepared, pid))
     }
 
     /// Whether decisions succeed now (SPEC 7, `/readyz`): the outcome of the decisions of the
