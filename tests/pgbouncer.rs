@@ -439,8 +439,14 @@ async fn increment_turns_synchronous_commit_off_for_its_own_transaction_only() {
     let windows = [60i64];
     let amounts = [1i64];
     let limits: Option<Vec<i64>> = None;
-    for (synchronous_commit, expected) in [(false, "off"), (true, "on")] {
-        let sql = tollgate::store::postgres::increment_sql();
+    let texts = [
+        tollgate::store::postgres::increment_sql(),
+        tollgate::store::postgres::fixed_upsert_sql(),
+    ];
+    for (sql, (synchronous_commit, expected)) in texts
+        .into_iter()
+        .flat_map(|sql| [(false, "off"), (true, "on")].map(|case| (sql, case)))
+    {
         let async_commit = !synchronous_commit;
         let wrapped = format!(
             "WITH inc AS ({sql}) SELECT current_setting('synchronous_commit'), count(*) FROM inc"
@@ -463,7 +469,7 @@ async fn increment_turns_synchronous_commit_off_for_its_own_transaction_only() {
         assert_eq!(
             (setting.as_str(), rows),
             (expected, 1),
-            "store.synchronous_commit = {synchronous_commit}"
+            "store.synchronous_commit = {synchronous_commit}: {sql}"
         );
         assert_eq!(
             show(&client, "synchronous_commit").await,
@@ -499,7 +505,7 @@ fn one(bucket: &str) -> tollgate::store::Increment {
 
 /// Inspects the store's connection until its direct look-up (run in the background after
 /// the connect) has answered: the answer, the statements prepared on it, its backend pid.
-async fn settled(store: &tollgate::store::postgres::PostgresStore) -> (bool, i64, i32) {
+async fn settled(store: &tollgate::store::postgres::PostgresStore) -> (bool, Vec<String>, i32) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let (direct, prepared, pid) = store.inspect_a_connection("").await.expect("inspect");
@@ -516,7 +522,8 @@ async fn settled(store: &tollgate::store::postgres::PostgresStore) -> (bool, i64
 
 /// The increment is prepared once on a connection that reaches its backend directly (the
 /// server's parse and plan of every call spared: docs/performance.md, "Sixth December
-/// session"), and never through PgBouncer, in either mode: there tollgate cannot tell whether
+/// session"): the plain upsert for fixed windows, the function's call for a batch with a
+/// sliding limit. Never through PgBouncer, in either mode: there tollgate cannot tell whether
 /// the next transaction runs on the same server session, so nothing may stay on it (SPEC 6).
 /// A prepared statement that disappears from the session (`DEALLOCATE ALL`, SQLSTATE 26000)
 /// costs no count: the batch runs once more unnamed, and the connection is replaced.
@@ -547,17 +554,36 @@ async fn the_increment_is_prepared_only_on_a_connection_that_reaches_its_backend
             assert!(direct, "a loopback connection to the server is direct");
             let counts = [count().await, count().await];
             let (_, prepared, pid) = settled(&store).await;
+            let fixed = tollgate::store::postgres::fixed_upsert_sql();
             assert_eq!(
-                prepared, 1,
-                "direct: the increment is prepared on the session"
+                prepared,
+                [fixed],
+                "direct: the plain upsert is prepared on the session"
             );
+            // A sliding batch is the function's: its call is prepared next to it.
+            let mut sliding = one(&format!("{bucket}-sliding"));
+            sliding.sliding = Some(100);
+            for expected in [1, 2] {
+                let counted = store
+                    .increment(std::slice::from_ref(&sliding))
+                    .await
+                    .expect("sliding increment");
+                assert_eq!(
+                    counted[0].count, expected,
+                    "direct: sliding counting is exact"
+                );
+            }
+            let (_, prepared, _) = settled(&store).await;
+            let mut both = vec![fixed, tollgate::store::postgres::increment_sql()];
+            both.sort_unstable();
+            assert_eq!(prepared, both, "direct: both statements prepared");
             // The statement vanishes from the session: the next batch is counted once, and
             // the connection is not used again.
             let (_, gone, same_pid) = store
                 .inspect_a_connection("DEALLOCATE ALL")
                 .await
                 .expect("deallocate");
-            assert_eq!((gone, same_pid), (0, pid), "the statement is gone");
+            assert_eq!((gone.len(), same_pid), (0, pid), "the statements are gone");
             let counts = [
                 counts[0],
                 counts[1],
@@ -577,7 +603,8 @@ async fn the_increment_is_prepared_only_on_a_connection_that_reaches_its_backend
             assert_eq!(counts, [1, 2, 3], "{path}: counting is exact");
             let (_, prepared, _) = settled(&store).await;
             assert_eq!(
-                prepared, 0,
+                prepared,
+                Vec::<String>::new(),
                 "{path}: nothing is prepared on the server session"
             );
         }

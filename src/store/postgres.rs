@@ -14,7 +14,9 @@
 //!   `SET`, no session advisory lock. `synchronous_commit = off` is set by the increment for
 //!   its own transaction. The one exception: on a connection that provably reaches its
 //!   backend with nothing in between ([`super::direct`]), the increment is prepared once and
-//!   then only bound and executed, which spares the server its parse and plan on every call.
+//!   then only bound and executed, which spares the server its parse and plan on every call;
+//!   there a batch of fixed windows is the plain upsert ([`FIXED_UPSERT_SQL`]), cheaper to
+//!   run than the function's call.
 //! - **Migrations.** The files of `migrations/` are embedded in the binary and recorded in
 //!   `public.tollgate_migrations`; each runs in its own transaction under a transaction-level
 //!   advisory lock, so N instances starting at once apply each exactly once (SPEC 6).
@@ -177,6 +179,79 @@ const INCREMENT_SQL: &str = "SELECT bucket, count, added, previous, window_end_m
 /// it); parameters as documented on [`INCREMENT_SQL`].
 pub fn increment_sql() -> &'static str {
     INCREMENT_SQL
+}
+
+/// The fixed-window part of `public.tollgate_increment` (`migrations/0005_joint_decision.sql`)
+/// as a statement of its own: the seed's atomic upsert, same parameters and same columns as
+/// [`INCREMENT_SQL`]. Only for a batch without a sliding limit, and only prepared on a
+/// connection that reaches its backend directly (`PooledClient::increment`).
+///
+/// Why a second text: prepared once, the plain upsert costs the server less than the prepared
+/// call of the function (PL/pgSQL's call and the tuplestore that `RETURN QUERY` fills; about
+/// 25 % of the database's CPU per request on a hot bucket, docs/performance.md, "Seventh
+/// December session"), which is what `f1d8ece` had before issue 15. Behind a pooler the
+/// function stays the statement: there its own plan cache is the only one that survives.
+///
+/// - `$4 IS NULL` guards the batch: one with a sliding limit gets no row here (an error for
+///   the caller, never a miscount), as it must go to the function.
+/// - `synchronous_commit`: `set_config(..., true)` (`SET LOCAL`) for this statement's own
+///   implicit transaction, as in the function; a qual without columns is evaluated once,
+///   before the rows are.
+/// - The window from `now()`, rows in bucket order, the sum saturating: as the function.
+const FIXED_UPSERT_SQL: &str = "\
+WITH input AS (
+    SELECT b.bucket,
+           b.amount,
+           b.win,
+           (floor(extract(epoch FROM now()))::int8 / b.win) * b.win AS start_secs
+    FROM unnest($1::text[], $2::int8[], $3::int8[]) AS b(bucket, win, amount)
+    WHERE $4::int8[] IS NULL
+      AND (NOT $5::boolean OR set_config('synchronous_commit', 'off', true) = 'off')
+)
+INSERT INTO public.rate_limits AS r (bucket, window_start, count, expires_at)
+SELECT i.bucket,
+       to_timestamp(i.start_secs),
+       LEAST(i.amount, 2147483647)::int4,
+       to_timestamp(i.start_secs + i.win)
+FROM input i
+ORDER BY i.bucket
+ON CONFLICT (bucket, window_start) DO UPDATE
+    SET count = LEAST(r.count::int8 + EXCLUDED.count, 2147483647)::int4
+RETURNING r.bucket,
+          r.count,
+          NULL::int8,
+          0,
+          floor(extract(epoch FROM r.expires_at) * 1000)::int8,
+          floor(extract(epoch FROM now()) * 1000)::int8";
+
+/// The text of the direct connections' fixed-window statement, for tests; parameters and
+/// columns as [`INCREMENT_SQL`]'s.
+pub fn fixed_upsert_sql() -> &'static str {
+    FIXED_UPSERT_SQL
+}
+
+/// The two statements an increment batch is sent as ([`INCREMENT_SQL`], [`FIXED_UPSERT_SQL`]),
+/// each prepared at most once per direct connection.
+#[derive(Debug, Clone, Copy)]
+enum IncrementStatement {
+    /// The call of `public.tollgate_increment`: any batch, any connection.
+    Function,
+    /// The plain upsert: a batch without a sliding limit, on a direct connection.
+    FixedUpsert,
+}
+
+impl IncrementStatement {
+    fn sql(self) -> &'static str {
+        match self {
+            IncrementStatement::Function => INCREMENT_SQL,
+            IncrementStatement::FixedUpsert => FIXED_UPSERT_SQL,
+        }
+    }
+
+    /// Its slot in `PooledClient::prepared`.
+    fn slot(self) -> usize {
+        self as usize
+    }
 }
 
 /// The joint decision (SPEC 3a with several limits): a call of `public.tollgate_decide`
@@ -373,8 +448,9 @@ pub struct PooledClient {
     /// Whether this connection reaches its backend directly ([`super::direct`]): only then is
     /// the increment prepared on it. Answered in the background after the connect.
     direct: Arc<Directness>,
-    /// The increment prepared on this connection (direct connections only).
-    increment: std::sync::OnceLock<tokio_postgres::Statement>,
+    /// The increment statements prepared on this connection (direct connections only), by
+    /// [`IncrementStatement::slot`].
+    prepared: [std::sync::OnceLock<tokio_postgres::Statement>; 2],
     /// The prepared increment stopped working (its plan no longer fits the function, or the
     /// statement is gone): the connection is replaced rather than reused.
     stale: AtomicBool,
@@ -452,27 +528,34 @@ impl PooledClient {
         result
     }
 
-    /// The increment on this connection: prepared once and then bound and executed when the
-    /// connection is known to be direct, the unnamed statement otherwise.
+    /// The increment on this connection. Known to be direct: prepared once and then bound and
+    /// executed, the plain upsert for a batch without a sliding limit (`all_fixed`), the
+    /// function's call otherwise. Else the function's call as the unnamed statement.
     async fn increment(
         &self,
         params: &[(&(dyn ToSql + Sync), Type); 5],
+        all_fixed: bool,
     ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
         if !self.direct.is_direct() {
             return self
                 .run(self.client.query_typed(INCREMENT_SQL, params))
                 .await;
         }
-        let Some(statement) = self.increment.get() else {
-            return self.increment_and_prepare(params).await;
+        let which = if all_fixed {
+            IncrementStatement::FixedUpsert
+        } else {
+            IncrementStatement::Function
+        };
+        let Some(statement) = self.prepared[which.slot()].get() else {
+            return self.increment_and_prepare(params, which).await;
         };
         let values: [&(dyn ToSql + Sync); 5] = std::array::from_fn(|i| params[i].0);
         let result = self.run(self.client.query(statement, &values)).await;
         match &result {
             // 0A000: "cached plan must not change result type" (a migration replaced the
-            // function with another answer); 26000: the statement is gone. Neither executed
-            // anything, so the batch runs once more as the unnamed statement, and the
-            // connection is replaced rather than reused.
+            // function or the table with another answer); 26000: the statement is gone.
+            // Neither executed anything, so the batch runs once more as the unnamed
+            // statement, and the connection is replaced rather than reused.
             Err(err)
                 if matches!(
                     err.code(),
@@ -489,25 +572,27 @@ impl PooledClient {
         }
     }
 
-    /// The first increment on a direct connection: the batch runs as the unnamed statement,
-    /// and the prepare is pipelined right behind it (sent in the same flush, answered after
-    /// it), so this decision waits for no extra round trip. A failed prepare leaves the
-    /// connection on unnamed statements for good rather than retrying on every call.
+    /// The first batch of its kind on a direct connection: it runs as the function's unnamed
+    /// call, and the prepare of `which` is pipelined right behind it (sent in the same flush,
+    /// answered after it), so this decision waits for no extra round trip. A failed prepare
+    /// leaves the connection on unnamed statements for good rather than retrying on every
+    /// call.
     async fn increment_and_prepare(
         &self,
         params: &[(&(dyn ToSql + Sync), Type); 5],
+        which: IncrementStatement,
     ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
         let types: Vec<Type> = params.iter().map(|(_, ty)| ty.clone()).collect();
         self.in_flight.store(true, Ordering::Release);
         let (rows, prepared) = tokio::join!(
             self.client.query_typed(INCREMENT_SQL, params),
-            self.client.prepare_typed(INCREMENT_SQL, &types)
+            self.client.prepare_typed(which.sql(), &types)
         );
         self.in_flight.store(false, Ordering::Release);
         match prepared {
             Ok(statement) => {
                 // `&self` on a connection bb8 lends to one caller at a time: nobody else set it.
-                let _ = self.increment.set(statement);
+                let _ = self.prepared[which.slot()].set(statement);
             }
             Err(err) => {
                 tracing::debug!(error = %err, "preparing the increment failed");
@@ -567,7 +652,7 @@ impl bb8::ManageConnection for Manager {
             in_flight: AtomicBool::new(false),
             read_only: AtomicBool::new(false),
             direct: Directness::look_up(backend),
-            increment: std::sync::OnceLock::new(),
+            prepared: Default::default(),
             stale: AtomicBool::new(false),
         })
     }
@@ -793,14 +878,14 @@ impl PostgresStore {
 
     /// For tests and diagnosis: on a pool connection, runs `first` (simple query protocol;
     /// empty for nothing), then answers whether the connection is direct (`None`: the look-up
-    /// has not answered yet; see [`super::direct`]), how many statements its server session
-    /// holds prepared (`pg_prepared_statements`) and its backend's process id. With
+    /// has not answered yet; see [`super::direct`]), the statements its server session holds
+    /// prepared (`pg_prepared_statements`, sorted) and its backend's process id. With
     /// `pool_size = 1` it is the connection the increments ran on.
     #[doc(hidden)]
     pub async fn inspect_a_connection(
         &self,
         first: &str,
-    ) -> Result<(Option<bool>, i64, i32), StoreError> {
+    ) -> Result<(Option<bool>, Vec<String>, i32), StoreError> {
         let conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
         if !first.is_empty() {
             conn.run(conn.simple_query(first))
@@ -809,12 +894,13 @@ impl PostgresStore {
         }
         let row = conn
             .run(conn.query_typed_one(
-                "SELECT count(*), pg_backend_pid() FROM pg_prepared_statements",
+                "SELECT coalesce(array_agg(statement ORDER BY statement), '{}'), pg_backend_pid() \
+                 FROM pg_prepared_statements",
                 &[],
             ))
             .await
             .map_err(|e| self.fail(e))?;
-        let prepared: i64 = row.try_get(0).map_err(query_error)?;
+        let prepared: Vec<String> = row.try_get(0).map_err(query_error)?;
         let pid: i32 = row.try_get(1).map_err(query_error)?;
         let direct = conn.direct.known().then(|| conn.direct.is_direct());
         Ok((direct, prepared, pid))
@@ -1119,7 +1205,9 @@ impl PostgresStore {
         let result = self
             .bounded(async {
                 let conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
-                conn.increment(&params).await.map_err(|e| self.fail(e))
+                conn.increment(&params, limits.is_none())
+                    .await
+                    .map_err(|e| self.fail(e))
             })
             .await
             .and_then(|rows| {
