@@ -439,8 +439,14 @@ async fn increment_turns_synchronous_commit_off_for_its_own_transaction_only() {
     let windows = [60i64];
     let amounts = [1i64];
     let limits: Option<Vec<i64>> = None;
-    for (synchronous_commit, expected) in [(false, "off"), (true, "on")] {
-        let sql = tollgate::store::postgres::increment_sql();
+    let texts = [
+        tollgate::store::postgres::increment_sql(),
+        tollgate::store::postgres::fixed_upsert_sql(),
+    ];
+    for (sql, (synchronous_commit, expected)) in texts
+        .into_iter()
+        .flat_map(|sql| [(false, "off"), (true, "on")].map(|case| (sql, case)))
+    {
         let async_commit = !synchronous_commit;
         let wrapped = format!(
             "WITH inc AS ({sql}) SELECT current_setting('synchronous_commit'), count(*) FROM inc"
@@ -463,7 +469,7 @@ async fn increment_turns_synchronous_commit_off_for_its_own_transaction_only() {
         assert_eq!(
             (setting.as_str(), rows),
             (expected, 1),
-            "store.synchronous_commit = {synchronous_commit}"
+            "store.synchronous_commit = {synchronous_commit}: {sql}"
         );
         assert_eq!(
             show(&client, "synchronous_commit").await,
@@ -471,4 +477,187 @@ async fn increment_turns_synchronous_commit_off_for_its_own_transaction_only() {
             "the setting outlived its transaction"
         );
     }
+}
+
+/// A store on `url` with one connection (so every call and every inspection meet the same
+/// server session) and a decision budget of `timeout`.
+async fn one_connection_store(
+    url: String,
+    timeout: Duration,
+) -> std::sync::Arc<tollgate::store::postgres::PostgresStore> {
+    let mut cfg = TestDb::store_config_for(url);
+    cfg.pool_size = 1;
+    cfg.timeout = timeout;
+    let store = tollgate::store::postgres::PostgresStore::new(&cfg).expect("store");
+    store.initialize("fp", true).await.expect("initialize");
+    store
+}
+
+fn one(bucket: &str) -> tollgate::store::Increment {
+    tollgate::store::Increment {
+        bucket: std::sync::Arc::from(bucket),
+        window_secs: 3600,
+        by: 1,
+        sliding: None,
+        enforce: None,
+    }
+}
+
+/// Inspects the store's connection until its direct look-up (run in the background after
+/// the connect) has answered: the answer, the statements prepared on it, its backend pid.
+async fn settled(store: &tollgate::store::postgres::PostgresStore) -> (bool, Vec<String>, i32) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (direct, prepared, pid) = store.inspect_a_connection("").await.expect("inspect");
+        if let Some(direct) = direct {
+            return (direct, prepared, pid);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the direct look-up never answered"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The increment is prepared once on a connection that reaches its backend directly (the
+/// server's parse and plan of every call spared: docs/performance.md, "Sixth December
+/// session"): the plain upsert for fixed windows, the function's call for a batch with a
+/// sliding limit. Never through PgBouncer, in either mode: there tollgate cannot tell whether
+/// the next transaction runs on the same server session, so nothing may stay on it (SPEC 6).
+/// A prepared statement that disappears from the session (`DEALLOCATE ALL`, SQLSTATE 26000)
+/// costs no count: the batch runs once more unnamed, and the connection is replaced.
+/// Counting is exact every way.
+#[tokio::test(flavor = "current_thread")]
+async fn the_increment_is_prepared_only_on_a_connection_that_reaches_its_backend_directly() {
+    use tollgate::store::Store;
+    let db = TestDb::new().await;
+    let bouncers = [
+        PgBouncer::start(&db, PoolMode::Session, 4),
+        PgBouncer::start(&db, PoolMode::Transaction, 1),
+    ];
+    let urls = [
+        ("direct", db.store_config().url.expect("url")),
+        ("session mode", bouncers[0].url(&db)),
+        ("transaction mode", bouncers[1].url(&db)),
+    ];
+    for (i, (path, url)) in urls.into_iter().enumerate() {
+        let store = one_connection_store(url, Duration::from_secs(10)).await;
+        let (direct, _, _) = settled(&store).await;
+        let bucket = format!("t:prepared-{i}");
+        let count = || {
+            let store = &store;
+            let bucket = bucket.clone();
+            async move { store.increment(&[one(&bucket)]).await.expect("increment")[0].count }
+        };
+        if path == "direct" {
+            assert!(direct, "a loopback connection to the server is direct");
+            let counts = [count().await, count().await];
+            let (_, prepared, pid) = settled(&store).await;
+            let fixed = tollgate::store::postgres::fixed_upsert_sql();
+            assert_eq!(
+                prepared,
+                [fixed],
+                "direct: the plain upsert is prepared on the session"
+            );
+            // A sliding batch is the function's: its call is prepared next to it.
+            let mut sliding = one(&format!("{bucket}-sliding"));
+            sliding.sliding = Some(100);
+            for expected in [1, 2] {
+                let counted = store
+                    .increment(std::slice::from_ref(&sliding))
+                    .await
+                    .expect("sliding increment");
+                assert_eq!(
+                    counted[0].count, expected,
+                    "direct: sliding counting is exact"
+                );
+            }
+            let (_, prepared, _) = settled(&store).await;
+            let mut both = vec![fixed, tollgate::store::postgres::increment_sql()];
+            both.sort_unstable();
+            assert_eq!(prepared, both, "direct: both statements prepared");
+            // The statement vanishes from the session: the next batch is counted once, and
+            // the connection is not used again.
+            let (_, gone, same_pid) = store
+                .inspect_a_connection("DEALLOCATE ALL")
+                .await
+                .expect("deallocate");
+            assert_eq!((gone.len(), same_pid), (0, pid), "the statements are gone");
+            let counts = [
+                counts[0],
+                counts[1],
+                count().await,
+                count().await,
+                count().await,
+            ];
+            assert_eq!(counts, [1, 2, 3, 4, 5], "direct: counting is exact");
+            let (_, _, new_pid) = settled(&store).await;
+            assert_ne!(
+                new_pid, pid,
+                "the connection whose statement vanished was replaced"
+            );
+        } else {
+            assert!(!direct, "{path}: PgBouncer is in between");
+            let counts = [count().await, count().await, count().await];
+            assert_eq!(counts, [1, 2, 3], "{path}: counting is exact");
+            let (_, prepared, _) = settled(&store).await;
+            assert_eq!(
+                prepared,
+                Vec::<String>::new(),
+                "{path}: nothing is prepared on the server session"
+            );
+        }
+    }
+}
+
+/// Leaves `n` loopback TCP sockets in TIME_WAIT (the client closes first), the way a host's
+/// socket table looks after a burst of short connections; returns how many lines the
+/// kernel's IPv4 table then has. The connections are spread over several listeners, so the
+/// ephemeral port range does not run out.
+fn crowd_the_socket_table(n: usize) -> usize {
+    let listeners: Vec<std::net::TcpListener> = (0..4)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind"))
+        .collect();
+    for i in 0..n {
+        let listener = &listeners[i % listeners.len()];
+        let client = std::net::TcpStream::connect(listener.local_addr().expect("addr"))
+            .unwrap_or_else(|e| panic!("connection {i} of {n}: {e}"));
+        let (server, _) = listener.accept().expect("accept");
+        drop(client);
+        drop(server);
+    }
+    std::fs::read_to_string("/proc/self/net/tcp")
+        .expect("/proc/self/net/tcp")
+        .lines()
+        .count()
+}
+
+/// The direct look-up reads the kernel's socket tables, which list every socket of the host's
+/// network namespace. With tens of thousands in TIME_WAIT (after a CI run, or on a busy
+/// proxy host) that took 30-60 ms; inside the pool's connect it made the first decisions
+/// after start-up miss a 100 ms budget and fall to the failure policy: allowed and not
+/// counted. The look-up must never be on a decision's path.
+#[tokio::test(flavor = "current_thread")]
+async fn a_crowded_socket_table_never_delays_a_decision() {
+    use tollgate::store::Store;
+    let lines = tokio::task::spawn_blocking(|| crowd_the_socket_table(30_000))
+        .await
+        .expect("crowd");
+    assert!(lines > 10_000, "only {lines} lines in the socket table");
+    let db = TestDb::new().await;
+    let store = one_connection_store(
+        db.store_config().url.expect("url"),
+        Duration::from_millis(100),
+    )
+    .await;
+    let mut counts = Vec::new();
+    for _ in 0..3 {
+        let counted = store
+            .increment(&[one("t:crowded")])
+            .await
+            .expect("a decision within its 100 ms budget");
+        counts.push(counted[0].count);
+    }
+    assert_eq!(counts, [1, 2, 3]);
 }

@@ -7,6 +7,7 @@
 
 mod clock;
 pub mod coalesce;
+mod direct;
 pub mod memory;
 pub mod pg_tls;
 pub mod postgres;

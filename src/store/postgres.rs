@@ -8,10 +8,15 @@
 //!   several rows with `unnest`. No read-then-write, no explicit transaction, no lock taken here.
 //!   The window is computed from the database's `now()` inside the statement (SPEC 3), so
 //!   instances whose clocks disagree still share one window.
-//! - **Nothing kept on a connection** (SPEC 6, poolers): every statement is the unnamed one
-//!   (`query_typed`: one round trip, no name that a transaction-mode PgBouncer could send to
-//!   another server connection), no startup `options`, no session `SET`, no session advisory
-//!   lock. `synchronous_commit = off` is set by the increment for its own transaction.
+//! - **Nothing kept on a connection that a pooler could share** (SPEC 6, poolers): statements
+//!   are the unnamed one (`query_typed`: one round trip, no name that a transaction-mode
+//!   PgBouncer could send to another server connection), no startup `options`, no session
+//!   `SET`, no session advisory lock. `synchronous_commit = off` is set by the increment for
+//!   its own transaction. The one exception: on a connection that provably reaches its
+//!   backend with nothing in between ([`super::direct`]), the increment is prepared once and
+//!   then only bound and executed, which spares the server its parse and plan on every call;
+//!   there a batch of fixed windows is the plain upsert ([`FIXED_UPSERT_SQL`]), cheaper to
+//!   run than the function's call.
 //! - **Migrations.** The files of `migrations/` are embedded in the binary and recorded in
 //!   `public.tollgate_migrations`; each runs in its own transaction under a transaction-level
 //!   advisory lock, so N instances starting at once apply each exactly once (SPEC 6).
@@ -61,6 +66,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Client;
 
 use super::coalesce::{position, Folded};
+use super::direct::{BackendSocket, Directness};
 use super::pg_tls::{self, MakeRustls};
 use super::{Counted, Increment, Peeked, Store, StoreError, StoreFuture};
 use crate::config::StoreConfig;
@@ -155,11 +161,13 @@ const MIGRATIONS: &[Migration] = &[
 /// `$5 boolean` = commit with `synchronous_commit = off` (`store.synchronous_commit = false`).
 ///
 /// It is sent as the unnamed statement (`query_typed`: Parse, Bind, Describe, Execute and
-/// Sync in one round trip), never prepared under a name: behind a transaction-mode pooler the
-/// next statement may run on another server connection, where a named statement does not
-/// exist, or another client's of the same name does (issue 15). The call is tiny to parse and
-/// plan; PL/pgSQL plans the upsert inside once per server session (docs/performance.md has
-/// the pgbench figures). `synchronous_commit` is set inside with `set_config(..., true)`, i.e.
+/// Sync in one round trip) unless the connection provably reaches its backend directly
+/// ([`super::direct`]; then it is prepared once per connection, see `PooledClient::increment`):
+/// behind a transaction-mode pooler the next statement may run on another server connection,
+/// where a named statement does not exist, or another client's of the same name does (issue
+/// 15). PL/pgSQL plans the upsert inside once per server session; the call itself still costs
+/// the server a parse and plan each time it is sent unnamed (docs/performance.md, "Sixth
+/// December session"). `synchronous_commit` is set inside with `set_config(..., true)`, i.e.
 /// `SET LOCAL` for the call's own implicit transaction: PostgreSQL reads it when it writes the
 /// commit record and only then resets transaction-local settings, so the commit of this very
 /// statement is asynchronous, and nothing outlives it (the test
@@ -171,6 +179,79 @@ const INCREMENT_SQL: &str = "SELECT bucket, count, added, previous, window_end_m
 /// it); parameters as documented on [`INCREMENT_SQL`].
 pub fn increment_sql() -> &'static str {
     INCREMENT_SQL
+}
+
+/// The fixed-window part of `public.tollgate_increment` (`migrations/0005_joint_decision.sql`)
+/// as a statement of its own: the seed's atomic upsert, same parameters and same columns as
+/// [`INCREMENT_SQL`]. Only for a batch without a sliding limit, and only prepared on a
+/// connection that reaches its backend directly (`PooledClient::increment`).
+///
+/// Why a second text: prepared once, the plain upsert costs the server less than the prepared
+/// call of the function (PL/pgSQL's call and the tuplestore that `RETURN QUERY` fills; about
+/// 25 % of the database's CPU per request on a hot bucket, docs/performance.md, "Seventh
+/// December session"), which is what `f1d8ece` had before issue 15. Behind a pooler the
+/// function stays the statement: there its own plan cache is the only one that survives.
+///
+/// - `$4 IS NULL` guards the batch: one with a sliding limit gets no row here (an error for
+///   the caller, never a miscount), as it must go to the function.
+/// - `synchronous_commit`: `set_config(..., true)` (`SET LOCAL`) for this statement's own
+///   implicit transaction, as in the function; a qual without columns is evaluated once,
+///   before the rows are.
+/// - The window from `now()`, rows in bucket order, the sum saturating: as the function.
+const FIXED_UPSERT_SQL: &str = "\
+WITH input AS (
+    SELECT b.bucket,
+           b.amount,
+           b.win,
+           (floor(extract(epoch FROM now()))::int8 / b.win) * b.win AS start_secs
+    FROM unnest($1::text[], $2::int8[], $3::int8[]) AS b(bucket, win, amount)
+    WHERE $4::int8[] IS NULL
+      AND (NOT $5::boolean OR set_config('synchronous_commit', 'off', true) = 'off')
+)
+INSERT INTO public.rate_limits AS r (bucket, window_start, count, expires_at)
+SELECT i.bucket,
+       to_timestamp(i.start_secs),
+       LEAST(i.amount, 2147483647)::int4,
+       to_timestamp(i.start_secs + i.win)
+FROM input i
+ORDER BY i.bucket
+ON CONFLICT (bucket, window_start) DO UPDATE
+    SET count = LEAST(r.count::int8 + EXCLUDED.count, 2147483647)::int4
+RETURNING r.bucket,
+          r.count,
+          NULL::int8,
+          0,
+          floor(extract(epoch FROM r.expires_at) * 1000)::int8,
+          floor(extract(epoch FROM now()) * 1000)::int8";
+
+/// The text of the direct connections' fixed-window statement, for tests; parameters and
+/// columns as [`INCREMENT_SQL`]'s.
+pub fn fixed_upsert_sql() -> &'static str {
+    FIXED_UPSERT_SQL
+}
+
+/// The two statements an increment batch is sent as ([`INCREMENT_SQL`], [`FIXED_UPSERT_SQL`]),
+/// each prepared at most once per direct connection.
+#[derive(Debug, Clone, Copy)]
+enum IncrementStatement {
+    /// The call of `public.tollgate_increment`: any batch, any connection.
+    Function,
+    /// The plain upsert: a batch without a sliding limit, on a direct connection.
+    FixedUpsert,
+}
+
+impl IncrementStatement {
+    fn sql(self) -> &'static str {
+        match self {
+            IncrementStatement::Function => INCREMENT_SQL,
+            IncrementStatement::FixedUpsert => FIXED_UPSERT_SQL,
+        }
+    }
+
+    /// Its slot in `PooledClient::prepared`.
+    fn slot(self) -> usize {
+        self as usize
+    }
 }
 
 /// The joint decision (SPEC 3a with several limits): a call of `public.tollgate_decide`
@@ -364,6 +445,15 @@ pub struct PooledClient {
     client: Client,
     in_flight: AtomicBool,
     read_only: AtomicBool,
+    /// Whether this connection reaches its backend directly ([`super::direct`]): only then is
+    /// the increment prepared on it. Answered in the background after the connect.
+    direct: Arc<Directness>,
+    /// The increment statements prepared on this connection (direct connections only), by
+    /// [`IncrementStatement::slot`].
+    prepared: [std::sync::OnceLock<tokio_postgres::Statement>; 2],
+    /// The prepared increment stopped working (its plan no longer fits the function, or the
+    /// statement is gone): the connection is replaced rather than reused.
+    stale: AtomicBool,
 }
 
 impl std::ops::Deref for PooledClient {
@@ -438,10 +528,88 @@ impl PooledClient {
         result
     }
 
+    /// The increment on this connection. Known to be direct: prepared once and then bound and
+    /// executed, the plain upsert for a batch without a sliding limit (`all_fixed`), the
+    /// function's call otherwise. Else the function's call as the unnamed statement.
+    async fn increment(
+        &self,
+        params: &[(&(dyn ToSql + Sync), Type); 5],
+        all_fixed: bool,
+    ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+        if !self.direct.is_direct() {
+            return self
+                .run(self.client.query_typed(INCREMENT_SQL, params))
+                .await;
+        }
+        let which = if all_fixed {
+            IncrementStatement::FixedUpsert
+        } else {
+            IncrementStatement::Function
+        };
+        let Some(statement) = self.prepared[which.slot()].get() else {
+            return self.increment_and_prepare(params, which).await;
+        };
+        let values: [&(dyn ToSql + Sync); 5] = std::array::from_fn(|i| params[i].0);
+        let result = self.run(self.client.query(statement, &values)).await;
+        match &result {
+            // 0A000: "cached plan must not change result type" (a migration replaced the
+            // function or the table with another answer); 26000: the statement is gone.
+            // Neither executed anything, so the batch runs once more as the unnamed
+            // statement, and the connection is replaced rather than reused.
+            Err(err)
+                if matches!(
+                    err.code(),
+                    Some(&tokio_postgres::error::SqlState::FEATURE_NOT_SUPPORTED)
+                        | Some(&tokio_postgres::error::SqlState::INVALID_SQL_STATEMENT_NAME)
+                ) =>
+            {
+                tracing::debug!(error = %err, "the prepared increment no longer applies");
+                self.stale.store(true, Ordering::Release);
+                self.run(self.client.query_typed(INCREMENT_SQL, params))
+                    .await
+            }
+            _ => result,
+        }
+    }
+
+    /// The first batch of its kind on a direct connection: it runs as the function's unnamed
+    /// call, and the prepare of `which` is pipelined right behind it (sent in the same flush,
+    /// answered after it), so this decision waits for no extra round trip. A failed prepare
+    /// leaves the connection on unnamed statements for good rather than retrying on every
+    /// call.
+    async fn increment_and_prepare(
+        &self,
+        params: &[(&(dyn ToSql + Sync), Type); 5],
+        which: IncrementStatement,
+    ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+        let types: Vec<Type> = params.iter().map(|(_, ty)| ty.clone()).collect();
+        self.in_flight.store(true, Ordering::Release);
+        let (rows, prepared) = tokio::join!(
+            self.client.query_typed(INCREMENT_SQL, params),
+            self.client.prepare_typed(which.sql(), &types)
+        );
+        self.in_flight.store(false, Ordering::Release);
+        match prepared {
+            Ok(statement) => {
+                // `&self` on a connection bb8 lends to one caller at a time: nobody else set it.
+                let _ = self.prepared[which.slot()].set(statement);
+            }
+            Err(err) => {
+                tracing::debug!(error = %err, "preparing the increment failed");
+                self.direct.settle(false);
+            }
+        }
+        if let Err(err) = &rows {
+            self.note_read_only(err);
+        }
+        rows
+    }
+
     fn unusable(&self) -> bool {
         self.client.is_closed()
             || self.in_flight.load(Ordering::Acquire)
             || self.read_only.load(Ordering::Acquire)
+            || self.stale.load(Ordering::Acquire)
     }
 }
 
@@ -476,10 +644,16 @@ impl bb8::ManageConnection for Manager {
                 .await
                 .map_err(|_| PoolError::Deadline(self.deadline))??;
         tokio::spawn(drive(connection));
+        let backend = tokio::time::timeout(self.deadline, backend_socket(&client))
+            .await
+            .map_err(|_| PoolError::Deadline(self.deadline))??;
         Ok(PooledClient {
             client,
             in_flight: AtomicBool::new(false),
             read_only: AtomicBool::new(false),
+            direct: Directness::look_up(backend),
+            prepared: Default::default(),
+            stale: AtomicBool::new(false),
         })
     }
 
@@ -491,6 +665,28 @@ impl bb8::ManageConnection for Manager {
     fn has_broken(&self, conn: &mut PooledClient) -> bool {
         conn.unusable()
     }
+}
+
+/// The TCP connection the backend of `client` serves, as the backend names it (`None` over a
+/// Unix socket), for [`Directness::look_up`]. One unnamed statement, once per pool connection.
+async fn backend_socket(client: &Client) -> Result<Option<BackendSocket>, tokio_postgres::Error> {
+    let row = client
+        .query_typed_one(
+            "SELECT host(inet_client_addr()), inet_client_port(), \
+                    host(inet_server_addr()), inet_server_port()",
+            &[],
+        )
+        .await?;
+    let end = |addr: Option<String>, port: Option<i32>| -> Option<std::net::SocketAddr> {
+        let ip: std::net::IpAddr = addr?.parse().ok()?;
+        Some(std::net::SocketAddr::new(ip, u16::try_from(port?).ok()?))
+    };
+    Ok((|| {
+        Some(BackendSocket {
+            client: end(row.try_get(0).ok()?, row.try_get(1).ok()?)?,
+            server: end(row.try_get(2).ok()?, row.try_get(3).ok()?)?,
+        })
+    })())
 }
 
 /// Runs one pooled connection until it closes. NOTICEs (routine: "already exists,
@@ -678,6 +874,36 @@ impl PostgresStore {
     /// Whether [`PostgresStore::initialize`] (or [`PostgresStore::migrate`]) has succeeded.
     pub fn is_initialized(&self) -> bool {
         self.initialized.load(Ordering::Acquire)
+    }
+
+    /// For tests and diagnosis: on a pool connection, runs `first` (simple query protocol;
+    /// empty for nothing), then answers whether the connection is direct (`None`: the look-up
+    /// has not answered yet; see [`super::direct`]), the statements its server session holds
+    /// prepared (`pg_prepared_statements`, sorted) and its backend's process id. With
+    /// `pool_size = 1` it is the connection the increments ran on.
+    #[doc(hidden)]
+    pub async fn inspect_a_connection(
+        &self,
+        first: &str,
+    ) -> Result<(Option<bool>, Vec<String>, i32), StoreError> {
+        let conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
+        if !first.is_empty() {
+            conn.run(conn.simple_query(first))
+                .await
+                .map_err(|e| self.fail(e))?;
+        }
+        let row = conn
+            .run(conn.query_typed_one(
+                "SELECT coalesce(array_agg(statement ORDER BY statement), '{}'), pg_backend_pid() \
+                 FROM pg_prepared_statements",
+                &[],
+            ))
+            .await
+            .map_err(|e| self.fail(e))?;
+        let prepared: Vec<String> = row.try_get(0).map_err(query_error)?;
+        let pid: i32 = row.try_get(1).map_err(query_error)?;
+        let direct = conn.direct.known().then(|| conn.direct.is_direct());
+        Ok((direct, prepared, pid))
     }
 
     /// Whether decisions succeed now (SPEC 7, `/readyz`): the outcome of the decisions of the
@@ -967,7 +1193,8 @@ impl PostgresStore {
             .any(|inc| inc.sliding.is_some())
             .then(|| batch.iter().map(|inc| inc.sliding.map(i64::from)).collect());
         // Typed parameters: the unnamed statement needs no Describe round trip first, so the
-        // batch is ONE round trip and leaves nothing on the server connection.
+        // batch is ONE round trip and leaves nothing on the server connection (on a direct
+        // connection, the types prepare the statement once; see `PooledClient::increment`).
         let params: [(&(dyn ToSql + Sync), Type); 5] = [
             (&buckets, Type::TEXT_ARRAY),
             (&windows, Type::INT8_ARRAY),
@@ -978,7 +1205,7 @@ impl PostgresStore {
         let result = self
             .bounded(async {
                 let conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
-                conn.run(conn.query_typed(INCREMENT_SQL, &params))
+                conn.increment(&params, limits.is_none())
                     .await
                     .map_err(|e| self.fail(e))
             })
