@@ -195,8 +195,9 @@ pub fn increment_sql() -> &'static str {
 /// - `$4 IS NULL` guards the batch: one with a sliding limit gets no row here (an error for
 ///   the caller, never a miscount), as it must go to the function.
 /// - `synchronous_commit`: `set_config(..., true)` (`SET LOCAL`) for this statement's own
-///   implicit transaction, as in the function; a qual without columns is evaluated once,
-///   before the rows are.
+///   implicit transaction, as in the function. It is a filter on the input rows, so it runs
+///   (once per row; it is idempotent) while the input is read, long before the commit that
+///   reads the setting.
 /// - The window from `now()`, rows in bucket order, the sum saturating: as the function.
 const FIXED_UPSERT_SQL: &str = "\
 WITH input AS (
