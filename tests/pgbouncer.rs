@@ -477,6 +477,36 @@ async fn increment_turns_synchronous_commit_off_for_its_own_transaction_only() {
             "the setting outlived its transaction"
         );
     }
+    // The plain upsert is for fixed windows only: a batch with a sliding limit gets no row
+    // (the store then reports an error) and counts nothing.
+    let sliding: Option<Vec<i64>> = Some(vec![5]);
+    let rows = client
+        .query_typed(
+            tollgate::store::postgres::fixed_upsert_sql(),
+            &[
+                (&&buckets[..], Type::TEXT_ARRAY),
+                (&&windows[..], Type::INT8_ARRAY),
+                (&&amounts[..], Type::INT8_ARRAY),
+                (&sliding, Type::INT8_ARRAY),
+                (&true, Type::BOOL),
+            ],
+        )
+        .await
+        .expect("the plain upsert with a sliding limit");
+    assert!(rows.is_empty(), "the plain upsert counted a sliding batch");
+    // Summed: the four may straddle a window boundary.
+    let count: i64 = client
+        .query_typed_one(
+            "SELECT sum(count)::int8 FROM rate_limits WHERE bucket = 't:global'",
+            &[],
+        )
+        .await
+        .expect("the bucket's row")
+        .get(0);
+    assert_eq!(
+        count, 4,
+        "four fixed increments, and none from the sliding batch"
+    );
 }
 
 /// A store on `url` with one connection (so every call and every inspection meet the same
