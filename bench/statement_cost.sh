@@ -4,7 +4,10 @@
 # Issue 15 replaced the per-connection named prepared statement (which a transaction-mode
 # pooler breaks) with the unnamed one. This measures the server's side of that choice without
 # tollgate: pgbench (4 clients, one thread, on CPU_LOAD) sends the shipped increment function
-# `public.tollgate_increment` and the seed's plain upsert (what `f1d8ece` prepared), each as
+# `public.tollgate_increment`, the seed's plain upsert (what `f1d8ece` prepared, with
+# `synchronous_commit = off` for the session) and `direct`, that upsert as a direct connection
+# prepares it now (`FIXED_UPSERT_SQL`: guarded and setting `synchronous_commit` per
+# transaction; the guard's parameters are literals here), each as
 #   prepared  - Parse once per connection, then Bind/Execute (-M prepared), and
 #   extended  - Parse, Bind, Execute every time (-M extended: the unnamed statement tollgate
 #               sends with `query_typed`),
@@ -18,7 +21,7 @@
 # `ssl = on`), the same for every row; the figures in docs/performance.md were taken so.
 #
 # Usage: [KNOB=value ...] bench/statement_cost.sh
-# Knobs: SECONDS_RUN [6] ROUNDS [2] CPU_LOAD [0]
+# Knobs: SECONDS_RUN [6] ROUNDS [2] CPU_LOAD [0] STATEMENTS ["function upsert direct"]
 #        PG_URL [postgres://postgres@127.0.0.1:5432] (database tollgate_bench_statements,
 #        created from migrations/ and dropped here)
 set -euo pipefail
@@ -74,7 +77,15 @@ ON CONFLICT (bucket, window_start) DO UPDATE
 RETURNING r.bucket, r.count, NULL::int8, 0, floor(extract(epoch FROM r.expires_at) * 1000)::int8,
   floor(extract(epoch FROM now()) * 1000)::int8;"
 }
+# The plain upsert as a direct connection prepares it now (FIXED_UPSERT_SQL in
+# src/store/postgres.rs): the same upsert, guarded by the sliding limits being NULL, and
+# setting synchronous_commit for its own transaction instead of the session.
+direct_sql() {
+  upsert_sql "$@" | sed "s/^  FROM unnest(\(.*\)) AS b(bucket, win, amount))$/  FROM unnest(\1) AS b(bucket, win, amount)\n  WHERE NULL::int8[] IS NULL\n    AND (NOT true OR set_config('synchronous_commit', 'off', true) = 'off'))/"
+}
 { echo "$hot_vars"; function_sql "${hot_args[@]}"; } >"$RUN/hot-function.sql"
+{ echo "$hot_vars"; direct_sql "${hot_args[@]}"; } >"$RUN/hot-direct.sql"
+{ echo "$k_vars"; direct_sql "${k_args[@]}"; } >"$RUN/10k-direct.sql"
 { echo "$hot_vars"; upsert_sql "${hot_args[@]}"; } >"$RUN/hot-upsert.sql"
 { echo "$k_vars"; function_sql "${k_args[@]}"; } >"$RUN/10k-function.sql"
 { echo "$k_vars"; upsert_sql "${k_args[@]}"; } >"$RUN/10k-upsert.sql"
@@ -102,7 +113,7 @@ printf 'pgbench -c 4 -j 1 -T %s on CPU %s; postgres CPU per transaction in µs\n
 printf '%-5s %-6s %-9s %9s %10s %10s\n' load stmt protocol tps tx pg_us/tx
 for ((r = 1; r <= ROUNDS; r++)); do
   for w in hot 10k; do
-    for s in function upsert; do
+    for s in ${STATEMENTS:-function upsert direct}; do
       for p in prepared extended; do one "$w" "$s" "$p"; done
     done
   done
