@@ -81,7 +81,7 @@ RETURNING r.bucket, r.count, NULL::int8, 0, floor(extract(epoch FROM r.expires_a
 # src/store/postgres.rs): the same upsert, guarded by the sliding limits being NULL, and
 # setting synchronous_commit for its own transaction instead of the session.
 direct_sql() {
-  upsert_sql "$@" | sed "s/^  FROM unnest(\(.*\)) AS b(bucket, win, amount))$/  FROM unnest(\1) AS b(bucket, win, amount)\n  WHERE NULL::int8[] IS NULL\n    AND (NOT true OR set_config('synchronous_commit', 'off', true) = 'off'))/"
+  upsert_sql "$@" | sed "s/^  FROM unnest(\(.*\)) AS b(bucket, win, amount))$/  FROM unnest(\1) AS b(bucket, win, amount)\n  WHERE NULL::int8[] IS NULL\n    AND (SELECT NOT true OR set_config('synchronous_commit', 'off', true) = 'off'))/"
 }
 { echo "$hot_vars"; function_sql "${hot_args[@]}"; } >"$RUN/hot-function.sql"
 { echo "$hot_vars"; direct_sql "${hot_args[@]}"; } >"$RUN/hot-direct.sql"

@@ -195,9 +195,9 @@ pub fn increment_sql() -> &'static str {
 /// - `$4 IS NULL` guards the batch: one with a sliding limit gets no row here (an error for
 ///   the caller, never a miscount), as it must go to the function.
 /// - `synchronous_commit`: `set_config(..., true)` (`SET LOCAL`) for this statement's own
-///   implicit transaction, as in the function. It is a filter on the input rows, so it runs
-///   (once per row; it is idempotent) while the input is read, long before the commit that
-///   reads the setting.
+///   implicit transaction, as in the function. It is an uncorrelated sub-`SELECT`, which
+///   PostgreSQL runs once per execution (an InitPlan) before the first input row, rather than
+///   once per row as a plain filter would; long before the commit that reads the setting.
 /// - The window from `now()`, rows in bucket order, the sum saturating: as the function.
 const FIXED_UPSERT_SQL: &str = "\
 WITH input AS (
@@ -207,7 +207,7 @@ WITH input AS (
            (floor(extract(epoch FROM now()))::int8 / b.win) * b.win AS start_secs
     FROM unnest($1::text[], $2::int8[], $3::int8[]) AS b(bucket, win, amount)
     WHERE $4::int8[] IS NULL
-      AND (NOT $5::boolean OR set_config('synchronous_commit', 'off', true) = 'off')
+      AND (SELECT NOT $5::boolean OR set_config('synchronous_commit', 'off', true) = 'off')
 )
 INSERT INTO public.rate_limits AS r (bucket, window_start, count, expires_at)
 SELECT i.bucket,
