@@ -26,7 +26,6 @@
 //! took 30-60 ms, which inside the pool's connect made the first decision after start-up
 //! miss its budget. Until the look-up answers, the connection counts as not direct.
 
-use std::collections::HashSet;
 use std::io::BufRead;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -113,7 +112,7 @@ pub fn is_own_socket(backend: BackendSocket) -> bool {
                 .map_while(Result::ok)
                 .find_map(|line| established_inode(&line, want))
         });
-    found.is_some_and(|inode| own_socket_inodes().contains(&inode))
+    found.is_some_and(holds_socket)
 }
 
 /// The inode of the socket on one line of a `/proc/net/tcp`-format table (the header
@@ -168,22 +167,15 @@ fn canonical(addr: SocketAddr) -> SocketAddr {
     }
 }
 
-/// The inodes of the sockets this process has open (`/proc/self/fd/N` -> `socket:[inode]`).
-/// Bounded by the process' descriptor limit.
-fn own_socket_inodes() -> HashSet<u64> {
+/// Whether one of this process' descriptors is the socket `inode` (`/proc/self/fd/N` ->
+/// `socket:[inode]`); stops at the first that is.
+fn holds_socket(inode: u64) -> bool {
     let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
-        return HashSet::new();
+        return false;
     };
-    dir.filter_map(|entry| {
-        let target = std::fs::read_link(entry.ok()?.path()).ok()?;
-        let target = target.to_str()?;
-        target
-            .strip_prefix("socket:[")?
-            .strip_suffix(']')?
-            .parse()
-            .ok()
-    })
-    .collect()
+    let wanted = std::ffi::OsString::from(format!("socket:[{inode}]"));
+    dir.filter_map(Result::ok)
+        .any(|entry| std::fs::read_link(entry.path()).is_ok_and(|target| target == wanted))
 }
 
 #[cfg(test)]
@@ -276,7 +268,7 @@ mod tests {
         );
         let line = table.lines().nth(1).expect("a socket line");
         assert_eq!(established_inode(line, want), Some(999_999_999));
-        assert!(!own_socket_inodes().contains(&999_999_999));
+        assert!(!holds_socket(999_999_999));
         // Not established: ignored.
         let listening = line.replace(" 01 ", " 0A ");
         assert_eq!(established_inode(&listening, want), None);
