@@ -476,13 +476,20 @@ impl PooledClient {
         &self,
         statement: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
     ) -> Result<T, tokio_postgres::Error> {
-        self.in_flight.store(true, Ordering::Release);
-        let result = statement.await;
-        self.in_flight.store(false, Ordering::Release);
+        let result = self.tracked(statement).await;
         if let Err(err) = &result {
             self.note_read_only(err);
         }
         result
+    }
+
+    /// Awaits `work` on this client marked in flight: cut off midway, the connection is not
+    /// reused.
+    async fn tracked<F: std::future::Future>(&self, work: F) -> F::Output {
+        self.in_flight.store(true, Ordering::Release);
+        let output = work.await;
+        self.in_flight.store(false, Ordering::Release);
+        output
     }
 
     /// A server that answered "read-only transaction" is not used again (logged by the
@@ -584,12 +591,14 @@ impl PooledClient {
         which: IncrementStatement,
     ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
         let types: Vec<Type> = params.iter().map(|(_, ty)| ty.clone()).collect();
-        self.in_flight.store(true, Ordering::Release);
-        let (rows, prepared) = tokio::join!(
-            self.client.query_typed(INCREMENT_SQL, params),
-            self.client.prepare_typed(which.sql(), &types)
-        );
-        self.in_flight.store(false, Ordering::Release);
+        let (rows, prepared) = self
+            .tracked(async {
+                tokio::join!(
+                    self.client.query_typed(INCREMENT_SQL, params),
+                    self.client.prepare_typed(which.sql(), &types)
+                )
+            })
+            .await;
         match prepared {
             Ok(statement) => {
                 // `&self` on a connection bb8 lends to one caller at a time: nobody else set it.
