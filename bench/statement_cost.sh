@@ -65,10 +65,12 @@ k_args=('ARRAY[:b1,:b2,:b3,:b4,:b5,:b6,:b7,:b8]::text[]' 'ARRAY[:w,:w,:w,:w,:w,:
   'ARRAY[:a,:a,:a,:a,:a,:a,:a,:a]::int8[]')
 function_sql() { echo "SELECT * FROM public.tollgate_increment($1, $2, $3, NULL, true);"; }
 # The seed's upsert as f1d8ece sent it (with the function's answer columns).
+# A fourth argument, if given, is the input's WHERE clause.
 upsert_sql() {
   echo "WITH input AS (SELECT b.bucket, b.amount, b.win,
     (floor(extract(epoch FROM now()))::int8 / b.win) * b.win AS start_secs
-  FROM unnest($1, $2, $3) AS b(bucket, win, amount))
+  FROM unnest($1, $2, $3) AS b(bucket, win, amount)${4:+
+  WHERE $4})
 INSERT INTO public.rate_limits AS r (bucket, window_start, count, expires_at)
 SELECT bucket, to_timestamp(start_secs), LEAST(amount, 2147483647)::int4, to_timestamp(start_secs + win)
 FROM input ORDER BY bucket
@@ -81,7 +83,8 @@ RETURNING r.bucket, r.count, NULL::int8, 0, floor(extract(epoch FROM r.expires_a
 # src/store/postgres.rs): the same upsert, guarded by the sliding limits being NULL, and
 # setting synchronous_commit for its own transaction instead of the session.
 direct_sql() {
-  upsert_sql "$@" | sed "s/^  FROM unnest(\(.*\)) AS b(bucket, win, amount))$/  FROM unnest(\1) AS b(bucket, win, amount)\n  WHERE NULL::int8[] IS NULL\n    AND (SELECT NOT true OR set_config('synchronous_commit', 'off', true) = 'off'))/"
+  upsert_sql "$@" "NULL::int8[] IS NULL
+    AND (SELECT NOT true OR set_config('synchronous_commit', 'off', true) = 'off')"
 }
 { echo "$hot_vars"; function_sql "${hot_args[@]}"; } >"$RUN/hot-function.sql"
 { echo "$hot_vars"; direct_sql "${hot_args[@]}"; } >"$RUN/hot-direct.sql"
