@@ -43,7 +43,7 @@ BUILD=${BUILD:-1}
 TOLLGATE_BIN=${TOLLGATE_BIN:-$ROOT/target/release/tollgate}
 export RUST_LOG=warn
 unset TOLLGATE_DATABASE_URL TOLLGATE_CONFIG
-UP=$BASE_PORT; PX=$((BASE_PORT + 1)); PX_H2=$((BASE_PORT + 2))
+UP=$BASE_PORT; PX=$((BASE_PORT + 1)); PX_H2=$((BASE_PORT + 2)); ADMIN=$((BASE_PORT + 3))
 
 for tool in nginx wrk psql taskset curl python3; do
   command -v "$tool" >/dev/null || { echo "missing $tool (apt-get install -y nginx wrk postgresql-client)" >&2; exit 1; }
@@ -75,10 +75,16 @@ ticks() {
   echo "$sum"
 }
 postgres_pids() { pgrep -u postgres postgres || true; }
+# statements: tollgate's store statements so far (tollgate_store_round_trips_total), 0 for nginx
+statements() {
+  curl -fsS "http://127.0.0.1:$ADMIN/metrics" 2>/dev/null |
+    awk '/^tollgate_store_round_trips_total/ {n = $2} END {print n + 0}'
+}
 
 hz=$(getconf CLK_TCK)
 echo "CPU per request (user + system, µs), wrk -t1 -c$CONNS -d${DURATION}s; tollgate on CPU $CPU_PROXY, the rest on CPU $CPU_LOAD"
-printf '%-5s %-11s %9s %11s %11s %9s %9s %9s %12s %9s\n' round mode "req/s" "proxy user" "proxy sys" postgres upstream wrk "cpu$CPU_LOAD total" "cpu$CPU_LOAD busy"
+echo "(stmt/req: statements sent to the store per request; a hot bucket's statements follow its round trip)"
+printf '%-5s %-11s %9s %11s %11s %9s %9s %9s %12s %9s %9s\n' round mode "req/s" "proxy user" "proxy sys" postgres upstream wrk "cpu$CPU_LOAD total" "cpu$CPU_LOAD busy" "stmt/req"
 for round in $(seq "$ROUNDS"); do
 for mode in $MODES; do
   case $mode in
@@ -90,6 +96,7 @@ for mode in $MODES; do
   db=""
   {
     printf '[server]\nlisten = ["127.0.0.1:%s"]\nshutdown_timeout = "2s"\nworkers = 1\n\n' "$PX"
+    printf '[admin]\nlisten = "127.0.0.1:%s"\n\n' "$ADMIN"
     printf '[keys]\nsecret = "bench-only-secret-not-used-anywhere-else"\n\n[upstreams.app]\nurl = "http://127.0.0.1:%s"\n\n' "$UP"
     if [[ $mode == pg-* ]]; then
       db=tollgate_cpu_${mode//-/_}
@@ -116,21 +123,21 @@ for mode in $MODES; do
   taskset -c "$CPU_LOAD" wrk -t1 -c"$CONNS" -d"${WARMUP}s" "${script[@]}" "http://127.0.0.1:$PX/" >/dev/null
   if [[ -n $db ]]; then pin_backends "$db"; fi
   mapfile -t pg < <(postgres_pids)
-  read -r tu0 ts0 < <(user_system "$proxy_pid"); pg0=$(ticks "${pg[@]}"); up0=$(ticks "$upstream_worker")
+  read -r tu0 ts0 < <(user_system "$proxy_pid"); pg0=$(ticks "${pg[@]}"); up0=$(ticks "$upstream_worker"); st0=$(statements)
   # Pool connections opened during the run are pinned too, as bench/run.sh does.
   pinner=""
   if [[ -n $db ]]; then pin_backends_during "$db" & pinner=$!; fi
   out=$( { /usr/bin/time -f "wrk_cpu %U %S" taskset -c "$CPU_LOAD" wrk -t1 -c"$CONNS" -d"${DURATION}s" "${script[@]}" "http://127.0.0.1:$PX/"; } 2>&1 )
   if [[ -n $pinner ]]; then kill "$pinner"; wait "$pinner" 2>/dev/null || true; fi
   mapfile -t pg_after < <(postgres_pids)
-  read -r tu1 ts1 < <(user_system "$proxy_pid"); pg1=$(ticks "${pg_after[@]}"); up1=$(ticks "$upstream_worker")
+  read -r tu1 ts1 < <(user_system "$proxy_pid"); pg1=$(ticks "${pg_after[@]}"); up1=$(ticks "$upstream_worker"); st1=$(statements)
   requests=$(awk '/requests in/ {print $1}' <<<"$out")
   rate=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
   read -r _ wrk_user wrk_sys < <(grep wrk_cpu <<<"$out")
   awk -v r="$round" -v m="$mode" -v rate="$rate" -v n="$requests" -v hz="$hz" -v d="$DURATION" \
-      -v tu=$((tu1 - tu0)) -v ts=$((ts1 - ts0)) -v pg=$((pg1 - pg0)) -v up=$((up1 - up0)) -v wu="$wrk_user" -v ws="$wrk_sys" 'BEGIN {
+      -v tu=$((tu1 - tu0)) -v ts=$((ts1 - ts0)) -v pg=$((pg1 - pg0)) -v up=$((up1 - up0)) -v st=$((st1 - st0)) -v wu="$wrk_user" -v ws="$wrk_sys" 'BEGIN {
     per = 1e6 / hz / n; w = (wu + ws) * 1e6 / n; load = pg * per + up * per + w
-    printf "%-5s %-11s %9.0f %11.1f %11.1f %9.1f %9.1f %9.1f %12.1f %8.0f%%\n", r, m, rate, tu * per, ts * per, pg * per, up * per, w, load, load * n / 1e6 / d * 100
+    printf "%-5s %-11s %9.0f %11.1f %11.1f %9.1f %9.1f %9.1f %12.1f %8.0f%% %9.3f\n", r, m, rate, tu * per, ts * per, pg * per, up * per, w, load, load * n / 1e6 / d * 100, st / n
   }'
   kill -TERM "$started" 2>/dev/null || true; wait "$started" 2>/dev/null || true
   unset 'PIDS[-1]'
