@@ -424,8 +424,10 @@ async fn transaction_mode_migrate_exits_0() {
 }
 
 /// `synchronous_commit = off` still applies without a startup parameter or a session `SET`:
-/// the increment sets it for its own transaction. Read back in the same statement through a
-/// transaction-mode PgBouncer, and gone for the next statement on the same connection.
+/// the function sets it for its own transaction. Read back in the same statement through a
+/// transaction-mode PgBouncer, and gone for the next statement on the same connection. The
+/// plain upsert leaves the setting alone: on a direct connection the session carries it
+/// (`the_increment_is_prepared_only_on_a_connection_that_reaches_its_backend_directly`).
 #[tokio::test(flavor = "current_thread")]
 async fn increment_turns_synchronous_commit_off_for_its_own_transaction_only() {
     let db = TestDb::new().await;
@@ -439,21 +441,16 @@ async fn increment_turns_synchronous_commit_off_for_its_own_transaction_only() {
     let windows = [60i64];
     let amounts = [1i64];
     let limits: Option<Vec<i64>> = None;
-    let texts = [
-        tollgate::store::postgres::increment_sql(),
-        tollgate::store::postgres::fixed_upsert_sql(),
-    ];
-    for (sql, (synchronous_commit, expected)) in texts
-        .into_iter()
-        .flat_map(|sql| [(false, "off"), (true, "on")].map(|case| (sql, case)))
-    {
-        let async_commit = !synchronous_commit;
-        let wrapped = format!(
+    let wrapped = |sql: &str| {
+        format!(
             "WITH inc AS ({sql}) SELECT current_setting('synchronous_commit'), count(*) FROM inc"
-        );
+        )
+    };
+    for (synchronous_commit, expected) in [(false, "off"), (true, "on")] {
+        let async_commit = !synchronous_commit;
         let row = client
             .query_typed_one(
-                &wrapped,
+                &wrapped(tollgate::store::postgres::increment_sql()),
                 &[
                     (&&buckets[..], Type::TEXT_ARRAY),
                     (&&windows[..], Type::INT8_ARRAY),
@@ -469,7 +466,7 @@ async fn increment_turns_synchronous_commit_off_for_its_own_transaction_only() {
         assert_eq!(
             (setting.as_str(), rows),
             (expected, 1),
-            "store.synchronous_commit = {synchronous_commit}: {sql}"
+            "store.synchronous_commit = {synchronous_commit}"
         );
         assert_eq!(
             show(&client, "synchronous_commit").await,
@@ -477,24 +474,23 @@ async fn increment_turns_synchronous_commit_off_for_its_own_transaction_only() {
             "the setting outlived its transaction"
         );
     }
-    // The plain upsert is for fixed windows only: a batch with a sliding limit gets no row
-    // (the store then reports an error) and counts nothing.
-    let sliding: Option<Vec<i64>> = Some(vec![5]);
-    let rows = client
-        .query_typed(
-            tollgate::store::postgres::fixed_upsert_sql(),
+    let row = client
+        .query_typed_one(
+            &wrapped(tollgate::store::postgres::fixed_upsert_sql()),
             &[
                 (&&buckets[..], Type::TEXT_ARRAY),
                 (&&windows[..], Type::INT8_ARRAY),
                 (&&amounts[..], Type::INT8_ARRAY),
-                (&sliding, Type::INT8_ARRAY),
-                (&true, Type::BOOL),
             ],
         )
         .await
-        .expect("the plain upsert with a sliding limit");
-    assert!(rows.is_empty(), "the plain upsert counted a sliding batch");
-    // Summed: the four may straddle a window boundary.
+        .expect("the plain upsert, wrapped");
+    let setting: String = row.get(0);
+    assert_eq!(
+        setting, default,
+        "the plain upsert leaves the setting alone"
+    );
+    // Summed: the three may straddle a window boundary.
     let count: i64 = client
         .query_typed_one(
             "SELECT sum(count)::int8 FROM rate_limits WHERE bucket = 't:global'",
@@ -503,10 +499,7 @@ async fn increment_turns_synchronous_commit_off_for_its_own_transaction_only() {
         .await
         .expect("the bucket's row")
         .get(0);
-    assert_eq!(
-        count, 4,
-        "four fixed increments, and none from the sliding batch"
-    );
+    assert_eq!(count, 3, "three increments counted");
 }
 
 /// A store on `url` with one connection (so every call and every inspection meet the same
@@ -534,13 +527,15 @@ fn one(bucket: &str) -> tollgate::store::Increment {
 }
 
 /// Inspects the store's connection until its direct look-up (run in the background after
-/// the connect) has answered: the answer, the statements prepared on it, its backend pid.
-async fn settled(store: &tollgate::store::postgres::PostgresStore) -> (bool, Vec<String>, i32) {
+/// the connect) has answered: the answer, what its session holds, its backend pid.
+async fn settled(
+    store: &tollgate::store::postgres::PostgresStore,
+) -> (bool, tollgate::store::postgres::ConnectionInspection) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let (direct, prepared, pid) = store.inspect_a_connection("").await.expect("inspect");
-        if let Some(direct) = direct {
-            return (direct, prepared, pid);
+        let seen = store.inspect_a_connection("").await.expect("inspect");
+        if let Some(direct) = seen.direct {
+            return (direct, seen);
         }
         assert!(
             Instant::now() < deadline,
@@ -553,10 +548,12 @@ async fn settled(store: &tollgate::store::postgres::PostgresStore) -> (bool, Vec
 /// The increment is prepared once on a connection that reaches its backend directly (the
 /// server's parse and plan of every call spared: docs/performance.md, "Sixth December
 /// session"): the plain upsert for fixed windows, the function's call for a batch with a
-/// sliding limit. Never through PgBouncer, in either mode: there tollgate cannot tell whether
-/// the next transaction runs on the same server session, so nothing may stay on it (SPEC 6).
-/// A prepared statement that disappears from the session (`DEALLOCATE ALL`, SQLSTATE 26000)
-/// costs no count: the batch runs once more unnamed, and the connection is replaced.
+/// sliding limit; the session carries `synchronous_commit = off` for the plain upsert, and
+/// stays at the server's default with `store.synchronous_commit = "on"`. Never through
+/// PgBouncer, in either mode: there tollgate cannot tell whether the next transaction runs on
+/// the same server session, so nothing may stay on it (SPEC 6): nothing prepared, nothing
+/// `SET`. A prepared statement that disappears from the session (`DEALLOCATE ALL`, SQLSTATE
+/// 26000) costs no count: the batch runs once more unnamed, and the connection is replaced.
 /// Counting is exact every way.
 #[tokio::test(flavor = "current_thread")]
 async fn the_increment_is_prepared_only_on_a_connection_that_reaches_its_backend_directly() {
@@ -566,14 +563,22 @@ async fn the_increment_is_prepared_only_on_a_connection_that_reaches_its_backend
         PgBouncer::start(&db, PoolMode::Session, 4),
         PgBouncer::start(&db, PoolMode::Transaction, 1),
     ];
+    let direct_url = db.store_config().url.expect("url");
     let urls = [
-        ("direct", db.store_config().url.expect("url")),
+        ("direct", direct_url.clone()),
+        ("direct, synchronous_commit on", direct_url),
         ("session mode", bouncers[0].url(&db)),
         ("transaction mode", bouncers[1].url(&db)),
     ];
+    let fixed = tollgate::store::postgres::fixed_upsert_sql();
     for (i, (path, url)) in urls.into_iter().enumerate() {
-        let store = one_connection_store(url, Duration::from_secs(10)).await;
-        let (direct, _, _) = settled(&store).await;
+        let mut cfg = TestDb::store_config_for(url);
+        cfg.pool_size = 1;
+        cfg.timeout = Duration::from_secs(10);
+        cfg.synchronous_commit = path.ends_with("synchronous_commit on");
+        let store = tollgate::store::postgres::PostgresStore::new(&cfg).expect("store");
+        store.initialize("fp", true).await.expect("initialize");
+        let (direct, _) = settled(&store).await;
         let bucket = format!("t:prepared-{i}");
         let count = || {
             let store = &store;
@@ -583,12 +588,11 @@ async fn the_increment_is_prepared_only_on_a_connection_that_reaches_its_backend
         if path == "direct" {
             assert!(direct, "a loopback connection to the server is direct");
             let counts = [count().await, count().await];
-            let (_, prepared, pid) = settled(&store).await;
-            let fixed = tollgate::store::postgres::fixed_upsert_sql();
+            let (_, seen) = settled(&store).await;
             assert_eq!(
-                prepared,
-                [fixed],
-                "direct: the plain upsert is prepared on the session"
+                (seen.prepared.clone(), seen.synchronous_commit.as_str()),
+                (vec![fixed.to_string()], "off"),
+                "direct: the plain upsert is prepared on the session, which commits asynchronously"
             );
             // A sliding batch is the function's: its call is prepared next to it.
             let mut sliding = one(&format!("{bucket}-sliding"));
@@ -603,17 +607,24 @@ async fn the_increment_is_prepared_only_on_a_connection_that_reaches_its_backend
                     "direct: sliding counting is exact"
                 );
             }
-            let (_, prepared, _) = settled(&store).await;
+            let (_, after_sliding) = settled(&store).await;
             let mut both = vec![fixed, tollgate::store::postgres::increment_sql()];
             both.sort_unstable();
-            assert_eq!(prepared, both, "direct: both statements prepared");
+            assert_eq!(
+                after_sliding.prepared, both,
+                "direct: both statements prepared"
+            );
             // The statement vanishes from the session: the next batch is counted once, and
             // the connection is not used again.
-            let (_, gone, same_pid) = store
+            let gone = store
                 .inspect_a_connection("DEALLOCATE ALL")
                 .await
                 .expect("deallocate");
-            assert_eq!((gone.len(), same_pid), (0, pid), "the statements are gone");
+            assert_eq!(
+                (gone.prepared.len(), gone.pid),
+                (0, seen.pid),
+                "the statements are gone"
+            );
             let counts = [
                 counts[0],
                 counts[1],
@@ -622,20 +633,25 @@ async fn the_increment_is_prepared_only_on_a_connection_that_reaches_its_backend
                 count().await,
             ];
             assert_eq!(counts, [1, 2, 3, 4, 5], "direct: counting is exact");
-            let (_, _, new_pid) = settled(&store).await;
+            let (_, replaced) = settled(&store).await;
             assert_ne!(
-                new_pid, pid,
+                replaced.pid, seen.pid,
                 "the connection whose statement vanished was replaced"
             );
         } else {
-            assert!(!direct, "{path}: PgBouncer is in between");
+            assert_eq!(direct, path.starts_with("direct"), "{path}");
             let counts = [count().await, count().await, count().await];
             assert_eq!(counts, [1, 2, 3], "{path}: counting is exact");
-            let (_, prepared, _) = settled(&store).await;
+            let (_, seen) = settled(&store).await;
+            let prepared: Vec<String> = if direct {
+                vec![fixed.to_string()]
+            } else {
+                Vec::new()
+            };
             assert_eq!(
-                prepared,
-                Vec::<String>::new(),
-                "{path}: nothing is prepared on the server session"
+                (seen.prepared, seen.synchronous_commit.as_str()),
+                (prepared, "on"),
+                "{path}: what the server session holds"
             );
         }
     }

@@ -81,6 +81,12 @@ impl Directness {
         self.0.load(Ordering::Acquire) == DIRECT
     }
 
+    /// Takes a direct connection back to unnamed statements for good (the caller logs why):
+    /// something it would prepare there failed.
+    pub fn demote(&self) {
+        self.0.store(NOT_DIRECT, Ordering::Release);
+    }
+
     /// Records the answer.
     pub fn settle(&self, direct: bool) {
         self.0

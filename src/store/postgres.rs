@@ -182,22 +182,25 @@ pub fn increment_sql() -> &'static str {
 }
 
 /// The fixed-window part of `public.tollgate_increment` (`migrations/0005_joint_decision.sql`)
-/// as a statement of its own: the seed's atomic upsert, same parameters and same columns as
-/// [`INCREMENT_SQL`]. Only for a batch without a sliding limit, and only prepared on a
-/// connection that reaches its backend directly (`PooledClient::increment`).
+/// as a statement of its own: the seed's atomic upsert, with [`INCREMENT_SQL`]'s first three
+/// parameters and the four columns `bucket, count, window_end_ms, now_ms`. Only for a batch
+/// without a sliding limit (its parameters come only from [`IncrementArgs::fixed`]), and only
+/// prepared on a connection that reaches its backend directly (`PooledClient::increment`).
 ///
 /// Why a second text: prepared once, the plain upsert costs the server less than the prepared
 /// call of the function (PL/pgSQL's call and the tuplestore that `RETURN QUERY` fills; about
 /// 25 % of the database's CPU per request on a hot bucket, docs/performance.md, "Seventh
-/// December session"), which is what `f1d8ece` had before issue 15. Behind a pooler the
-/// function stays the statement: there its own plan cache is the only one that survives.
+/// December session"). It is what `f1d8ece` had before issue 15, and nothing more: every
+/// extra in it costs each execution (counted by `bench/pg_instructions.sh`, "Eighth December
+/// session"). A `set_config` in the input kept PostgreSQL from inlining the CTE (a volatile
+/// function) and added a CTE scan and an InitPlan; a `$4 IS NULL` guard added a gating
+/// `Result` node; the two constant columns a wider projection.
 ///
-/// - `$4 IS NULL` guards the batch: one with a sliding limit gets no row here (an error for
-///   the caller, never a miscount), as it must go to the function.
-/// - `synchronous_commit`: `set_config(..., true)` (`SET LOCAL`) for this statement's own
-///   implicit transaction, as in the function. It is an uncorrelated sub-`SELECT`, which
-///   PostgreSQL runs once per execution (an InitPlan) before the first input row, rather than
-///   once per row as a plain filter would; long before the commit that reads the setting.
+/// - `synchronous_commit`: on a direct connection the session is tollgate's own, so the
+///   connection sets it once with a session `SET` before this statement is first used
+///   ([`SESSION_ASYNC_COMMIT_SQL`]), as `f1d8ece`'s start-up parameter did. Behind a pooler a
+///   session `SET` would leak to other clients; there the function, which sets it for its
+///   own transaction, stays the statement.
 /// - The window from `now()`, rows in bucket order, the sum saturating: as the function.
 const FIXED_UPSERT_SQL: &str = "\
 WITH input AS (
@@ -206,8 +209,6 @@ WITH input AS (
            b.win,
            (floor(extract(epoch FROM now()))::int8 / b.win) * b.win AS start_secs
     FROM unnest($1::text[], $2::int8[], $3::int8[]) AS b(bucket, win, amount)
-    WHERE $4::int8[] IS NULL
-      AND (SELECT NOT $5::boolean OR set_config('synchronous_commit', 'off', true) = 'off')
 )
 INSERT INTO public.rate_limits AS r (bucket, window_start, count, expires_at)
 SELECT i.bucket,
@@ -220,13 +221,15 @@ ON CONFLICT (bucket, window_start) DO UPDATE
     SET count = LEAST(r.count::int8 + EXCLUDED.count, 2147483647)::int4
 RETURNING r.bucket,
           r.count,
-          NULL::int8,
-          0,
           floor(extract(epoch FROM r.expires_at) * 1000)::int8,
           floor(extract(epoch FROM now()) * 1000)::int8";
 
+/// Sent once on a direct connection, before [`FIXED_UPSERT_SQL`] is first executed there,
+/// when `store.synchronous_commit = "off"`: SPEC's "tollgate's own sessions".
+const SESSION_ASYNC_COMMIT_SQL: &str = "SET synchronous_commit = off";
+
 /// The text of the direct connections' fixed-window statement, for tests; parameters and
-/// columns as [`INCREMENT_SQL`]'s.
+/// columns as documented on [`FIXED_UPSERT_SQL`].
 pub fn fixed_upsert_sql() -> &'static str {
     FIXED_UPSERT_SQL
 }
@@ -252,6 +255,44 @@ impl IncrementStatement {
     /// Its slot in `PooledClient::prepared`.
     fn slot(self) -> usize {
         self as usize
+    }
+}
+
+/// One increment batch as its statements take it: [`INCREMENT_SQL`]'s five parameters, the
+/// first three of which are [`FIXED_UPSERT_SQL`]'s.
+struct IncrementArgs<'a> {
+    buckets: Vec<&'a str>,
+    windows: Vec<i64>,
+    amounts: Vec<i64>,
+    /// Per row its sliding limit (`None`: a fixed window); `None` as a whole when no limit of
+    /// the batch is sliding (the function then runs only its fixed-window upsert).
+    limits: Option<Vec<Option<i64>>>,
+    async_commit: bool,
+}
+
+impl IncrementArgs<'_> {
+    /// The function's parameters. Typed, so that the unnamed statement needs no Describe
+    /// round trip first: the batch is ONE round trip and leaves nothing on the server
+    /// connection.
+    fn function(&self) -> [(&(dyn ToSql + Sync), Type); 5] {
+        [
+            (&self.buckets, Type::TEXT_ARRAY),
+            (&self.windows, Type::INT8_ARRAY),
+            (&self.amounts, Type::INT8_ARRAY),
+            (&self.limits, Type::INT8_ARRAY),
+            (&self.async_commit, Type::BOOL),
+        ]
+    }
+
+    /// The plain upsert's parameters: `None` for a batch with a sliding limit, which only
+    /// the function counts right. The one way to reach [`FIXED_UPSERT_SQL`], so a sliding
+    /// batch can never be counted as a fixed one.
+    fn fixed(&self) -> Option<[(&(dyn ToSql + Sync), Type); 3]> {
+        self.limits.is_none().then_some([
+            (&self.buckets as &(dyn ToSql + Sync), Type::TEXT_ARRAY),
+            (&self.windows, Type::INT8_ARRAY),
+            (&self.amounts, Type::INT8_ARRAY),
+        ])
     }
 }
 
@@ -537,27 +578,50 @@ impl PooledClient {
     }
 
     /// The increment on this connection. Known to be direct: prepared once and then bound and
-    /// executed, the plain upsert for a batch without a sliding limit (`all_fixed`), the
-    /// function's call otherwise. Else the function's call as the unnamed statement.
+    /// executed, the plain upsert for a batch without a sliding limit, the function's call
+    /// otherwise. Else the function's call as the unnamed statement.
     async fn increment(
         &self,
-        params: &[(&(dyn ToSql + Sync), Type); 5],
-        all_fixed: bool,
+        args: &IncrementArgs<'_>,
     ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+        let function = args.function();
         if !self.direct.is_direct() {
             return self
-                .run(self.client.query_typed(INCREMENT_SQL, params))
+                .run(self.client.query_typed(INCREMENT_SQL, &function))
                 .await;
         }
-        let which = if all_fixed {
-            IncrementStatement::FixedUpsert
-        } else {
-            IncrementStatement::Function
-        };
+        match args.fixed() {
+            Some(fixed) => {
+                let which = IncrementStatement::FixedUpsert;
+                self.increment_prepared(which, &fixed, &function, args.async_commit)
+                    .await
+            }
+            None => {
+                let which = IncrementStatement::Function;
+                self.increment_prepared(which, &function, &function, args.async_commit)
+                    .await
+            }
+        }
+    }
+
+    /// `which` with its `params`, prepared on this direct connection (the first time, see
+    /// [`PooledClient::increment_and_prepare`]). `function`: the same batch as the function's
+    /// parameters, for the unnamed call when the prepared statement is not (or no longer)
+    /// there.
+    async fn increment_prepared<const N: usize>(
+        &self,
+        which: IncrementStatement,
+        params: &[(&(dyn ToSql + Sync), Type); N],
+        function: &[(&(dyn ToSql + Sync), Type); 5],
+        async_commit: bool,
+    ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
         let Some(statement) = self.prepared[which.slot()].get() else {
-            return self.increment_and_prepare(params, which).await;
+            let types = params.iter().map(|(_, ty)| ty.clone()).collect();
+            return self
+                .increment_and_prepare(function, which, types, async_commit)
+                .await;
         };
-        let values: [&(dyn ToSql + Sync); 5] = std::array::from_fn(|i| params[i].0);
+        let values: [&(dyn ToSql + Sync); N] = std::array::from_fn(|i| params[i].0);
         let result = self.run(self.client.query(statement, &values)).await;
         match &result {
             // 0A000: "cached plan must not change result type" (a migration replaced the
@@ -573,7 +637,7 @@ impl PooledClient {
             {
                 tracing::debug!(error = %err, "the prepared increment no longer applies");
                 self.stale.store(true, Ordering::Release);
-                self.run(self.client.query_typed(INCREMENT_SQL, params))
+                self.run(self.client.query_typed(INCREMENT_SQL, function))
                     .await
             }
             _ => result,
@@ -581,32 +645,45 @@ impl PooledClient {
     }
 
     /// The first batch of its kind on a direct connection: it runs as the function's unnamed
-    /// call, and the prepare of `which` is pipelined right behind it (sent in the same flush,
-    /// answered after it), so this decision waits for no extra round trip. A failed prepare
-    /// leaves the connection on unnamed statements for good rather than retrying on every
-    /// call.
+    /// call, and the prepare of `which` (parameter `types`) is pipelined right behind it (sent
+    /// in the same flush, answered after it), so this decision waits for no extra round trip.
+    /// For the plain upsert with `async_commit`, the session's `synchronous_commit = off`
+    /// goes in the same flush: the statement relies on it. A failure of either leaves the
+    /// connection on unnamed statements for good rather than retrying on every call.
     async fn increment_and_prepare(
         &self,
-        params: &[(&(dyn ToSql + Sync), Type); 5],
+        function: &[(&(dyn ToSql + Sync), Type); 5],
         which: IncrementStatement,
+        types: Vec<Type>,
+        async_commit: bool,
     ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
-        let types: Vec<Type> = params.iter().map(|(_, ty)| ty.clone()).collect();
-        let (rows, prepared) = self
+        let set_session = matches!(which, IncrementStatement::FixedUpsert) && async_commit;
+        let (rows, prepared, session) = self
             .tracked(async {
                 tokio::join!(
-                    self.client.query_typed(INCREMENT_SQL, params),
-                    self.client.prepare_typed(which.sql(), &types)
+                    self.client.query_typed(INCREMENT_SQL, function),
+                    self.client.prepare_typed(which.sql(), &types),
+                    async {
+                        if set_session {
+                            self.client.batch_execute(SESSION_ASYNC_COMMIT_SQL).await
+                        } else {
+                            Ok(())
+                        }
+                    }
                 )
             })
             .await;
-        match prepared {
+        match session.and(prepared) {
             Ok(statement) => {
                 // `&self` on a connection bb8 lends to one caller at a time: nobody else set it.
                 let _ = self.prepared[which.slot()].set(statement);
             }
             Err(err) => {
-                tracing::debug!(error = %err, "preparing the increment failed");
-                self.direct.settle(false);
+                tracing::debug!(
+                    error = %err,
+                    "preparing the increment failed: unnamed statements only on this connection"
+                );
+                self.direct.demote();
             }
         }
         if let Err(err) = &rows {
@@ -621,6 +698,21 @@ impl PooledClient {
             || self.read_only.load(Ordering::Acquire)
             || self.stale.load(Ordering::Acquire)
     }
+}
+
+/// What [`PostgresStore::inspect_a_connection`] found on one pool connection.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct ConnectionInspection {
+    /// Whether it reaches its backend directly; `None`: the look-up has not answered yet
+    /// ([`super::direct`]).
+    pub direct: Option<bool>,
+    /// The statements its server session holds prepared (`pg_prepared_statements`), sorted.
+    pub prepared: Vec<String>,
+    /// Its backend's process id.
+    pub pid: i32,
+    /// The session's `synchronous_commit`.
+    pub synchronous_commit: String,
 }
 
 /// The pool's connection manager: [`PooledClient`]'s idea of a broken connection, a deadline
@@ -887,15 +979,13 @@ impl PostgresStore {
     }
 
     /// For tests and diagnosis: on a pool connection, runs `first` (simple query protocol;
-    /// empty for nothing), then answers whether the connection is direct (`None`: the look-up
-    /// has not answered yet; see [`super::direct`]), the statements its server session holds
-    /// prepared (`pg_prepared_statements`, sorted) and its backend's process id. With
+    /// empty for nothing), then tells what the connection and its server session hold. With
     /// `pool_size = 1` it is the connection the increments ran on.
     #[doc(hidden)]
     pub async fn inspect_a_connection(
         &self,
         first: &str,
-    ) -> Result<(Option<bool>, Vec<String>, i32), StoreError> {
+    ) -> Result<ConnectionInspection, StoreError> {
         let conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
         if !first.is_empty() {
             conn.run(conn.simple_query(first))
@@ -904,16 +994,19 @@ impl PostgresStore {
         }
         let row = conn
             .run(conn.query_typed_one(
-                "SELECT coalesce(array_agg(statement ORDER BY statement), '{}'), pg_backend_pid() \
+                "SELECT coalesce(array_agg(statement ORDER BY statement), '{}'), pg_backend_pid(), \
+                        current_setting('synchronous_commit') \
                  FROM pg_prepared_statements",
                 &[],
             ))
             .await
             .map_err(|e| self.fail(e))?;
-        let prepared: Vec<String> = row.try_get(0).map_err(query_error)?;
-        let pid: i32 = row.try_get(1).map_err(query_error)?;
-        let direct = conn.direct.known().then(|| conn.direct.is_direct());
-        Ok((direct, prepared, pid))
+        Ok(ConnectionInspection {
+            direct: conn.direct.known().then(|| conn.direct.is_direct()),
+            prepared: row.try_get(0).map_err(query_error)?,
+            pid: row.try_get(1).map_err(query_error)?,
+            synchronous_commit: row.try_get(2).map_err(query_error)?,
+        })
     }
 
     /// Whether decisions succeed now (SPEC 7, `/readyz`): the outcome of the decisions of the
@@ -1195,29 +1288,23 @@ impl PostgresStore {
             return Ok(Vec::new());
         }
         let (buckets, windows) = columns(batch)?;
-        let amounts: Vec<i64> = batch.iter().map(|inc| i64::from(inc.by)).collect();
         // NULL unless a limit of the batch is sliding: the function then runs only the
-        // fixed-window upsert.
+        // fixed-window upsert, and on a direct connection the plain upsert can stand in.
         let limits: Option<Vec<Option<i64>>> = batch
             .iter()
             .any(|inc| inc.sliding.is_some())
             .then(|| batch.iter().map(|inc| inc.sliding.map(i64::from)).collect());
-        // Typed parameters: the unnamed statement needs no Describe round trip first, so the
-        // batch is ONE round trip and leaves nothing on the server connection (on a direct
-        // connection, the types prepare the statement once; see `PooledClient::increment`).
-        let params: [(&(dyn ToSql + Sync), Type); 5] = [
-            (&buckets, Type::TEXT_ARRAY),
-            (&windows, Type::INT8_ARRAY),
-            (&amounts, Type::INT8_ARRAY),
-            (&limits, Type::INT8_ARRAY),
-            (&self.async_commit, Type::BOOL),
-        ];
+        let args = IncrementArgs {
+            buckets,
+            windows,
+            amounts: batch.iter().map(|inc| i64::from(inc.by)).collect(),
+            limits,
+            async_commit: self.async_commit,
+        };
         let result = self
             .bounded(async {
                 let conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
-                conn.increment(&params, limits.is_none())
-                    .await
-                    .map_err(|e| self.fail(e))
+                conn.increment(&args).await.map_err(|e| self.fail(e))
             })
             .await
             .and_then(|rows| {
@@ -1228,15 +1315,26 @@ impl PostgresStore {
                     FastMap::with_capacity_and_hasher(rows.len(), Default::default());
                 for row in &rows {
                     let bucket: &str = row.try_get(0).map_err(query_error)?;
-                    // NULL: every unit counted (a fixed window).
-                    let added: Option<i64> = row.try_get(2).map_err(query_error)?;
-                    let counted = (
-                        count_from(row.try_get(1).map_err(query_error)?)?,
-                        added,
-                        count_from(row.try_get(3).map_err(query_error)?)?,
-                        row.try_get::<_, i64>(4).map_err(query_error)?,
-                        row.try_get::<_, i64>(5).map_err(query_error)?,
-                    );
+                    let counted = if row.len() == 4 {
+                        // The plain upsert's: a fixed window, every unit counted.
+                        (
+                            count_from(row.try_get(1).map_err(query_error)?)?,
+                            None,
+                            0,
+                            row.try_get::<_, i64>(2).map_err(query_error)?,
+                            row.try_get::<_, i64>(3).map_err(query_error)?,
+                        )
+                    } else {
+                        // The function's; `added` NULL: every unit counted (a fixed window).
+                        let added: Option<i64> = row.try_get(2).map_err(query_error)?;
+                        (
+                            count_from(row.try_get(1).map_err(query_error)?)?,
+                            added,
+                            count_from(row.try_get(3).map_err(query_error)?)?,
+                            row.try_get::<_, i64>(4).map_err(query_error)?,
+                            row.try_get::<_, i64>(5).map_err(query_error)?,
+                        )
+                    };
                     by_bucket.insert(bucket, counted);
                 }
                 batch
@@ -2466,6 +2564,33 @@ fn short(fingerprint: &str) -> String {
 mod tests {
     use super::*;
     use crate::config::StoreErrorPolicy;
+
+    /// The plain upsert counts every unit, so it must never get a batch with a sliding limit:
+    /// its parameters exist only for a batch without one, and they are the function's first
+    /// three.
+    #[test]
+    fn only_a_batch_without_a_sliding_limit_has_the_plain_upserts_parameters() {
+        let args = |limits| IncrementArgs {
+            buckets: vec!["a", "b"],
+            windows: vec![60, 60],
+            amounts: vec![1, 2],
+            limits,
+            async_commit: true,
+        };
+        let fixed = args(None);
+        let plain = fixed.fixed().expect("a fixed-window batch");
+        let function = fixed.function();
+        for (p, f) in plain.iter().zip(&function) {
+            assert_eq!(p.1, f.1, "the same parameter types, in the same order");
+            assert!(std::ptr::addr_eq(p.0, f.0), "the same values");
+        }
+        assert!(
+            args(Some(vec![None, Some(10)])).fixed().is_none(),
+            "a batch with a sliding limit is the function's"
+        );
+        assert_eq!(FIXED_UPSERT_SQL.matches('$').count(), 3, "three parameters");
+        assert!(!FIXED_UPSERT_SQL.contains("$4"));
+    }
 
     /// PostgreSQL 11 and older are refused with a sentence naming the version; 12 and
     /// later (tested for real: the suite's server) pass.
