@@ -513,9 +513,9 @@ impl std::ops::DerefMut for PooledClient {
 
 impl PooledClient {
     /// Awaits one statement on this client, remembering if it never finished.
-    async fn run<T>(
+    async fn run<T, F: std::future::Future<Output = Result<T, tokio_postgres::Error>>>(
         &self,
-        statement: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+        statement: impl FnOnce() -> F,
     ) -> Result<T, tokio_postgres::Error> {
         let result = self.tracked(statement).await;
         if let Err(err) = &result {
@@ -526,9 +526,9 @@ impl PooledClient {
 
     /// Awaits `work` on this client marked in flight: cut off midway, the connection is not
     /// reused.
-    async fn tracked<F: std::future::Future>(&self, work: F) -> F::Output {
+    async fn tracked<F: std::future::Future>(&self, work: impl FnOnce() -> F) -> F::Output {
         self.in_flight.store(true, Ordering::Release);
-        let output = work.await;
+        let output = work().await;
         self.in_flight.store(false, Ordering::Release);
         output
     }
@@ -587,7 +587,7 @@ impl PooledClient {
         let function = args.function();
         if !self.direct.is_direct() {
             return self
-                .run(self.client.query_typed(INCREMENT_SQL, &function))
+                .run(|| self.client.query_typed(INCREMENT_SQL, &function))
                 .await;
         }
         match args.fixed() {
@@ -617,12 +617,14 @@ impl PooledClient {
     ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
         let Some(statement) = self.prepared[which.slot()].get() else {
             let types = params.iter().map(|(_, ty)| ty.clone()).collect();
-            return self
-                .increment_and_prepare(function, which, types, async_commit)
+            // Boxed: once per connection and statement, and its three pipelined futures
+            // would otherwise make every increment's future (moved into a box per call by
+            // `Store::increment_each`) several kilobytes larger.
+            return Box::pin(self.increment_and_prepare(function, which, types, async_commit))
                 .await;
         };
         let values: [&(dyn ToSql + Sync); N] = std::array::from_fn(|i| params[i].0);
-        let result = self.run(self.client.query(statement, &values)).await;
+        let result = self.run(|| self.client.query(statement, &values)).await;
         match &result {
             // 0A000: "cached plan must not change result type" (a migration replaced the
             // function or the table with another answer); 26000: the statement is gone.
@@ -637,7 +639,7 @@ impl PooledClient {
             {
                 tracing::debug!(error = %err, "the prepared increment no longer applies");
                 self.stale.store(true, Ordering::Release);
-                self.run(self.client.query_typed(INCREMENT_SQL, function))
+                self.run(|| self.client.query_typed(INCREMENT_SQL, function))
                     .await
             }
             _ => result,
@@ -659,7 +661,7 @@ impl PooledClient {
     ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
         let set_session = matches!(which, IncrementStatement::FixedUpsert) && async_commit;
         let (rows, prepared, session) = self
-            .tracked(async {
+            .tracked(|| async {
                 tokio::join!(
                     self.client.query_typed(INCREMENT_SQL, function),
                     self.client.prepare_typed(which.sql(), &types),
@@ -988,17 +990,19 @@ impl PostgresStore {
     ) -> Result<ConnectionInspection, StoreError> {
         let conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
         if !first.is_empty() {
-            conn.run(conn.simple_query(first))
+            conn.run(|| conn.simple_query(first))
                 .await
                 .map_err(|e| self.fail(e))?;
         }
         let row = conn
-            .run(conn.query_typed_one(
+            .run(|| {
+                conn.query_typed_one(
                 "SELECT coalesce(array_agg(statement ORDER BY statement), '{}'), pg_backend_pid(), \
                         current_setting('synchronous_commit') \
                  FROM pg_prepared_statements",
                 &[],
-            ))
+            )
+            })
             .await
             .map_err(|e| self.fail(e))?;
         Ok(ConnectionInspection {
@@ -1040,7 +1044,7 @@ impl PostgresStore {
     pub async fn probe_increment(&self) -> Result<(), StoreError> {
         self.require_initialized()?;
         let result = self
-            .bounded(async {
+            .bounded(|| async {
                 let mut conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
                 conn.probe_increment(self.async_commit)
                     .await
@@ -1158,11 +1162,11 @@ impl PostgresStore {
 
     /// Runs `fut` under `store.timeout`. tokio-postgres has no timeout of its own (DESIGN),
     /// and the budget covers the pool wait as well as the statement.
-    async fn bounded<T>(
+    async fn bounded<T, F: std::future::Future<Output = Result<T, StoreError>>>(
         &self,
-        fut: impl std::future::Future<Output = Result<T, StoreError>>,
+        make: impl FnOnce() -> F,
     ) -> Result<T, StoreError> {
-        match tokio::time::timeout(self.timeout, fut).await {
+        match tokio::time::timeout(self.timeout, make()).await {
             Ok(result) => result,
             Err(_) => Err(self.timeout_error()),
         }
@@ -1226,7 +1230,9 @@ impl PostgresStore {
             let counted = self.run_increment(&folded.rows).await?;
             return Ok(folded.share(requests, &counted));
         }
-        self.run_decide(requests, &folded).await
+        // Boxed: the rare path (a sliding limit next to another enforced limit) need not
+        // widen the common one's future.
+        Box::pin(self.run_decide(requests, &folded)).await
     }
 
     /// The joint decision of [`DECIDE_SQL`]: one row back per bucket; a sliding row carries
@@ -1270,9 +1276,9 @@ impl PostgresStore {
             (&self.async_commit, Type::BOOL),
         ];
         let result = self
-            .bounded(async {
+            .bounded(|| async {
                 let conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
-                conn.run(conn.query_typed(DECIDE_SQL, &params))
+                conn.run(|| conn.query_typed(DECIDE_SQL, &params))
                     .await
                     .map_err(|e| self.fail(e))
             })
@@ -1302,7 +1308,7 @@ impl PostgresStore {
             async_commit: self.async_commit,
         };
         let result = self
-            .bounded(async {
+            .bounded(|| async {
                 let conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
                 conn.increment(&args).await.map_err(|e| self.fail(e))
             })
@@ -1373,9 +1379,9 @@ impl PostgresStore {
         let params: [(&(dyn ToSql + Sync), Type); 2] =
             [(&buckets, Type::TEXT_ARRAY), (&windows, Type::INT8_ARRAY)];
         let result = self
-            .bounded(async {
+            .bounded(|| async {
                 let conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
-                conn.run(conn.query_typed(PEEK_SQL, &params))
+                conn.run(|| conn.query_typed(PEEK_SQL, &params))
                     .await
                     .map_err(|e| self.fail(e))
             })
@@ -1525,9 +1531,9 @@ impl PostgresStore {
             (&expires, Type::FLOAT8),
         ];
         let row = self
-            .bounded(async {
+            .bounded(|| async {
                 let conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
-                conn.run(conn.query_typed_one(REFRESH_INSTANCE_SQL, &params))
+                conn.run(|| conn.query_typed_one(REFRESH_INSTANCE_SQL, &params))
                     .await
                     .map_err(|e| self.fail(e))
             })
@@ -1543,9 +1549,9 @@ impl PostgresStore {
         let id = self.instance_id.as_str();
         let params: [(&(dyn ToSql + Sync), Type); 1] = [(&id, Type::TEXT)];
         let deleted = self
-            .bounded(async {
+            .bounded(|| async {
                 let conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
-                conn.run(conn.execute_typed(DEREGISTER_INSTANCE_SQL, &params))
+                conn.run(|| conn.execute_typed(DEREGISTER_INSTANCE_SQL, &params))
                     .await
                     .map_err(|e| self.fail(e))
             })
@@ -1767,14 +1773,13 @@ impl PostgresStore {
     /// it); false when the database did not take it (then there is nothing to wait for).
     async fn send_check(&self, token: &str) -> bool {
         let sent = self
-            .bounded(async {
+            .bounded(|| async {
                 let conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
-                conn.run(conn.execute_typed(
-                    "SELECT pg_notify($1, $2)",
-                    &[(&RESET_CHANNEL, Type::TEXT), (&token, Type::TEXT)],
-                ))
-                .await
-                .map_err(query_error)
+                let params: [(&(dyn ToSql + Sync), Type); 2] =
+                    [(&RESET_CHANNEL, Type::TEXT), (&token, Type::TEXT)];
+                conn.run(|| conn.execute_typed("SELECT pg_notify($1, $2)", &params))
+                    .await
+                    .map_err(query_error)
             })
             .await;
         sent.is_ok()
@@ -2604,6 +2609,25 @@ mod tests {
         assert!(supported_server(90624, "9.6.24").is_err());
         assert!(supported_server(120000, "12.0").is_ok());
         assert!(supported_server(150020, "15.20 (Debian 15.20-0+deb12u1)").is_ok());
+    }
+
+    /// Every statement's future is moved into a box (`Store::increment_each`), so its whole
+    /// size is copied per statement: 11 KiB here before the rare paths were boxed and the
+    /// helpers stopped taking futures by value (an `async fn` that takes a future and awaits
+    /// it holds it twice).
+    #[tokio::test]
+    async fn the_increment_future_stays_small() {
+        let store = PostgresStore::new(&cfg("postgres://u@127.0.0.1:1/db", false)).expect("store");
+        let batch = [Increment {
+            bucket: Arc::from("a"),
+            window_secs: 60,
+            by: 1,
+            sliding: None,
+            enforce: None,
+        }];
+        let requests: [&[Increment]; 1] = [&batch];
+        let size = std::mem::size_of_val(&store.run_requests(&requests));
+        assert!(size <= 4096, "the increment's future is {size} bytes");
     }
 
     fn cfg(url: &str, synchronous_commit: bool) -> StoreConfig {
