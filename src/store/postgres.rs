@@ -16,7 +16,8 @@
 //!   backend with nothing in between ([`super::direct`]), the increment is prepared once and
 //!   then only bound and executed, which spares the server its parse and plan on every call;
 //!   there a batch of fixed windows is the plain upsert ([`FIXED_UPSERT_SQL`]), cheaper to
-//!   run than the function's call.
+//!   run than the function's call, and the session itself carries `synchronous_commit = off`
+//!   ([`SESSION_ASYNC_COMMIT_SQL`]): nobody else's session it could leak into.
 //! - **Migrations.** The files of `migrations/` are embedded in the binary and recorded in
 //!   `public.tollgate_migrations`; each runs in its own transaction under a transaction-level
 //!   advisory lock, so N instances starting at once apply each exactly once (SPEC 6).
