@@ -513,7 +513,11 @@ impl std::ops::DerefMut for PooledClient {
 }
 
 impl PooledClient {
-    /// Awaits one statement on this client, remembering if it never finished.
+    /// Awaits one statement on this client (the future `statement` makes), remembering if it
+    /// never finished. A maker rather than a future, here and in [`PooledClient::tracked`]
+    /// and `PostgresStore::bounded`: an `async fn` that takes a future by value and awaits
+    /// it holds it twice, and the increment's future is copied into a box per statement
+    /// (`the_increment_future_stays_small`).
     async fn run<T, F: std::future::Future<Output = Result<T, tokio_postgres::Error>>>(
         &self,
         statement: impl FnOnce() -> F,
@@ -525,8 +529,8 @@ impl PooledClient {
         result
     }
 
-    /// Awaits `work` on this client marked in flight: cut off midway, the connection is not
-    /// reused.
+    /// Awaits the future `work` makes, on this client marked in flight: cut off midway, the
+    /// connection is not reused.
     async fn tracked<F: std::future::Future>(&self, work: impl FnOnce() -> F) -> F::Output {
         self.in_flight.store(true, Ordering::Release);
         let output = work().await;
@@ -1161,8 +1165,9 @@ impl PostgresStore {
         }
     }
 
-    /// Runs `fut` under `store.timeout`. tokio-postgres has no timeout of its own (DESIGN),
-    /// and the budget covers the pool wait as well as the statement.
+    /// Runs the future `make` makes under `store.timeout` (a maker: see
+    /// [`PooledClient::run`]). tokio-postgres has no timeout of its own (DESIGN), and the
+    /// budget covers the pool wait as well as the statement.
     async fn bounded<T, F: std::future::Future<Output = Result<T, StoreError>>>(
         &self,
         make: impl FnOnce() -> F,
