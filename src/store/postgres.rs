@@ -1327,26 +1327,22 @@ impl PostgresStore {
                     FastMap::with_capacity_and_hasher(rows.len(), Default::default());
                 for row in &rows {
                     let bucket: &str = row.try_get(0).map_err(query_error)?;
-                    let counted = if row.len() == 4 {
-                        // The plain upsert's: a fixed window, every unit counted.
-                        (
-                            count_from(row.try_get(1).map_err(query_error)?)?,
-                            None,
-                            0,
-                            row.try_get::<_, i64>(2).map_err(query_error)?,
-                            row.try_get::<_, i64>(3).map_err(query_error)?,
-                        )
+                    // The plain upsert answers `bucket, count, window_end_ms, now_ms` (a fixed
+                    // window: every unit counted); the function has `added` (NULL: every unit
+                    // counted) and `previous` in between.
+                    let (added, previous, end) = if row.len() == 4 {
+                        (None, 0, 2)
                     } else {
-                        // The function's; `added` NULL: every unit counted (a fixed window).
                         let added: Option<i64> = row.try_get(2).map_err(query_error)?;
-                        (
-                            count_from(row.try_get(1).map_err(query_error)?)?,
-                            added,
-                            count_from(row.try_get(3).map_err(query_error)?)?,
-                            row.try_get::<_, i64>(4).map_err(query_error)?,
-                            row.try_get::<_, i64>(5).map_err(query_error)?,
-                        )
+                        (added, count_from(row.try_get(3).map_err(query_error)?)?, 4)
                     };
+                    let counted = (
+                        count_from(row.try_get(1).map_err(query_error)?)?,
+                        added,
+                        previous,
+                        row.try_get::<_, i64>(end).map_err(query_error)?,
+                        row.try_get::<_, i64>(end + 1).map_err(query_error)?,
+                    );
                     by_bucket.insert(bucket, counted);
                 }
                 batch
