@@ -95,9 +95,7 @@ for mode in $MODES; do
   esac
   db=""
   {
-    printf '[server]\nlisten = ["127.0.0.1:%s"]\nshutdown_timeout = "2s"\nworkers = 1\n\n' "$PX"
-    printf '[admin]\nlisten = "127.0.0.1:%s"\n\n' "$ADMIN"
-    printf '[keys]\nsecret = "bench-only-secret-not-used-anywhere-else"\n\n[upstreams.app]\nurl = "http://127.0.0.1:%s"\n\n' "$UP"
+    tollgate_config_head "$PX" "$ADMIN"
     if [[ $mode == pg-* ]]; then
       db=tollgate_cpu_${mode//-/_}
       psql_admin -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db" >/dev/null

@@ -89,8 +89,7 @@ for mode in $MODES; do
     psql_admin -c "DROP DATABASE IF EXISTS tollgate_instructions WITH (FORCE)" -c "CREATE DATABASE tollgate_instructions" >/dev/null
   fi
   {
-    printf '[server]\nlisten = ["127.0.0.1:%s"]\nshutdown_timeout = "2s"\nworkers = 1\n\n' "$PX"
-    printf '[keys]\nsecret = "bench-only-secret-not-used-anywhere-else"\n\n[upstreams.app]\nurl = "http://127.0.0.1:%s"\n\n' "$UP"
+    tollgate_config_head "$PX"
     if [[ $mode == pg-* ]]; then
       printf '[store]\nurl = "%s"\npool_size = 16\ntimeout = "5s"\non_error = "deny"\nmigrate = true\nsynchronous_commit = "off"\n\n' "$(store_url tollgate_instructions)"
     fi

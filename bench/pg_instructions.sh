@@ -96,8 +96,7 @@ served() {
   sleep 2 # the backend of those statements exits and writes its file before the mark
   mark=$RUN/mark; touch "$mark"
   {
-    printf '[server]\nlisten = ["127.0.0.1:%s"]\nshutdown_timeout = "2s"\nworkers = 1\n\n' "$PX"
-    printf '[keys]\nsecret = "bench-only-secret-not-used-anywhere-else"\n\n[upstreams.app]\nurl = "http://127.0.0.1:%s"\n\n' "$UP"
+    tollgate_config_head "$PX"
     printf '[store]\nurl = "%s/%s?sslmode=disable"\npool_size = 1\ntimeout = "10s"\non_error = "deny"\nmigrate = true\nsynchronous_commit = "off"\n\n' "$PG" "$db"
     printf '[[routes]]\nname = "bench"\nupstream = "app"\n'
     printf '  [[routes.limits]]\n  key = "ip"\n  requests = 2000000000\n  window = "1h"\n'

@@ -65,8 +65,7 @@ PIDS+=("$!")
 wait_200 "http://127.0.0.1:$UP/" 10
 
 {
-  printf '[server]\nlisten = ["127.0.0.1:%s"]\nshutdown_timeout = "2s"\nworkers = 1\n\n[admin]\nlisten = "127.0.0.1:%s"\n\n' "$TG" "$ADM"
-  printf '[keys]\nsecret = "bench-only-secret-not-used-anywhere-else"\n\n[upstreams.app]\nurl = "http://127.0.0.1:%s"\n\n' "$UP"
+  tollgate_config_head "$TG" "$ADM"
   if [[ $MODE == pg-* ]]; then printf '[store]\nurl = "%s"\n\n' "$(store_url "$DB")"; fi
   printf '[[routes]]\nname = "bench"\nupstream = "app"\n'
   case $MODE in

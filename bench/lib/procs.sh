@@ -7,6 +7,9 @@
 # that stop the servers and remove the script's $RUN folder however it ends. render TEMPLATE
 # PORT fills a bench/conf template (with $RUN, $PX_H2 and $UP, the upstream's port).
 # (bench/run.sh has richer versions of stop_started and wait_200: it checks targets stay alive and escalates to KILL.)
+# tollgate_config_head PORT [ADMIN_PORT] prints the start of a bench tollgate config: one worker
+# listening on PORT, an admin listener when ADMIN_PORT is given, the bench key secret and the
+# upstream `app` on $UP; the caller appends [store] and [[routes]].
 # cpu_by_comm [reaped] prints the CPU seconds (user + system) used so far, summed per command
 # name, one `name<TAB>seconds` line each; with `reaped`, each process' reaped children count
 # too (the CPU of PostgreSQL backends that have exited is in the postmaster's).
@@ -38,6 +41,12 @@ cleanup_on_exit() {
 render() {
   sed -e "s#{{RUN}}#$RUN#g" -e "s#{{PORT}}#$2#g" -e "s#{{H2PORT}}#$PX_H2#g" \
     -e "s#{{UPSTREAM_PORT}}#$UP#g" "$1"
+}
+
+tollgate_config_head() {
+  printf '[server]\nlisten = ["127.0.0.1:%s"]\nshutdown_timeout = "2s"\nworkers = 1\n\n' "$1"
+  if [[ -n ${2:-} ]]; then printf '[admin]\nlisten = "127.0.0.1:%s"\n\n' "$2"; fi
+  printf '[keys]\nsecret = "bench-only-secret-not-used-anywhere-else"\n\n[upstreams.app]\nurl = "http://127.0.0.1:%s"\n\n' "$UP"
 }
 
 cpu_by_comm() {
