@@ -44,10 +44,14 @@
 #             in production the database is another machine. PIN_PG=0 measures that case.
 #   WORKERS [1]: tollgate's connection workers (`server.workers`, like nginx's one worker)
 #   PG_URL [postgres://postgres@127.0.0.1:5432]  (loopback only; trust auth; the script creates
-#             and drops databases tollgate_bench_<mode>)   PG_STATS_WAIT [11] s (see below)
+#             and drops databases tollgate_bench_<target>)   PG_STATS_WAIT [11] s (see below)
 #   PG_SSLMODE [disable]: the `sslmode` of tollgate's `store.url` (bench/lib/pg.sh says why)
 #   BUILD [1]: cargo build --release first (tollgate and bench/ceiling); TOLLGATE_BIN
-#             [target/release/tollgate]; CEILING [1]; CEILING_BIN
+#             [target/release/tollgate]; BASE_BIN [none]: another tollgate build (the "before"
+#             of a change) measured in every mode as target base-<mode>, in the same rounds
+#             with the same configuration, so the summary can give this build / BASE_BIN as a
+#             median of same-round ratios (the "this build" lines of its targets table)
+#             rather than two runs' ratios to nginx; CEILING [1]; CEILING_BIN
 #             [bench/ceiling/target/release/tollgate-bench-ceiling]
 #   BASE_PORT [19200]: upstream +0, nginx +1 (h2c +2), ceiling +3, tollgate modes +10.., admin +30..,
 #             soak +50/+51
@@ -113,6 +117,7 @@ PG_URL=${PG_URL:-postgres://postgres@127.0.0.1:5432}
 PG_STATS_WAIT=${PG_STATS_WAIT:-11}
 BUILD=${BUILD:-1}
 TOLLGATE_BIN=${TOLLGATE_BIN:-$ROOT/target/release/tollgate}
+BASE_BIN=${BASE_BIN:-}
 CEILING=${CEILING:-1}
 CEILING_BIN=${CEILING_BIN:-$HERE/ceiling/target/release/tollgate-bench-ceiling}
 BASE_PORT=${BASE_PORT:-19200}
@@ -234,13 +239,16 @@ if [[ $BUILD == 1 ]]; then
   fi
 fi
 [[ -x $TOLLGATE_BIN ]] || { echo "no tollgate binary at $TOLLGATE_BIN" >&2; exit 1; }
+[[ -z $BASE_BIN || -x $BASE_BIN ]] || { echo "no tollgate binary at BASE_BIN=$BASE_BIN" >&2; exit 1; }
 [[ $CEILING != 1 || -x $CEILING_BIN ]] || { echo "no ceiling binary at $CEILING_BIN (BUILD=1 builds it, CEILING=0 skips it)" >&2; exit 1; }
 
 ORDER=(nginx)
 [[ $CEILING == 1 ]] && ORDER+=(ceiling)
 for m in $MODES; do
   case $m in
-    nolimit | memory | memory-10k | pg-hot | pg-10k | pg-flood | pg-hot-sliding | pg-10k-sliding) ORDER+=("tollgate-$m") ;;
+    nolimit | memory | memory-10k | pg-hot | pg-10k | pg-flood | pg-hot-sliding | pg-10k-sliding)
+      ORDER+=("tollgate-$m")
+      [[ -n $BASE_BIN ]] && ORDER+=("base-$m") ;;
     *) echo "unknown mode $m" >&2; exit 1 ;;
   esac
 done
@@ -257,7 +265,7 @@ if ((NEEDS_PG)); then
   fi
 fi
 
-declare -A URL H2URL ADMIN CONF LUA PIDOF DB EXPECT_DENY DBSNAP
+declare -A URL H2URL ADMIN CONF LUA PIDOF DB EXPECT_DENY DBSNAP BIN
 URL[nginx]=http://127.0.0.1:$NGINX_PORT/
 H2URL[nginx]=http://127.0.0.1:$NGINX_H2_PORT/
 URL[ceiling]=http://127.0.0.1:$CEILING_PORT/   # h1 only: no H2URL
@@ -315,17 +323,18 @@ EOF
 i=0
 for t in "${ORDER[@]}"; do
   [[ $t == nginx || $t == ceiling ]] && continue
-  m=${t#tollgate-}
+  m=${t#*-}
+  if [[ $t == base-* ]]; then BIN[$t]=$BASE_BIN; else BIN[$t]=$TOLLGATE_BIN; fi
   port=$((BASE_PORT + 10 + i)); aport=$((BASE_PORT + 30 + i)); i=$((i + 1))
   URL[$t]=http://127.0.0.1:$port/
   [[ $m == *10k* ]] || H2URL[$t]=http://127.0.0.1:$port/
   ADMIN[$t]=http://127.0.0.1:$aport
   [[ $m == *10k* ]] && LUA[$t]=$HERE/lua/tokens.lua
   [[ $m == pg-flood ]] && EXPECT_DENY[$t]=1
-  if [[ $m == pg-* ]]; then DB[$t]=tollgate_bench_${m//-/_}; fi
+  if [[ $m == pg-* ]]; then DB[$t]=tollgate_bench_${t//-/_}; fi
   CONF[$t]=$RUN/$t.toml
   tollgate_conf "${CONF[$t]}" "$port" "$aport" "$m" "${DB[$t]:-}"
-  "$TOLLGATE_BIN" check --config "${CONF[$t]}" >"$RUN/$t.check.log" 2>&1 \
+  "${BIN[$t]}" check --config "${CONF[$t]}" >"$RUN/$t.check.log" 2>&1 \
     || { echo "tollgate check refused ${CONF[$t]}:" >&2; cat "$RUN/$t.check.log" >&2; exit 1; }
 done
 
@@ -340,6 +349,7 @@ done
   echo "wrk: $(wrk -v 2>&1 | head -1 | cut -d' ' -f1-2)"
   command -v h2load >/dev/null && echo "h2load: $(h2load --version)"
   echo "tollgate: $("$TOLLGATE_BIN" --version 2>&1 | head -1); commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')$( [[ -n $(git -C "$ROOT" status --porcelain -- src Cargo.toml Cargo.lock migrations 2>/dev/null) ]] && echo ' + uncommitted changes in src/')"
+  [[ -n $BASE_BIN ]] && echo "base (BASE_BIN, targets base-<mode>): $("$BASE_BIN" --version 2>&1 | head -1) at $BASE_BIN"
   echo "tollgate runtime: server.workers=$WORKERS (worker 0 is the main thread)"
   ((NEEDS_PG)) && echo "postgres: $(psql_admin -tAc 'SHOW server_version') at $PG_URL, sslmode=$PG_SSLMODE; DB statements from $STATS_METHOD"
   echo "loadavg_before: $(cat /proc/loadavg)"
@@ -385,7 +395,7 @@ for t in "${ORDER[@]}"; do
     PG_DBS+=("${DB[$t]}")
   fi
   start_bg "$t" env -u TOLLGATE_DATABASE_URL -u TOLLGATE_CONFIG RUST_LOG=warn \
-    $(pin proxy) "$TOLLGATE_BIN" --config "${CONF[$t]}" run
+    $(pin proxy) "${BIN[$t]}" --config "${CONF[$t]}" run
   PIDOF[$t]=${PIDS[-1]}
 done
 for t in "${ORDER[@]}"; do

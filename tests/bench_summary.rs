@@ -152,3 +152,34 @@ fn the_ceiling_is_reported_beside_tollgate() {
         "the ceiling line of the targets table:\n{summary}"
     );
 }
+
+/// With `BASE_BIN` (the build before a change, run as `base-<mode>` in the same rounds), each
+/// mode gets a line with this build / the base as the median of same-round ratios, every
+/// round's ratio listed: 1.10, 0.90 and 1.05 here (median 1.05), where the ratio of the two
+/// medians would say 1.02. A mode without its base gets no line.
+#[test]
+fn a_base_build_in_the_same_rounds_gets_a_paired_ratio_line() {
+    let mut rows = Vec::new();
+    for (rep, this, base) in [(1u32, 11000, 10000), (2, 9000, 10000), (3, 10500, 10000)] {
+        rows.push((rep, "h1", "nginx", 20000));
+        rows.push((rep, "h1", "tollgate-memory", this));
+        rows.push((rep, "h1", "base-memory", base));
+        rows.push((rep, "h1", "tollgate-nolimit", 12000));
+    }
+    let dir = ResultsDir::with_runs("base", &rows);
+    let summary = dir.summarize();
+    let lines: Vec<&str> = summary
+        .lines()
+        .filter(|l| l.contains("BASE_BIN"))
+        .collect();
+    assert_eq!(
+        lines,
+        vec![
+            "| tollgate (BASE_BIN) | memory | 32 | h1 | 10,000 | 0.90 | 3.00 | 0.50 | 0.95 | 0 \
+             | – | – | – | 19.5 | 90/60 | 3 |",
+            "| this build / BASE_BIN: memory | h1 | 32 | 1.050 (median of 3 same-round ratios; \
+             0.90, 1.05, 1.10) | – |",
+        ],
+        "{summary}"
+    );
+}

@@ -243,8 +243,14 @@ def summarize(tsv, soak=None):
                                             rx10k=ratio(t, "tollgate-memory-10k"), non2xx=non2xx,
                                             # median over rounds of sliding / fixed in one round
                                             rfixed=ratio(t, SLIDING_OF[t]) if t in SLIDING_OF else None)
+            if t.startswith("tollgate-") and "base-" + t.split("-", 1)[1] in per_rep:
+                # this build / BASE_BIN, round by round (run.sh BASE_BIN)
+                b = "base-" + t.split("-", 1)[1]
+                stats[(proto, conns, t)]["vsbase"] = sorted(
+                    v / per_rep[b][rep] for rep, v in per_rep[t].items() if v and per_rep[b].get(rep))
             named = {"nginx": ("nginx", "proxy_pass"), "ceiling": ("hyper ceiling", "inline upstream")}
-            target, mode = named[t] if t in named else ("tollgate", t.split("-", 1)[1])
+            kind = "tollgate (BASE_BIN)" if t.startswith("base-") else "tollgate"
+            target, mode = named[t] if t in named else (kind, t.split("-", 1)[1])
             out.append(
                 f"| {target} | {mode} | {conns} | {proto} | {fnum(rps)} | {fnum(p50 and p50 / 1000, '{:.2f}')} "
                 f"| {fnum(p99 and p99 / 1000, '{:.2f}')} | {fnum(xn, '{:.2f}')} | {fnum(xm, '{:.2f}')} | {non2xx} "
@@ -291,6 +297,13 @@ def targets_table(stats, groups, soak):
                        f"{fnum(fl['stm'], '{:.2f}')} per 1,000 | {verdict(ok_s)} |")
             out.append(f"| flooded key: same req/s as memory (read as ≥ 0.95 ×) | {proto} | {conns} | "
                        f"{fl['xm']:.2f} × memory | {verdict(fl['xm'] >= 0.95)} |")
+        # Only with BASE_BIN: this build against the other one, paired by round.
+        for (p, c, t), st in stats.items():
+            if (p, c) == (proto, conns) and st.get("vsbase"):
+                xs = st["vsbase"]
+                out.append(f"| this build / BASE_BIN: {t.split('-', 1)[1]} | {proto} | {conns} | "
+                           f"{med(xs):.3f} (median of {len(xs)} same-round ratios; "
+                           f"{', '.join(f'{x:.2f}' for x in xs)}) | – |")
         # Only when a sliding mode and its fixed mode both ran, in the same rounds of this run.
         for sliding, fixed in SLIDING_OF.items():
             sl = g(sliding)
