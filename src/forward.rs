@@ -268,8 +268,20 @@ impl UpstreamPool {
         let from_h2 = req.version() == Version::HTTP_2;
         let connect = req.method() == Method::CONNECT;
         let client_takes_trailers = names.accepts_trailers(req.headers());
+        // `Trailer` is hop-by-hop, but hyper's HTTP/1.1 encoder sends only the trailer fields
+        // it announces: towards an HTTP/1.1 upstream the client's announcement goes along, or
+        // the request's trailers would be dropped (SPEC 5: trailers pass through). HTTP/2
+        // sends trailers unannounced.
+        let announced_trailers = if self.config.http2 {
+            None
+        } else {
+            names.trailer(req.headers())
+        };
         let headers = req.headers_mut();
         headers::strip_hop_by_hop(headers, names);
+        if let Some(announced) = announced_trailers {
+            headers.insert(header::TRAILER, announced);
+        }
         // Framing is tollgate's: the body is re-framed from what actually arrives.
         headers.remove(header::CONTENT_LENGTH);
         if from_h2 && !self.config.http2 {

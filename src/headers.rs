@@ -191,12 +191,25 @@ impl FieldNames {
         self.hop_by_hop[TE_AT] && accepts_trailers(headers)
     }
 
-    /// The (first) `Trailer` field, the trailer fields the message announces.
+    /// The trailer fields the message announces, as one `Trailer` value: hyper's HTTP/1.1
+    /// encoder sends only announced trailer fields, so every `Trailer` line counts (several
+    /// are joined with ", ", as a list field may be).
     pub fn trailer(&self, headers: &HeaderMap) -> Option<HeaderValue> {
         if !self.hop_by_hop[TRAILER_AT] {
             return None;
         }
-        headers.get(header::TRAILER).cloned()
+        let mut lines = headers.get_all(header::TRAILER).iter();
+        let first = lines.next()?;
+        let Some(second) = lines.next() else {
+            return Some(first.clone());
+        };
+        let mut joined = first.as_bytes().to_vec();
+        for line in std::iter::once(second).chain(lines) {
+            joined.extend_from_slice(b", ");
+            joined.extend_from_slice(line.as_bytes());
+        }
+        // Joined from valid values with a valid separator: never refused.
+        HeaderValue::from_bytes(&joined).ok()
     }
 }
 
@@ -572,6 +585,24 @@ mod tests {
     fn drop(h: &mut HeaderMap) {
         let names = FieldNames::of(h, true);
         drop_underscored(h, &names);
+    }
+
+    /// Every `Trailer` line is part of the announcement: hyper's HTTP/1.1 encoder would drop
+    /// the trailers of a second line that the forwarded message lacked.
+    #[test]
+    fn the_trailer_announcement_covers_every_trailer_line() {
+        let mut h = HeaderMap::new();
+        assert_eq!(FieldNames::of(&h, false).trailer(&h), None);
+        h.append(header::TRAILER, HeaderValue::from_static("grpc-status"));
+        let names = FieldNames::of(&h, false);
+        assert_eq!(names.trailer(&h).unwrap(), "grpc-status");
+        h.append(header::TRAILER, HeaderValue::from_static("grpc-message"));
+        h.append(header::TRAILER, HeaderValue::from_static("x-checksum"));
+        let names = FieldNames::of(&h, false);
+        assert_eq!(
+            names.trailer(&h).unwrap(),
+            "grpc-status, grpc-message, x-checksum"
+        );
     }
 
     /// The scan answers as the functions it saves a lookup for, and its answer survives

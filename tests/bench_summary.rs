@@ -168,10 +168,7 @@ fn a_base_build_in_the_same_rounds_gets_a_paired_ratio_line() {
     }
     let dir = ResultsDir::with_runs("base", &rows);
     let summary = dir.summarize();
-    let lines: Vec<&str> = summary
-        .lines()
-        .filter(|l| l.contains("BASE_BIN"))
-        .collect();
+    let lines: Vec<&str> = summary.lines().filter(|l| l.contains("BASE_BIN")).collect();
     assert_eq!(
         lines,
         vec![

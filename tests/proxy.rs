@@ -660,3 +660,97 @@ async fn an_idle_connection_closed_by_the_upstream_is_not_reused() {
     assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 3);
     server.abort();
 }
+
+/// SPEC 5: trailers pass through, the request's too. A client streams a body that ends in a
+/// `x-checksum` trailer, over HTTP/1.1 (chunked, announced in `Trailer` as HTTP/1.1 senders
+/// do) and over HTTP/2, to an HTTP/1.1 and to an HTTP/2 upstream: each upstream sees the
+/// trailer. An HTTP/1.1 upstream only gets trailers that the request head announced, so the
+/// announcement goes with the request there, and only there. (An HTTP/2 client that announces
+/// nothing reaches an HTTP/2 upstream with its trailers, but not an HTTP/1.1 one: see
+/// docs/configuration.md.)
+#[tokio::test]
+async fn request_trailers_reach_http1_and_http2_upstreams() {
+    use std::convert::Infallible;
+
+    use http_body_util::combinators::BoxBody;
+    use http_body_util::StreamBody;
+    use hyper::body::Frame;
+
+    type TrailerClient = hyper_util::client::legacy::Client<
+        hyper_util::client::legacy::connect::HttpConnector,
+        BoxBody<Bytes, Infallible>,
+    >;
+    fn client(http2: bool) -> TrailerClient {
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .http2_only(http2)
+            .build(hyper_util::client::legacy::connect::HttpConnector::new())
+    }
+    fn with_trailer(url: String, announce: bool) -> Request<BoxBody<Bytes, Infallible>> {
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("x-checksum", "c0ffee".parse().expect("static"));
+        let frames: Vec<Result<Frame<Bytes>, Infallible>> = vec![
+            Ok(Frame::data(Bytes::from_static(b"streamed "))),
+            Ok(Frame::data(Bytes::from_static(b"body"))),
+            Ok(Frame::trailers(trailers)),
+        ];
+        let mut request = Request::post(url);
+        if announce {
+            request = request.header("trailer", "x-checksum");
+        }
+        request
+            .body(BodyExt::boxed(StreamBody::new(futures_util::stream::iter(
+                frames,
+            ))))
+            .expect("request")
+    }
+
+    let h1_upstream = Upstream::start().await;
+    let h2_upstream = Upstream::start_with(true).await;
+    let text = format!(
+        "{BASE}[upstreams.h2]\nurl = \"http://{}\"\nhttp2 = true\n\n\
+         [[routes]]\nname = \"to-h2\"\npath_prefix = \"/h2\"\nupstream = \"h2\"\n\n\
+         [[routes]]\nname = \"to-h1\"\nupstream = \"app\"\n",
+        h2_upstream.addr
+    );
+    let proxy = Proxy::start(config_from(&text, h1_upstream.addr, &[])).await;
+
+    // (client HTTP/2, upstream HTTP/2, the client announces its trailer)
+    let cases = [
+        (false, false, true),
+        (false, true, true),
+        (true, false, true),
+        (true, true, true),
+        (true, true, false),
+    ];
+    for (client_h2, upstream_h2, announce) in cases {
+        let case = format!(
+            "client {}, upstream {}, announced {announce}",
+            if client_h2 { "h2" } else { "h1" },
+            if upstream_h2 { "h2" } else { "h1" }
+        );
+        let (path, upstream) = if upstream_h2 {
+            ("/h2/upload", &h2_upstream)
+        } else {
+            ("/upload", &h1_upstream)
+        };
+        // An HTTP/1.1 client must announce its trailer; an HTTP/2 one need not, but may.
+        let request = with_trailer(proxy.url(path), announce);
+        let response = client(client_h2)
+            .request(request)
+            .await
+            .unwrap_or_else(|e| panic!("{case}: {e}"));
+        assert_eq!(response.status(), StatusCode::OK, "{case}");
+        let seen = upstream.last();
+        assert_eq!(&seen.body[..], b"streamed body", "{case}");
+        let trailers = seen
+            .trailers
+            .unwrap_or_else(|| panic!("{case}: the upstream got no trailers"));
+        assert_eq!(trailers.get("x-checksum").unwrap(), "c0ffee", "{case}");
+        // The announcement is for the HTTP/1.1 hop's encoder; an HTTP/2 upstream gets none.
+        assert_eq!(
+            seen.headers.get("trailer").is_some(),
+            !upstream_h2,
+            "{case}: Trailer announcement"
+        );
+    }
+}

@@ -41,6 +41,8 @@ pub struct Recorded {
     pub version: Version,
     pub headers: HeaderMap,
     pub body: Bytes,
+    /// The request's trailer fields, when its body ended with some.
+    pub trailers: Option<HeaderMap>,
 }
 
 /// A real HTTP server standing in for the backend. It records every request it receives and
@@ -215,17 +217,20 @@ async fn upstream_answer(
         return Ok(websocket_echo(&mut req, rec));
     }
     let (parts, body) = req.into_parts();
-    let body = body
-        .collect()
-        .await
-        .map(|c| c.to_bytes())
-        .unwrap_or_default();
+    let (body, trailers) = match body.collect().await {
+        Ok(collected) => {
+            let trailers = collected.trailers().cloned();
+            (collected.to_bytes(), trailers)
+        }
+        Err(_) => (Bytes::new(), None),
+    };
     rec.lock().expect("lock").push(Recorded {
         method: parts.method.clone(),
         uri: parts.uri.to_string(),
         version: parts.version,
         headers: parts.headers.clone(),
         body: body.clone(),
+        trailers,
     });
     if let Some(ms) = path.strip_prefix("/slow/") {
         let ms: u64 = ms.parse().unwrap_or(1000);
@@ -299,6 +304,7 @@ fn websocket_echo(req: &mut Request<Incoming>, rec: Arc<Mutex<Vec<Recorded>>>) -
         version: req.version(),
         headers: req.headers().clone(),
         body: Bytes::new(),
+        trailers: None,
     });
     let Some(key) = req.headers().get("sec-websocket-key") else {
         let mut r = Response::new(full("no key"));
