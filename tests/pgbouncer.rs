@@ -545,6 +545,86 @@ async fn settled(
     }
 }
 
+/// The plain sliding statement in a race: three stores of four direct connections each,
+/// their statements prepared, and 600 concurrent increments of 1 to 3 units on one sliding
+/// limit of 200 (no previous window, so its cap stays 200). Whatever the interleaving, the
+/// units added come to exactly 200 and the row counts 200: `ON CONFLICT`'s update sees the
+/// latest count, and a row that does not fit whole goes to the function, which admits a
+/// prefix. Every answer is consistent with the row: nothing beyond the limit, no more added
+/// than asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_plain_sliding_statement_is_exact_under_concurrent_increments() {
+    use std::sync::Arc;
+    use tollgate::store::Store;
+    let db = TestDb::new().await;
+    let mut stores = Vec::new();
+    for _ in 0..3 {
+        let mut cfg = db.store_config();
+        cfg.pool_size = 4;
+        cfg.timeout = Duration::from_secs(30);
+        let store = tollgate::store::postgres::PostgresStore::new(&cfg).expect("store");
+        store.initialize("fp", true).await.expect("initialize");
+        assert!(settled(&store).await.0, "a loopback connection is direct");
+        stores.push(Arc::new(store));
+    }
+    let sliding = |bucket: &str, limit: u32, by: u32| {
+        let mut inc = one(bucket);
+        inc.sliding = Some(limit);
+        inc.by = by;
+        inc
+    };
+    // Every connection's first sliding batch prepares the plain statement: warm them all.
+    for round in 0..2 {
+        let warm = stores.iter().flat_map(|store| {
+            (0..8).map(move |_| {
+                let inc = sliding("t:warm", 1_000_000, 1);
+                let store = store.clone();
+                async move { store.increment(&[inc]).await.expect("warm-up") }
+            })
+        });
+        futures_util::future::join_all(warm).await;
+        if round == 0 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let (_, seen) = settled(&stores[0]).await;
+    assert!(
+        seen.prepared
+            .iter()
+            .any(|s| s == tollgate::store::postgres::sliding_upsert_sql()),
+        "the plain sliding statement is prepared: {:?}",
+        seen.prepared
+    );
+    let tasks: Vec<_> = (0..600u32)
+        .map(|i| {
+            let store = stores[(i % 3) as usize].clone();
+            let inc = sliding("t:raced", 200, i % 3 + 1);
+            tokio::spawn(async move {
+                let counted = store.increment(&[inc]).await.expect("increment")[0];
+                (i % 3 + 1, counted)
+            })
+        })
+        .collect();
+    let mut added = 0;
+    for task in tasks {
+        let (by, counted) = task.await.expect("task");
+        assert!(counted.added <= by && counted.count <= 200, "{counted:?}");
+        added += counted.added;
+    }
+    assert_eq!(added, 200, "units added across all increments");
+    let row: i32 = db
+        .client()
+        .await
+        .query_one(
+            "SELECT count FROM rate_limits WHERE bucket = 't:raced'",
+            &[],
+        )
+        .await
+        .expect("the row")
+        .get(0);
+    assert_eq!(row, 200);
+}
+
 /// The increment is prepared once on a connection that reaches its backend directly (the
 /// server's parse and plan of every call spared: docs/performance.md, "Sixth December
 /// session"): the plain upsert for fixed windows, the function's call for a batch with a
@@ -594,25 +674,62 @@ async fn the_increment_is_prepared_only_on_a_connection_that_reaches_its_backend
                 (vec![fixed.to_string()], "off"),
                 "direct: the plain upsert is prepared on the session, which commits asynchronously"
             );
-            // A sliding batch is the function's: its call is prepared next to it.
+            // A sliding batch is the plain sliding statement's, prepared next to the upsert
+            // (its first batch runs as the function's call, with the prepare pipelined).
             let mut sliding = one(&format!("{bucket}-sliding"));
             sliding.sliding = Some(100);
-            for expected in [1, 2] {
+            for expected in [1, 2, 3] {
                 let counted = store
                     .increment(std::slice::from_ref(&sliding))
                     .await
                     .expect("sliding increment");
                 assert_eq!(
-                    counted[0].count, expected,
+                    (counted[0].count, counted[0].added),
+                    (expected, 1),
                     "direct: sliding counting is exact"
                 );
             }
             let (_, after_sliding) = settled(&store).await;
-            let mut both = vec![fixed, tollgate::store::postgres::increment_sql()];
+            let mut both = vec![fixed, tollgate::store::postgres::sliding_upsert_sql()];
             both.sort_unstable();
             assert_eq!(
                 after_sliding.prepared, both,
-                "direct: both statements prepared"
+                "direct: both plain statements prepared"
+            );
+            // At its limit a row is not counted whole, and the function counts the prefix
+            // that the estimate admits: 2 of 3, then 1 of 2 (the second statement), then 0.
+            // The other row of the same batch is counted by the plain statement alone.
+            let mut near = one(&format!("{bucket}-near"));
+            near.sliding = Some(3);
+            let mut roomy = one(&format!("{bucket}-roomy"));
+            roomy.sliding = Some(100);
+            let mut answers = Vec::new();
+            for by in [2, 2, 1] {
+                near.by = by;
+                let counted = store
+                    .increment(&[near.clone(), roomy.clone()])
+                    .await
+                    .expect("sliding increment at the limit");
+                answers.push((
+                    (counted[0].count, counted[0].added),
+                    (counted[1].count, counted[1].added),
+                ));
+            }
+            assert_eq!(
+                answers,
+                [((2, 2), (1, 1)), ((3, 1), (2, 1)), ((3, 0), (3, 1))],
+                "direct: a row at its limit counts exactly the admitted units"
+            );
+            let (_, at_limit) = settled(&store).await;
+            let mut all = vec![
+                fixed,
+                tollgate::store::postgres::increment_sql(),
+                tollgate::store::postgres::sliding_upsert_sql(),
+            ];
+            all.sort_unstable();
+            assert_eq!(
+                at_limit.prepared, all,
+                "direct: the function, for rows at their limit, prepared too"
             );
             // The statement vanishes from the session: the next batch is counted once, and
             // the connection is not used again.

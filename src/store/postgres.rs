@@ -225,8 +225,82 @@ RETURNING r.bucket,
           floor(extract(epoch FROM r.expires_at) * 1000)::int8,
           floor(extract(epoch FROM now()) * 1000)::int8";
 
-/// Sent once on a direct connection, before [`FIXED_UPSERT_SQL`] is first executed there,
-/// when `store.synchronous_commit = "off"`: SPEC's "tollgate's own sessions".
+/// A batch with a sliding limit (and no joint decision), on a direct connection: one plain
+/// statement instead of the function's three (a locking insert, then the read of the current
+/// and previous rows and an update). Parameters: [`INCREMENT_SQL`]'s `$1`..`$4` (`$4` per row
+/// the sliding limit, `NULL` for a fixed window). Columns: `bucket, count, previous,
+/// window_end_ms, now_ms`, for the rows it counted.
+///
+/// Each row is counted whole or not at all. A sliding row's `cap` is what its estimate leaves
+/// for the current window, `floor(limit - previous * (window_end - now) / window)` (SPEC 3a:
+/// unit `k` is admitted while `previous * weight + old + k <= limit`, so all `amount` units fit
+/// exactly when `old + amount <= cap`). A new row is inserted when `amount <= cap`; a row that
+/// exists is updated when its latest count (the locked version `ON CONFLICT` sees, not this
+/// statement's snapshot) plus `amount` is within `cap`. Fixed rows have no cap and are always
+/// counted, saturating as in [`FIXED_UPSERT_SQL`]. A row left out is one whose units do not
+/// all fit: only near the limit. `PooledClient::increment` sends those rows to the function,
+/// which counts the admitted prefix of them; the answer is the same as the function's for the
+/// whole batch, at the cost of a second statement for the rows at their limit.
+///
+/// The previous window's row is read from the statement's snapshot, as in the function: that
+/// window has ended, so only an increment begun before its end can still change it.
+/// `expires_at = window_start + 2 * window` for sliding rows (SPEC 3a), `+ window` for fixed
+/// ones; rows in bucket order (lock order, as everywhere). On a direct connection only, for
+/// the same reason as [`FIXED_UPSERT_SQL`]: `synchronous_commit` comes from the session.
+/// Measured against the function and the fixed upsert in docs/performance.md ("Sliding
+/// windows as one plain statement").
+const SLIDING_UPSERT_SQL: &str = "\
+WITH input AS (
+    SELECT b.bucket,
+           b.win,
+           b.amount,
+           b.lim,
+           (floor(extract(epoch FROM now()))::int8 / b.win) * b.win AS start_secs
+    FROM unnest($1::text[], $2::int8[], $3::int8[], $4::int8[]) AS b(bucket, win, amount, lim)
+), caps AS (
+    SELECT i.bucket,
+           i.win,
+           i.amount,
+           i.lim,
+           i.start_secs,
+           COALESCE(p.count, 0) AS previous,
+           CASE WHEN i.lim IS NOT NULL THEN
+               LEAST(floor(i.lim - COALESCE(p.count, 0)::float8
+                                  * ((i.start_secs + i.win)::float8 - extract(epoch FROM now()))
+                                  / i.win),
+                     2147483647)
+           END AS cap
+    FROM input i
+    LEFT JOIN public.rate_limits p
+           ON i.lim IS NOT NULL
+          AND p.bucket = i.bucket
+          AND p.window_start = to_timestamp(i.start_secs - i.win)
+), counted AS (
+    INSERT INTO public.rate_limits AS r (bucket, window_start, count, expires_at)
+    SELECT c.bucket,
+           to_timestamp(c.start_secs),
+           LEAST(c.amount, 2147483647)::int4,
+           to_timestamp(c.start_secs + CASE WHEN c.lim IS NULL THEN 1 ELSE 2 END * c.win)
+    FROM caps c
+    WHERE c.lim IS NULL OR c.amount <= c.cap
+    ORDER BY c.bucket
+    ON CONFLICT (bucket, window_start) DO UPDATE
+        SET count = LEAST(r.count::int8 + EXCLUDED.count, 2147483647)::int4
+        WHERE r.count::int8 + EXCLUDED.count
+              <= COALESCE((SELECT c.cap FROM caps c WHERE c.bucket = EXCLUDED.bucket), 'Infinity')
+    RETURNING r.bucket, r.count
+)
+SELECT k.bucket,
+       k.count,
+       c.previous,
+       (c.start_secs + c.win) * 1000,
+       floor(extract(epoch FROM now()) * 1000)::int8
+FROM counted k
+JOIN caps c ON c.bucket = k.bucket";
+
+/// Sent once on a direct connection, before [`FIXED_UPSERT_SQL`] or [`SLIDING_UPSERT_SQL`] is
+/// first executed there, when `store.synchronous_commit = "off"`: SPEC's "tollgate's own
+/// sessions".
 const SESSION_ASYNC_COMMIT_SQL: &str = "SET synchronous_commit = off";
 
 /// The text of the direct connections' fixed-window statement, for tests; parameters and
@@ -235,14 +309,23 @@ pub fn fixed_upsert_sql() -> &'static str {
     FIXED_UPSERT_SQL
 }
 
-/// The two statements an increment batch is sent as ([`INCREMENT_SQL`], [`FIXED_UPSERT_SQL`]),
-/// each prepared at most once per direct connection.
+/// The text of the direct connections' statement for batches with a sliding limit, for tests;
+/// parameters and columns as documented on [`SLIDING_UPSERT_SQL`].
+pub fn sliding_upsert_sql() -> &'static str {
+    SLIDING_UPSERT_SQL
+}
+
+/// The three statements an increment batch is sent as ([`INCREMENT_SQL`],
+/// [`FIXED_UPSERT_SQL`], [`SLIDING_UPSERT_SQL`]), each prepared at most once per direct
+/// connection.
 #[derive(Debug, Clone, Copy)]
 enum IncrementStatement {
     /// The call of `public.tollgate_increment`: any batch, any connection.
     Function,
     /// The plain upsert: a batch without a sliding limit, on a direct connection.
     FixedUpsert,
+    /// The plain sliding statement: a batch with a sliding limit, on a direct connection.
+    SlidingUpsert,
 }
 
 impl IncrementStatement {
@@ -250,7 +333,14 @@ impl IncrementStatement {
         match self {
             IncrementStatement::Function => INCREMENT_SQL,
             IncrementStatement::FixedUpsert => FIXED_UPSERT_SQL,
+            IncrementStatement::SlidingUpsert => SLIDING_UPSERT_SQL,
         }
+    }
+
+    /// Whether the statement relies on the session's `synchronous_commit` (the function sets
+    /// it for its own transaction).
+    fn needs_session_setting(self) -> bool {
+        !matches!(self, IncrementStatement::Function)
     }
 
     /// Its slot in `PooledClient::prepared`.
@@ -294,6 +384,38 @@ impl IncrementArgs<'_> {
             (&self.windows, Type::INT8_ARRAY),
             (&self.amounts, Type::INT8_ARRAY),
         ])
+    }
+
+    /// [`SLIDING_UPSERT_SQL`]'s parameters: the function's first four, for a batch with a
+    /// sliding limit (`None` otherwise: the plain upsert is cheaper).
+    fn sliding(&self) -> Option<[(&(dyn ToSql + Sync), Type); 4]> {
+        self.limits.is_some().then(|| {
+            let [buckets, windows, amounts, limits, _] = self.function();
+            [buckets, windows, amounts, limits]
+        })
+    }
+
+    /// The same batch without the rows whose buckets are in `counted`: what is left for the
+    /// function after [`SLIDING_UPSERT_SQL`] counted the rest.
+    fn without(&self, counted: &[tokio_postgres::Row]) -> Result<Self, tokio_postgres::Error> {
+        let mut done: FastSet<&str> =
+            FastSet::with_capacity_and_hasher(counted.len(), Default::default());
+        for row in counted {
+            done.insert(row.try_get(0)?);
+        }
+        let keep: Vec<usize> = (0..self.buckets.len())
+            .filter(|&i| !done.contains(self.buckets[i]))
+            .collect();
+        Ok(IncrementArgs {
+            buckets: keep.iter().map(|&i| self.buckets[i]).collect(),
+            windows: keep.iter().map(|&i| self.windows[i]).collect(),
+            amounts: keep.iter().map(|&i| self.amounts[i]).collect(),
+            limits: self
+                .limits
+                .as_ref()
+                .map(|limits| keep.iter().map(|&i| limits[i]).collect()),
+            async_commit: self.async_commit,
+        })
     }
 }
 
@@ -493,7 +615,7 @@ pub struct PooledClient {
     direct: Arc<Directness>,
     /// The increment statements prepared on this connection (direct connections only), by
     /// [`IncrementStatement::slot`].
-    prepared: [std::sync::OnceLock<tokio_postgres::Statement>; 2],
+    prepared: [std::sync::OnceLock<tokio_postgres::Statement>; 3],
     /// The prepared increment stopped working (its plan no longer fits the function, or the
     /// statement is gone): the connection is replaced rather than reused.
     stale: AtomicBool,
@@ -583,8 +705,9 @@ impl PooledClient {
     }
 
     /// The increment on this connection. Known to be direct: prepared once and then bound and
-    /// executed, the plain upsert for a batch without a sliding limit, the function's call
-    /// otherwise. Else the function's call as the unnamed statement.
+    /// executed, the plain upsert for a batch without a sliding limit, the plain sliding
+    /// statement otherwise, followed by the function's call for the rows it left (those at
+    /// their limit). Else the function's call as the unnamed statement.
     async fn increment(
         &self,
         args: &IncrementArgs<'_>,
@@ -595,18 +718,40 @@ impl PooledClient {
                 .run(|| self.client.query_typed(INCREMENT_SQL, &function))
                 .await;
         }
-        match args.fixed() {
-            Some(fixed) => {
-                let which = IncrementStatement::FixedUpsert;
-                self.increment_prepared(which, &fixed, &function, args.async_commit)
-                    .await
-            }
-            None => {
-                let which = IncrementStatement::Function;
-                self.increment_prepared(which, &function, &function, args.async_commit)
-                    .await
-            }
+        if let Some(fixed) = args.fixed() {
+            let which = IncrementStatement::FixedUpsert;
+            return self
+                .increment_prepared(which, &fixed, &function, args.async_commit)
+                .await;
         }
+        let Some(sliding) = args.sliding() else {
+            let which = IncrementStatement::Function;
+            return self
+                .increment_prepared(which, &function, &function, args.async_commit)
+                .await;
+        };
+        let which = IncrementStatement::SlidingUpsert;
+        let mut rows = self
+            .increment_prepared(which, &sliding, &function, args.async_commit)
+            .await?;
+        if rows.len() < args.buckets.len() {
+            // Rare (a row at its limit), so boxed: the common future stays small.
+            let rest = args.without(&rows)?;
+            rows.extend(Box::pin(self.increment_rest(&rest)).await?);
+        }
+        Ok(rows)
+    }
+
+    /// The function's call for the rows [`SLIDING_UPSERT_SQL`] did not count whole: it counts
+    /// the prefix of their units that each estimate admits.
+    async fn increment_rest(
+        &self,
+        rest: &IncrementArgs<'_>,
+    ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+        let function = rest.function();
+        let which = IncrementStatement::Function;
+        self.increment_prepared(which, &function, &function, rest.async_commit)
+            .await
     }
 
     /// `which` with its `params`, prepared on this direct connection (the first time, see
@@ -664,7 +809,7 @@ impl PooledClient {
         types: Vec<Type>,
         async_commit: bool,
     ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
-        let set_session = matches!(which, IncrementStatement::FixedUpsert) && async_commit;
+        let set_session = which.needs_session_setting() && async_commit;
         let (rows, prepared, session) = self
             .tracked(|| async {
                 tokio::join!(
@@ -1328,13 +1473,16 @@ impl PostgresStore {
                 for row in &rows {
                     let bucket: &str = row.try_get(0).map_err(query_error)?;
                     // The plain upsert answers `bucket, count, window_end_ms, now_ms` (a fixed
-                    // window: every unit counted); the function has `added` (NULL: every unit
-                    // counted) and `previous` in between.
-                    let (added, previous, end) = if row.len() == 4 {
-                        (None, 0, 2)
-                    } else {
-                        let added: Option<i64> = row.try_get(2).map_err(query_error)?;
-                        (added, count_from(row.try_get(3).map_err(query_error)?)?, 4)
+                    // window: every unit counted); the plain sliding statement has `previous`
+                    // after `count` (the rows it answers for are counted whole); the function
+                    // has `added` (NULL: every unit counted) and `previous` in between.
+                    let (added, previous, end) = match row.len() {
+                        4 => (None, 0, 2),
+                        5 => (None, count_from(row.try_get(2).map_err(query_error)?)?, 3),
+                        _ => {
+                            let added: Option<i64> = row.try_get(2).map_err(query_error)?;
+                            (added, count_from(row.try_get(3).map_err(query_error)?)?, 4)
+                        }
                     };
                     let counted = (
                         count_from(row.try_get(1).map_err(query_error)?)?,
@@ -2576,7 +2724,7 @@ mod tests {
     /// its parameters exist only for a batch without one, and they are the function's first
     /// three.
     #[test]
-    fn only_a_batch_without_a_sliding_limit_has_the_plain_upserts_parameters() {
+    fn each_plain_statement_takes_its_batches_and_the_functions_parameters() {
         let args = |limits| IncrementArgs {
             buckets: vec!["a", "b"],
             windows: vec![60, 60],
@@ -2597,6 +2745,16 @@ mod tests {
         );
         assert_eq!(FIXED_UPSERT_SQL.matches('$').count(), 3, "three parameters");
         assert!(!FIXED_UPSERT_SQL.contains("$4"));
+        // The plain sliding statement: a batch with a sliding limit only, and the function's
+        // first four parameters.
+        assert!(fixed.sliding().is_none(), "a fixed batch is the plain upsert's");
+        let with_sliding = args(Some(vec![None, Some(10)]));
+        let plain = with_sliding.sliding().expect("a batch with a sliding limit");
+        for (p, f) in plain.iter().zip(&with_sliding.function()) {
+            assert_eq!(p.1, f.1, "the same parameter types, in the same order");
+            assert!(std::ptr::addr_eq(p.0, f.0), "the same values");
+        }
+        assert!(SLIDING_UPSERT_SQL.contains("$4") && !SLIDING_UPSERT_SQL.contains("$5"));
     }
 
     /// PostgreSQL 11 and older are refused with a sentence naming the version; 12 and
