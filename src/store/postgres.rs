@@ -247,8 +247,8 @@ RETURNING r.bucket,
 /// `expires_at = window_start + 2 * window` for sliding rows (SPEC 3a), `+ window` for fixed
 /// ones; rows in bucket order (lock order, as everywhere). On a direct connection only, for
 /// the same reason as [`FIXED_UPSERT_SQL`]: `synchronous_commit` comes from the session.
-/// Measured against the function and the fixed upsert in docs/performance.md ("Sliding
-/// windows as one plain statement").
+/// Measured against the function and the fixed upsert in docs/performance.md ("Ninth
+/// December session").
 const SLIDING_UPSERT_SQL: &str = "\
 WITH input AS (
     SELECT b.bucket,
@@ -2722,7 +2722,8 @@ mod tests {
 
     /// The plain upsert counts every unit, so it must never get a batch with a sliding limit:
     /// its parameters exist only for a batch without one, and they are the function's first
-    /// three.
+    /// three. The plain sliding statement's exist only for a batch with one (a fixed batch is
+    /// cheaper as the plain upsert), and they are the function's first four.
     #[test]
     fn each_plain_statement_takes_its_batches_and_the_functions_parameters() {
         let args = |limits| IncrementArgs {
