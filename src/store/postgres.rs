@@ -2748,9 +2748,14 @@ mod tests {
         assert!(!FIXED_UPSERT_SQL.contains("$4"));
         // The plain sliding statement: a batch with a sliding limit only, and the function's
         // first four parameters.
-        assert!(fixed.sliding().is_none(), "a fixed batch is the plain upsert's");
+        assert!(
+            fixed.sliding().is_none(),
+            "a fixed batch is the plain upsert's"
+        );
         let with_sliding = args(Some(vec![None, Some(10)]));
-        let plain = with_sliding.sliding().expect("a batch with a sliding limit");
+        let plain = with_sliding
+            .sliding()
+            .expect("a batch with a sliding limit");
         for (p, f) in plain.iter().zip(&with_sliding.function()) {
             assert_eq!(p.1, f.1, "the same parameter types, in the same order");
             assert!(std::ptr::addr_eq(p.0, f.0), "the same values");
