@@ -20,6 +20,11 @@
 # pgbench connects with libpq's default sslmode (`prefer`: TLS on Debian's server, which has
 # `ssl = on`), the same for every row; the figures in docs/performance.md were taken so.
 #
+# `fixed` and `sliding` are the texts a direct connection prepares today (FIXED_UPSERT_SQL and
+# SLIDING_UPSERT_SQL, read from src/store/postgres.rs), `slidefn` the function's call with
+# sliding limits: `STATEMENTS="fixed sliding slidefn"` prices a sliding batch against a fixed
+# one, both ways (docs/performance.md, "Ninth December session").
+#
 # Usage: [KNOB=value ...] bench/statement_cost.sh
 # Knobs: SECONDS_RUN [6] ROUNDS [2] CPU_LOAD [0] STATEMENTS ["function upsert direct"]
 #        PG_URL [postgres://postgres@127.0.0.1:5432] (database tollgate_bench_statements,
@@ -86,6 +91,34 @@ direct_sql() {
   upsert_sql "$@" "NULL::int8[] IS NULL
     AND (SELECT NOT true OR set_config('synchronous_commit', 'off', true) = 'off')"
 }
+# The statements a direct connection prepares today, read from src/store/postgres.rs so that
+# they cannot drift from it: `fixed` (FIXED_UPSERT_SQL) and `sliding` (SLIDING_UPSERT_SQL,
+# every row with a sliding limit of 2,000,000,000, so nothing is denied and no row goes on to
+# the function). Both rely on the session's synchronous_commit, set here as tollgate's direct
+# sessions set it.
+source_sql() {   # source_sql CONST ARG... -> the constant's text with $1.. replaced by ARGs
+  python3 - "$ROOT/src/store/postgres.rs" "$@" <<'PY'
+import re, sys
+src = open(sys.argv[1]).read()
+m = re.search(r'const %s: &str = "\\\n(.*?)";' % sys.argv[2], src, re.S)
+if not m:
+    sys.exit("no const %s in %s" % (sys.argv[2], sys.argv[1]))
+sql = m.group(1)
+for i, arg in reversed(list(enumerate(sys.argv[3:], 1))):
+    sql = sql.replace("$%d::" % i, arg + "::").replace("$%d" % i, arg)
+print(" ".join(sql.split()) + ";")
+PY
+}
+hot_lim='ARRAY[2000000000]::int8[]'
+k_lim='ARRAY[2000000000,2000000000,2000000000,2000000000,2000000000,2000000000,2000000000,2000000000]::int8[]'
+{ echo "$hot_vars"; source_sql FIXED_UPSERT_SQL "${hot_args[@]}"; } >"$RUN/hot-fixed.sql"
+{ echo "$k_vars"; source_sql FIXED_UPSERT_SQL "${k_args[@]}"; } >"$RUN/10k-fixed.sql"
+{ echo "$hot_vars"; source_sql SLIDING_UPSERT_SQL "${hot_args[@]}" "$hot_lim"; } >"$RUN/hot-sliding.sql"
+{ echo "$k_vars"; source_sql SLIDING_UPSERT_SQL "${k_args[@]}" "$k_lim"; } >"$RUN/10k-sliding.sql"
+# `slidefn`: the function's call with every row sliding, what a pooled connection sends for a
+# sliding batch (and a direct one for the rows at their limit).
+{ echo "$hot_vars"; echo "SELECT * FROM public.tollgate_increment(${hot_args[0]}, ${hot_args[1]}, ${hot_args[2]}, $hot_lim, true);"; } >"$RUN/hot-slidefn.sql"
+{ echo "$k_vars"; echo "SELECT * FROM public.tollgate_increment(${k_args[0]}, ${k_args[1]}, ${k_args[2]}, $k_lim, true);"; } >"$RUN/10k-slidefn.sql"
 { echo "$hot_vars"; function_sql "${hot_args[@]}"; } >"$RUN/hot-function.sql"
 { echo "$hot_vars"; direct_sql "${hot_args[@]}"; } >"$RUN/hot-direct.sql"
 { echo "$k_vars"; direct_sql "${k_args[@]}"; } >"$RUN/10k-direct.sql"
@@ -101,7 +134,7 @@ postgres_cpu_seconds() {   # all postgres processes, with the backends that have
 # for its session, as f1d8ece's connections had it.
 one() {   # one <workload> <statement> <protocol>
   local opt="" c0 c1 out tx tps
-  [[ $2 == upsert ]] && opt="-c synchronous_commit=off"
+  [[ $2 == upsert || $2 == fixed || $2 == sliding ]] && opt="-c synchronous_commit=off"
   c0=$(postgres_cpu_seconds)
   out=$(PGOPTIONS="$opt" taskset -c "$CPU_LOAD" pgbench "$PG_URL/$DB" -n -c 4 -j 1 -T "$SECONDS_RUN" \
     -M "$3" -f "$RUN/$1-$2.sql" 2>&1) || { echo "$out" >&2; exit 1; }
