@@ -545,9 +545,10 @@ async fn settled(
     }
 }
 
-/// The plain sliding statement in a race: three stores of four direct connections each,
+/// The plain sliding statements in a race: three stores of four direct connections each,
 /// their statements prepared, and 600 concurrent increments of 1 to 3 units on one sliding
-/// limit of 200 (no previous window, so its cap stays 200). Whatever the interleaving, the
+/// limit of 200 (no previous window, so its cap stays 200), half of them alone (the single-row
+/// statement), half in a batch with a second, roomy row (the batch statement). Whatever the interleaving, the
 /// units added come to exactly 200 and the row counts 200: `ON CONFLICT`'s update sees the
 /// latest count, and a row that does not fit whole goes to the function, which admits a
 /// prefix. Every answer is consistent with the row: nothing beyond the limit, no more added
@@ -573,26 +574,36 @@ async fn the_plain_sliding_statement_is_exact_under_concurrent_increments() {
         inc.by = by;
         inc
     };
-    // A connection's first sliding batch (once its direct look-up has answered) prepares the
-    // plain statement: warm the pools until the connection inspected has it.
+    // A connection's first sliding batch of each shape (once its direct look-up has answered)
+    // prepares its plain statement: warm the pools until the connection inspected has both.
+    let batch = |i: u32, bucket: &str, limit: u32, by: u32| {
+        let mut incs = vec![sliding(bucket, limit, by)];
+        if i % 2 == 1 {
+            incs.push(sliding(&format!("{bucket}-roomy"), 1_000_000, 1));
+        }
+        incs
+    };
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let warm = stores.iter().flat_map(|store| {
-            (0..8).map(move |_| {
-                let inc = sliding("t:warm", 1_000_000, 1);
+            (0..8).map(move |i| {
+                let incs = batch(i, "t:warm", 1_000_000, 1);
                 let store = store.clone();
-                async move { store.increment(&[inc]).await.expect("warm-up") }
+                async move { store.increment(&incs).await.expect("warm-up") }
             })
         });
         futures_util::future::join_all(warm).await;
         let (_, seen) = settled(&stores[0]).await;
-        let plain = tollgate::store::postgres::sliding_upsert_sql();
-        if seen.prepared.iter().any(|s| s == plain) {
+        let plain = [
+            tollgate::store::postgres::sliding_one_sql(),
+            tollgate::store::postgres::sliding_upsert_sql(),
+        ];
+        if plain.iter().all(|p| seen.prepared.iter().any(|s| s == p)) {
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "the plain sliding statement was never prepared: {:?}",
+            "the plain sliding statements were never both prepared: {:?}",
             seen.prepared
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -600,9 +611,9 @@ async fn the_plain_sliding_statement_is_exact_under_concurrent_increments() {
     let tasks: Vec<_> = (0..600u32)
         .map(|i| {
             let store = stores[(i % 3) as usize].clone();
-            let inc = sliding("t:raced", 200, i % 3 + 1);
+            let incs = batch(i, "t:raced", 200, i % 3 + 1);
             tokio::spawn(async move {
-                let counted = store.increment(&[inc]).await.expect("increment")[0];
+                let counted = store.increment(&incs).await.expect("increment")[0];
                 (i % 3 + 1, counted)
             })
         })
@@ -677,8 +688,9 @@ async fn the_increment_is_prepared_only_on_a_connection_that_reaches_its_backend
                 (vec![fixed.to_string()], "off"),
                 "direct: the plain upsert is prepared on the session, which commits asynchronously"
             );
-            // A sliding batch is the plain sliding statement's, prepared next to the upsert
-            // (its first batch runs as the function's call, with the prepare pipelined).
+            // A batch of one sliding row is the single-row plain statement's, prepared next to
+            // the upsert (its first batch runs as the function's call, with the prepare
+            // pipelined).
             let mut sliding = one(&format!("{bucket}-sliding"));
             sliding.sliding = Some(100);
             for expected in [1, 2, 3] {
@@ -693,7 +705,7 @@ async fn the_increment_is_prepared_only_on_a_connection_that_reaches_its_backend
                 );
             }
             let (_, after_sliding) = settled(&store).await;
-            let mut both = vec![fixed, tollgate::store::postgres::sliding_upsert_sql()];
+            let mut both = vec![fixed, tollgate::store::postgres::sliding_one_sql()];
             both.sort_unstable();
             assert_eq!(
                 after_sliding.prepared, both,
@@ -701,25 +713,43 @@ async fn the_increment_is_prepared_only_on_a_connection_that_reaches_its_backend
             );
             // At its limit a row is not counted whole, and the function counts the prefix
             // that the estimate admits: 2 of 3, then 1 of 2 (the second statement), then 0.
-            // The other row of the same batch is counted by the plain statement alone.
+            // Alone, and in a batch of two, where the other row is counted by the plain
+            // batch statement alone.
+            let mut alone = one(&format!("{bucket}-alone"));
+            alone.sliding = Some(3);
+            let mut answers = Vec::new();
+            for by in [2, 2, 1] {
+                alone.by = by;
+                let counted = store
+                    .increment(std::slice::from_ref(&alone))
+                    .await
+                    .expect("sliding increment at the limit");
+                answers.push((counted[0].count, counted[0].added));
+            }
+            assert_eq!(
+                answers,
+                [(2, 2), (3, 1), (3, 0)],
+                "direct: a lone row at its limit counts exactly the admitted units"
+            );
             let mut near = one(&format!("{bucket}-near"));
             near.sliding = Some(3);
             let mut roomy = one(&format!("{bucket}-roomy"));
             roomy.sliding = Some(100);
-            let mut answers = Vec::new();
+            answers.clear();
+            let mut pairs = Vec::new();
             for by in [2, 2, 1] {
                 near.by = by;
                 let counted = store
                     .increment(&[near.clone(), roomy.clone()])
                     .await
                     .expect("sliding increment at the limit");
-                answers.push((
+                pairs.push((
                     (counted[0].count, counted[0].added),
                     (counted[1].count, counted[1].added),
                 ));
             }
             assert_eq!(
-                answers,
+                pairs,
                 [((2, 2), (1, 1)), ((3, 1), (2, 1)), ((3, 0), (3, 1))],
                 "direct: a row at its limit counts exactly the admitted units"
             );
@@ -727,6 +757,7 @@ async fn the_increment_is_prepared_only_on_a_connection_that_reaches_its_backend
             let mut all = vec![
                 fixed,
                 tollgate::store::postgres::increment_sql(),
+                tollgate::store::postgres::sliding_one_sql(),
                 tollgate::store::postgres::sliding_upsert_sql(),
             ];
             all.sort_unstable();
