@@ -21,9 +21,10 @@
 # `ssl = on`), the same for every row; the figures in docs/performance.md were taken so.
 #
 # `fixed` and `sliding` are the texts a direct connection prepares today (FIXED_UPSERT_SQL and
-# SLIDING_UPSERT_SQL, read from src/store/postgres.rs), `slidefn` the function's call with
-# sliding limits: `STATEMENTS="fixed sliding slidefn"` prices a sliding batch against a fixed
-# one, both ways (docs/performance.md, "Ninth December session").
+# SLIDING_UPSERT_SQL, read from src/store/postgres.rs), `slideone` SLIDING_ONE_SQL (hot only),
+# `slidefn` the function's call with sliding limits: `STATEMENTS="fixed sliding slideone
+# slidefn"` prices a sliding batch against a fixed one, every way (docs/performance.md, "Ninth
+# December session").
 #
 # Usage: [KNOB=value ...] bench/statement_cost.sh
 # Knobs: SECONDS_RUN [6] ROUNDS [2] CPU_LOAD [0] STATEMENTS ["function upsert direct"]
@@ -115,6 +116,9 @@ k_lim='ARRAY[2000000000,2000000000,2000000000,2000000000,2000000000,2000000000,2
 { echo "$k_vars"; source_sql FIXED_UPSERT_SQL "${k_args[@]}"; } >"$RUN/10k-fixed.sql"
 { echo "$hot_vars"; source_sql SLIDING_UPSERT_SQL "${hot_args[@]}" "$hot_lim"; } >"$RUN/hot-sliding.sql"
 { echo "$k_vars"; source_sql SLIDING_UPSERT_SQL "${k_args[@]}" "$k_lim"; } >"$RUN/10k-sliding.sql"
+# `slideone`: SLIDING_ONE_SQL, what a direct connection sends for a batch of one sliding row
+# (the hot workload only: a 10k batch is never one row).
+{ echo "$hot_vars"; source_sql SLIDING_ONE_SQL ':b1' ':w' ':a' '2000000000'; } >"$RUN/hot-slideone.sql"
 # `slidefn`: the function's call with every row sliding, what a pooled connection sends for a
 # sliding batch (and a direct one for the rows at their limit).
 { echo "$hot_vars"; echo "SELECT * FROM public.tollgate_increment(${hot_args[0]}, ${hot_args[1]}, ${hot_args[2]}, $hot_lim, true);"; } >"$RUN/hot-slidefn.sql"
@@ -134,7 +138,8 @@ postgres_cpu_seconds() {   # all postgres processes, with the backends that have
 # for its session, as f1d8ece's connections had it.
 one() {   # one <workload> <statement> <protocol>
   local opt="" c0 c1 out tx tps
-  [[ $2 == upsert || $2 == fixed || $2 == sliding ]] && opt="-c synchronous_commit=off"
+  [[ $2 == upsert || $2 == fixed || $2 == sliding || $2 == slideone ]] && opt="-c synchronous_commit=off"
+  [[ -f $RUN/$1-$2.sql ]] || return 0   # slideone has no 10k workload
   c0=$(postgres_cpu_seconds)
   out=$(PGOPTIONS="$opt" taskset -c "$CPU_LOAD" pgbench "$PG_URL/$DB" -n -c 4 -j 1 -T "$SECONDS_RUN" \
     -M "$3" -f "$RUN/$1-$2.sql" 2>&1) || { echo "$out" >&2; exit 1; }
