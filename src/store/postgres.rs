@@ -445,7 +445,12 @@ impl IncrementArgs<'_> {
     /// [`SLIDING_ONE_SQL`]'s parameters: for a batch of exactly one row, a sliding one.
     fn sliding_one(&self) -> Option<[(&(dyn ToSql + Sync), Type); 4]> {
         let limits = self.limits.as_deref()?;
-        match (&self.buckets[..], &self.windows[..], &self.amounts[..], limits) {
+        match (
+            &self.buckets[..],
+            &self.windows[..],
+            &self.amounts[..],
+            limits,
+        ) {
             ([bucket], [window], [amount], [Some(limit)]) => Some([
                 (bucket as &(dyn ToSql + Sync), Type::TEXT),
                 (window, Type::INT8),
@@ -2836,7 +2841,10 @@ mod tests {
         let plain = one.sliding_one().expect("one sliding row");
         let types: Vec<Type> = plain.iter().map(|(_, ty)| ty.clone()).collect();
         assert_eq!(types, [Type::TEXT, Type::INT8, Type::INT8, Type::INT8]);
-        assert!(with_sliding.sliding_one().is_none(), "two rows: the batch statement");
+        assert!(
+            with_sliding.sliding_one().is_none(),
+            "two rows: the batch statement"
+        );
         let one_fixed = IncrementArgs {
             limits: Some(vec![None]),
             ..one
