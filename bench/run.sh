@@ -43,6 +43,10 @@
 #             the time (it is woken by the proxy's write), where it takes the proxy's CPU;
 #             in production the database is another machine. PIN_PG=0 measures that case.
 #   WORKERS [1]: tollgate's connection workers (`server.workers`, like nginx's one worker)
+#   ACCESS_LOG [0]: 1 runs tollgate at RUST_LOG=info, its default, so every request formats
+#             and writes its access-log line (through the log writer's thread) to /dev/null:
+#             the formatting and the writer are paid, a disk is not, and results/ does not
+#             fill with log files. 0 runs it at RUST_LOG=warn, like nginx with access_log off.
 #   PG_URL [postgres://postgres@127.0.0.1:5432]  (loopback only; trust auth; the script creates
 #             and drops databases tollgate_bench_<target>)   PG_STATS_WAIT [11] s (see below)
 #   PG_SSLMODE [disable]: the `sslmode` of tollgate's `store.url` (bench/lib/pg.sh says why)
@@ -113,6 +117,7 @@ PIN_PG=${PIN_PG:-1}
 CPU_PROXY=${CPU_PROXY:-1}
 CPU_LOAD=${CPU_LOAD:-0}
 WORKERS=${WORKERS:-1}
+ACCESS_LOG=${ACCESS_LOG:-0}
 PG_URL=${PG_URL:-postgres://postgres@127.0.0.1:5432}
 PG_STATS_WAIT=${PG_STATS_WAIT:-11}
 BUILD=${BUILD:-1}
@@ -143,8 +148,9 @@ PIDS=()
 NAMES=()
 PG_DBS=()
 start_bg() {   # start_bg NAME CMD... : a server that stays in the foreground; we keep its PID
+  # Its output goes to $RUN/NAME.out, or to BG_OUT when that is set.
   local name=$1; shift
-  "$@" >"$RUN/$name.out" 2>&1 &
+  "$@" >"${BG_OUT:-$RUN/$name.out}" 2>&1 &
   PIDS+=("$!"); NAMES+=("$name")
   echo "started $name (pid $!)"
 }
@@ -353,7 +359,7 @@ done
   echo "tollgate runtime: server.workers=$WORKERS (worker 0 is the main thread)"
   ((NEEDS_PG)) && echo "postgres: $(psql_admin -tAc 'SHOW server_version') at $PG_URL, sslmode=$PG_SSLMODE; DB statements from $STATS_METHOD"
   echo "loadavg_before: $(cat /proc/loadavg)"
-  echo "params: RUNS=$RUNS DURATION=${DURATION}s WARMUP=${WARMUP}s CONNS='$CONNS' PROTOS='$PROTOS' H2_STREAMS=$H2_STREAMS wrk -t1 h2load -t1"
+  echo "params: RUNS=$RUNS DURATION=${DURATION}s WARMUP=${WARMUP}s CONNS='$CONNS' PROTOS='$PROTOS' H2_STREAMS=$H2_STREAMS wrk -t1 h2load -t1 ACCESS_LOG=$ACCESS_LOG"
   if [[ $PIN == 1 ]]; then echo "pinning: proxy under test on cpu$CPU_PROXY; wrk/h2load and upstream on cpu$CPU_LOAD"; else echo "pinning: none"; fi
   if [[ $PIN == 1 && $PIN_PG == 1 ]]; then echo "pinning: PostgreSQL backends of the mode under load on cpu$CPU_LOAD (PIN_PG=1)"; elif ((NEEDS_PG)); then echo "pinning: PostgreSQL not pinned (PIN_PG=0)"; fi
   echo "targets: ${ORDER[*]}"
@@ -394,8 +400,15 @@ for t in "${ORDER[@]}"; do
     psql_admin -c "CREATE DATABASE ${DB[$t]}" >/dev/null
     PG_DBS+=("${DB[$t]}")
   fi
-  start_bg "$t" env -u TOLLGATE_DATABASE_URL -u TOLLGATE_CONFIG RUST_LOG=warn \
-    $(pin proxy) "${BIN[$t]}" --config "${CONF[$t]}" run
+  if [[ $ACCESS_LOG == 1 ]]; then
+    # Everything it logs goes to /dev/null (see ACCESS_LOG above); a start-up failure shows
+    # as the readiness wait below giving up, and the same command without ACCESS_LOG says why.
+    BG_OUT=/dev/null start_bg "$t" env -u TOLLGATE_DATABASE_URL -u TOLLGATE_CONFIG RUST_LOG=info \
+      $(pin proxy) "${BIN[$t]}" --config "${CONF[$t]}" run
+  else
+    start_bg "$t" env -u TOLLGATE_DATABASE_URL -u TOLLGATE_CONFIG RUST_LOG=warn \
+      $(pin proxy) "${BIN[$t]}" --config "${CONF[$t]}" run
+  fi
   PIDOF[$t]=${PIDS[-1]}
 done
 for t in "${ORDER[@]}"; do
