@@ -1,98 +1,163 @@
-//! The log's way to stderr: a bounded queue to a thread of its own, so that a request never
-//! waits for a write (issue 19). Before, every access-log line was a blocking write to stderr
-//! on the connection worker: a slow terminal, pipe or log collector stalled every connection
-//! of that worker.
+//! The log's way to stderr: a bounded buffer emptied by a thread of its own, so that a request
+//! never waits for a write (issue 19). Before, every access-log line was a blocking write to
+//! stderr on the connection worker: a slow terminal, pipe or log collector stalled every
+//! connection of that worker.
 //!
-//! - Each event is formatted on the thread that logs it, into a buffer of its own, and handed
-//!   to the queue whole ([`QUEUE_LINES`] lines); lines are never split or interleaved.
-//! - When the queue is full, the line is **dropped**, not waited for, and counted in
-//!   `tollgate_log_lines_dropped_total`: the request path goes on at full speed while the log
-//!   falls behind, and the count says how much of it is missing. A queue that stays full means
-//!   the log's reader keeps up with less than the server writes (see docs/operations.md).
-//! - The writer thread writes what is queued through a buffer and flushes whenever the queue
-//!   runs empty, then rests [`BATCH_EVERY`] before it waits again, so that it is woken once
-//!   per batch rather than once per line.
-//! - [`FlushOnDrop`] waits (at most [`FLUSH_WAIT`]) for the queue to be written, so that the
-//!   last lines before the process exits are not lost.
+//! - `tracing_subscriber::fmt` formats each event into its own per-thread buffer and then
+//!   writes it with one `write_all` through a [`Line`]. A `Line` holds the batch's lock while
+//!   it lives, so lines are never split or interleaved, and it copies the text straight into
+//!   the batch: no allocation per line, and no memory that one thread allocates and another
+//!   frees, as the queue of per-line buffers it replaces had. The bound is in bytes, which is
+//!   what a full batch costs, whatever the lines' lengths.
+//! - When the batch holds [`QUEUE_BYTES`], a line that does not fit is **dropped** whole, not
+//!   waited for, and counted in `tollgate_log_lines_dropped_total`: the request path goes on at
+//!   full speed while the log falls behind, and the count says how much of it is missing. A
+//!   batch that stays full means the log's reader keeps up with less than the server writes
+//!   (see docs/operations.md).
+//! - The writer thread swaps the batch for its own empty buffer, writes and flushes it, then
+//!   rests [`BATCH_EVERY`] before it looks again; it is woken only by the first line after it
+//!   found the batch empty, so that a busy server pays one wake-up per batch, not per line.
+//! - [`FlushOnDrop`] waits (at most [`FLUSH_WAIT`]) for what was logged to be written, so that
+//!   the last lines before the process exits are not lost.
 
 use std::io::{self, Write};
-use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
-use std::time::Duration;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::counter::Counter;
 use tracing_subscriber::fmt::MakeWriter;
 
-/// Lines the queue holds. A line is a few hundred bytes, so a full queue is a few megabytes;
-/// at the access log's rate it is some hundred milliseconds of lines, enough for a reader's
-/// hiccup and short enough that the process keeps little the reader has not seen.
-pub const QUEUE_LINES: usize = 8192;
+/// Bytes the batch holds: some 8,000 lines of about 250 bytes. At the access log's rate that is
+/// some hundred milliseconds of lines, enough for a reader's hiccup and short enough that the
+/// process keeps little the reader has not seen.
+pub const QUEUE_BYTES: usize = 2 << 20;
 /// How long [`FlushOnDrop`] waits for the writer thread.
 pub const FLUSH_WAIT: Duration = Duration::from_secs(2);
-/// How long the writer rests after writing a batch before it waits for the next line. Lines
-/// sent meanwhile are queued without waking it, so a busy server pays one wake-up per batch
+/// How long the writer rests after writing a batch before it looks for the next one. Lines
+/// logged meanwhile are batched without waking it, so a busy server pays one wake-up per batch
 /// instead of one per line: a wake-up per access-log line (a futex call, and a context switch
 /// on the worker's own CPU) cost a quarter of the memory mode's throughput in `bench/run.sh`.
-/// It is also the most a line waits in the queue when the writer keeps up.
+/// It is also the most a line waits in the batch when the writer keeps up.
 pub const BATCH_EVERY: Duration = Duration::from_millis(5);
 
-enum Message {
-    Line(Vec<u8>),
-    /// Answered once everything queued before it has been written and flushed.
-    Flush(mpsc::Sender<()>),
+/// What the loggers and the writer thread share.
+struct Shared {
+    batch: Mutex<Batch>,
+    /// The writer waits here for a line (or for its last user to go).
+    line_logged: Condvar,
+    /// Flushes wait here for a batch to be written.
+    batch_written: Condvar,
+    capacity: usize,
 }
 
-/// A `MakeWriter` for `tracing_subscriber::fmt` that queues each event's line (see the module
-/// notes). Cloning shares the queue and the count of dropped lines.
+struct Batch {
+    text: Vec<u8>,
+    /// The writer found the batch empty and waits for `line_logged`.
+    writer_idle: bool,
+    /// Batches taken by the writer, and of those, written and flushed.
+    taken: u64,
+    written: u64,
+    /// Every [`LogWriter`] and [`FlushOnDrop`] is gone: nothing more will be logged.
+    closed: bool,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Batch> {
+        // A panic while the lock was held can only have been mid-copy of a line; the batch is
+        // still bytes worth writing.
+        self.batch.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The handles' common part: when the last one goes, the writer thread ends.
+struct Users(Arc<Shared>);
+
+impl Drop for Users {
+    fn drop(&mut self) {
+        self.0.lock().closed = true;
+        self.0.line_logged.notify_one();
+    }
+}
+
+/// A `MakeWriter` for `tracing_subscriber::fmt` that batches each event's line (see the module
+/// notes). Cloning shares the batch and the count of dropped lines.
 #[derive(Clone)]
 pub struct LogWriter {
-    queue: SyncSender<Message>,
+    users: Arc<Users>,
     dropped: Counter,
 }
 
-/// Flushes the queue when dropped (keep it until the process is about to exit).
+/// Flushes what was logged when dropped (keep it until the process is about to exit).
 pub struct FlushOnDrop {
-    queue: SyncSender<Message>,
+    users: Arc<Users>,
 }
 
 impl LogWriter {
     /// A writer whose lines go to stderr.
     pub fn stderr() -> io::Result<(LogWriter, FlushOnDrop)> {
-        LogWriter::to(io::stderr(), QUEUE_LINES)
+        LogWriter::to(io::stderr(), QUEUE_BYTES)
     }
 
-    /// A writer whose lines go to `out`, written by a thread of its own, through a queue of
-    /// `capacity` lines.
+    /// A writer whose lines go to `out`, written by a thread of its own, through a batch of
+    /// at most `capacity` bytes.
     pub fn to(
         out: impl Write + Send + 'static,
         capacity: usize,
     ) -> io::Result<(LogWriter, FlushOnDrop)> {
-        let (queue, lines) = mpsc::sync_channel(capacity.max(1));
+        let shared = Arc::new(Shared {
+            batch: Mutex::new(Batch {
+                text: Vec::new(),
+                writer_idle: false,
+                taken: 0,
+                written: 0,
+                closed: false,
+            }),
+            line_logged: Condvar::new(),
+            batch_written: Condvar::new(),
+            capacity: capacity.max(1),
+        });
+        let for_thread = Arc::clone(&shared);
         std::thread::Builder::new()
             .name("tollgate-log".into())
-            .spawn(move || write_lines(lines, out))?;
+            .spawn(move || write_batches(&for_thread, out))?;
+        let users = Arc::new(Users(shared));
         let writer = LogWriter {
-            queue: queue.clone(),
+            users: Arc::clone(&users),
             dropped: Counter::default(),
         };
-        Ok((writer, FlushOnDrop { queue }))
+        Ok((writer, FlushOnDrop { users }))
     }
 
-    /// Lines dropped because the queue was full (the handle `tollgate_log_lines_dropped_total`
+    /// Lines dropped because the batch was full (the handle `tollgate_log_lines_dropped_total`
     /// reads; see `Server::builder(..).log_drops(..)`).
     pub fn dropped(&self) -> Counter {
         self.dropped.clone()
     }
 }
 
-/// One event's line, queued when the formatter is done with it.
+/// One event's line, copied into the batch as it is written, under the batch's lock.
 pub struct Line<'a> {
-    text: Vec<u8>,
-    owner: &'a LogWriter,
+    batch: MutexGuard<'a, Batch>,
+    shared: &'a Shared,
+    dropped: &'a Counter,
+    /// Where this line starts in the batch.
+    start: usize,
+    /// The line did not fit: what was copied of it is taken back, the rest ignored.
+    overflowed: bool,
 }
 
 impl Write for Line<'_> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.text.extend_from_slice(buf);
+        if !self.overflowed {
+            if self.batch.text.len() + buf.len() > self.shared.capacity {
+                self.overflowed = true;
+                let start = self.start;
+                self.batch.text.truncate(start);
+            } else {
+                self.batch.text.extend_from_slice(buf);
+            }
+        }
+        // Never an error: a dropped line is counted, and the request path does not care.
         Ok(buf.len())
     }
 
@@ -103,17 +168,15 @@ impl Write for Line<'_> {
 
 impl Drop for Line<'_> {
     fn drop(&mut self) {
-        if self.text.is_empty() {
+        if self.overflowed {
+            self.dropped.inc();
             return;
         }
-        let text = std::mem::take(&mut self.text);
-        match self.owner.queue.try_send(Message::Line(text)) {
-            Ok(()) => {}
-            // Full: never wait on the request path. Disconnected: the writer thread is gone
-            // (it only ends when every sender has), nothing to write to.
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
-                self.owner.dropped.inc();
-            }
+        // The first line after the writer found the batch empty wakes it; later ones are
+        // picked up with it.
+        if self.batch.writer_idle && self.batch.text.len() > self.start {
+            self.batch.writer_idle = false;
+            self.shared.line_logged.notify_one();
         }
     }
 }
@@ -122,21 +185,41 @@ impl<'a> MakeWriter<'a> for LogWriter {
     type Writer = Line<'a>;
 
     fn make_writer(&'a self) -> Line<'a> {
+        let shared = &*self.users.0;
+        let batch = shared.lock();
+        let start = batch.text.len();
         Line {
-            text: Vec::with_capacity(256),
-            owner: self,
+            batch,
+            shared,
+            dropped: &self.dropped,
+            start,
+            overflowed: false,
         }
     }
 }
 
 impl FlushOnDrop {
-    /// Waits until everything queued so far is written, for at most `within`; whether it was.
+    /// Waits until everything logged so far is written, for at most `within`; whether it was.
     pub fn flush(&self, within: Duration) -> bool {
-        let (done, written) = mpsc::channel();
-        if self.queue.send(Message::Flush(done)).is_err() {
-            return false;
+        let shared = &*self.users.0;
+        let deadline = Instant::now() + within;
+        let mut batch = shared.lock();
+        let target = batch.taken + u64::from(!batch.text.is_empty());
+        if batch.writer_idle && !batch.text.is_empty() {
+            batch.writer_idle = false;
+            shared.line_logged.notify_one();
         }
-        written.recv_timeout(within).is_ok()
+        while batch.written < target {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            batch = match shared.batch_written.wait_timeout(batch, left) {
+                Ok((b, _)) => b,
+                Err(p) => p.into_inner().0,
+            };
+        }
+        true
     }
 }
 
@@ -146,24 +229,34 @@ impl Drop for FlushOnDrop {
     }
 }
 
-/// The writer thread: takes what is queued, writes it, flushes once the queue is empty.
-fn write_lines(lines: Receiver<Message>, out: impl Write) {
-    let mut out = io::BufWriter::with_capacity(64 * 1024, out);
-    let mut waiting: Vec<mpsc::Sender<()>> = Vec::new();
-    while let Ok(first) = lines.recv() {
-        let mut next = Some(first);
-        while let Some(message) = next {
-            match message {
-                // A write error (stderr closed) loses the line; there is nowhere to say so.
-                Message::Line(text) => drop(out.write_all(&text)),
-                Message::Flush(done) => waiting.push(done),
+/// The writer thread: takes the batch, writes and flushes it, rests, and waits for the next
+/// line once the batch is empty. Ends when every handle is gone and the batch is written.
+fn write_batches(shared: &Shared, mut out: impl Write) {
+    let mut taken: Vec<u8> = Vec::new();
+    loop {
+        let mut batch = shared.lock();
+        while batch.text.is_empty() {
+            if batch.closed {
+                return;
             }
-            next = lines.try_recv().ok();
+            batch.writer_idle = true;
+            batch = match shared.line_logged.wait(batch) {
+                Ok(b) => b,
+                Err(p) => p.into_inner(),
+            };
         }
+        batch.writer_idle = false;
+        std::mem::swap(&mut batch.text, &mut taken);
+        batch.taken += 1;
+        drop(batch);
+        // A write error (stderr closed) loses the batch; there is nowhere to say so.
+        let _ = out.write_all(&taken);
         let _ = out.flush();
-        for done in waiting.drain(..) {
-            let _ = done.send(());
-        }
+        taken.clear();
+        let mut batch = shared.lock();
+        batch.written = batch.taken;
+        drop(batch);
+        shared.batch_written.notify_all();
         std::thread::sleep(BATCH_EVERY);
     }
 }
@@ -200,7 +293,7 @@ mod tests {
     #[test]
     fn lines_arrive_whole_and_in_order() {
         let out = Recording::default();
-        let (writer, flush) = LogWriter::to(out.clone(), 16).expect("writer");
+        let (writer, flush) = LogWriter::to(out.clone(), 1024).expect("writer");
         for i in 0..10 {
             log(&writer, &format!("line {i}\n"));
         }
@@ -211,13 +304,14 @@ mod tests {
         assert_eq!(writer.dropped().get(), 0);
     }
 
-    /// A reader that stalls does not stall the logger: past the queue, lines are dropped and
-    /// counted, at once.
+    /// A reader that stalls does not stall the logger: past the batch's capacity, lines are
+    /// dropped and counted, at once.
     #[test]
-    fn a_full_queue_drops_and_counts_instead_of_waiting() {
+    fn a_full_batch_drops_and_counts_instead_of_waiting() {
         let out = Recording::default();
         let stalled = out.gate.lock().expect("gate");
-        let (writer, flush) = LogWriter::to(out.clone(), 4).expect("writer");
+        // Room for four of these lines (7 or 8 bytes each).
+        let (writer, flush) = LogWriter::to(out.clone(), 32).expect("writer");
         let started = std::time::Instant::now();
         for i in 0..100 {
             log(&writer, &format!("line {i}\n"));
@@ -227,8 +321,8 @@ mod tests {
             "logging waited for the reader: {:?}",
             started.elapsed()
         );
-        // The thread takes what is queued until the queue first runs empty, then blocks in
-        // its flush; past that the queue's 4 lines fit and the rest are dropped.
+        // The thread takes the first batch and blocks writing it; past that the batch's four
+        // lines fit and the rest are dropped.
         let dropped = writer.dropped().get();
         assert!(dropped > 0 && dropped < 100, "{dropped} dropped");
         drop(stalled);
@@ -241,5 +335,53 @@ mod tests {
             .count()
             - 1;
         assert_eq!(lines as u64, 100 - dropped);
+    }
+
+    /// A line written in several pieces that does not fit is dropped whole: the reader never
+    /// sees part of a line, and the lines around it are intact.
+    #[test]
+    fn a_line_that_does_not_fit_is_dropped_whole() {
+        let out = Recording::default();
+        let stalled = out.gate.lock().expect("gate");
+        let (writer, flush) = LogWriter::to(out.clone(), 24).expect("writer");
+        // Taken by the writer at once, which then blocks on the gate.
+        log(&writer, "first\n");
+        let until = std::time::Instant::now() + Duration::from_secs(5);
+        while writer.users.0.lock().taken == 0 {
+            assert!(std::time::Instant::now() < until, "the writer took nothing");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        log(&writer, "second line\n");
+        {
+            let mut w = writer.make_writer();
+            w.write_all(b"third: fits ").expect("write");
+            w.write_all(b"but not this part\n").expect("write");
+        }
+        log(&writer, "fourth\n");
+        assert_eq!(writer.dropped().get(), 1);
+        drop(stalled);
+        assert!(flush.flush(Duration::from_secs(5)));
+        let text = String::from_utf8(out.text.lock().expect("text").clone()).expect("utf8");
+        assert_eq!(text, "first\nsecond line\nfourth\n");
+    }
+
+    /// When every handle is gone, the writer thread writes what is left and ends.
+    #[test]
+    fn the_writer_thread_ends_with_its_last_handle() {
+        let out = Recording::default();
+        let (writer, flush) = LogWriter::to(out.clone(), 1024).expect("writer");
+        let shared = Arc::downgrade(&writer.users.0);
+        log(&writer, "last\n");
+        drop(writer);
+        drop(flush);
+        let until = std::time::Instant::now() + Duration::from_secs(5);
+        while shared.upgrade().is_some() {
+            assert!(
+                std::time::Instant::now() < until,
+                "the writer thread is still running"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(*out.text.lock().expect("text"), b"last\n");
     }
 }

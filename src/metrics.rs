@@ -132,7 +132,7 @@ pub struct Metrics {
     pub sweep_last_success: Gauge<f64, AtomicU64>,
     /// 1 when the last reload was applied (or none was tried), 0 after a rejected one.
     pub config_last_reload_successful: Gauge,
-    /// Log lines the log writer dropped because its queue was full (`log_writer`).
+    /// Log lines the log writer dropped because its batch was full (`log_writer`).
     pub log_lines_dropped: Counter,
 }
 
@@ -261,7 +261,7 @@ impl Metrics {
         );
         registry.register(
             "log_lines_dropped",
-            "Log lines dropped because the log writer's queue was full (the log's reader fell behind)",
+            "Log lines dropped because the log writer's batch was full (the log's reader fell behind)",
             log_lines_dropped.clone(),
         );
         Metrics {
