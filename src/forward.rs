@@ -24,6 +24,7 @@
 //! `server::serve_connection`), so the session keeps that connection's bounds.
 
 use std::collections::VecDeque;
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
@@ -245,143 +246,149 @@ impl UpstreamPool {
     }
 
     /// Sends the request upstream and returns its response with hop-by-hop headers removed.
-    pub async fn forward(
-        &self,
+    // Written out by hand on purpose (rust-lang/rust#62958, see the body's first comment).
+    #[allow(clippy::manual_async_fn)]
+    pub fn forward<'a>(
+        &'a self,
         mut req: Request<Incoming>,
-        fwd: ForwardRequest<'_>,
-    ) -> Result<Response<Incoming>, RequestError> {
-        let path_and_query = PathAndQuery::try_from(fwd.target)
-            .map_err(|_| RequestError::BadRequest("unusable request target"))?;
+        fwd: ForwardRequest<'a>,
+    ) -> impl Future<Output = Result<Response<Incoming>, RequestError>> + 'a {
+        // An `async fn` would keep `req` twice, as its argument and as a local of its body
+        // (rust-lang/rust#62958); the block uses the argument in place.
+        async move {
+            let path_and_query = PathAndQuery::try_from(fwd.target)
+                .map_err(|_| RequestError::BadRequest("unusable request target"))?;
 
-        // An HTTP/1.1 WebSocket upgrade is carried through as an upgrade (to `websocket`
-        // alone, whatever else the client listed); any other request, other upgrades (h2c)
-        // included, loses its hop-by-hop headers and goes as a plain request.
-        let names = &fwd.names;
-        let client_upgrade = if req.version() == Version::HTTP_11
-            && !self.config.http2
-            && names.wants_websocket(req.headers())
-        {
-            Some(hyper::upgrade::on(&mut req))
-        } else {
-            None
-        };
-        let from_h2 = req.version() == Version::HTTP_2;
-        let connect = req.method() == Method::CONNECT;
-        let client_takes_trailers = names.accepts_trailers(req.headers());
-        // `Trailer` is hop-by-hop, but hyper's HTTP/1.1 encoder sends only the trailer fields
-        // it announces: towards an HTTP/1.1 upstream the client's announcement goes along, or
-        // the request's trailers would be dropped (SPEC 5: trailers pass through). HTTP/2
-        // sends trailers unannounced.
-        let announced_trailers = if self.config.http2 {
-            None
-        } else {
-            names.trailer(req.headers())
-        };
-        let headers = req.headers_mut();
-        headers::strip_hop_by_hop(headers, names);
-        if let Some(announced) = announced_trailers {
-            headers.insert(header::TRAILER, announced);
-        }
-        // Framing is tollgate's: the body is re-framed from what actually arrives.
-        headers.remove(header::CONTENT_LENGTH);
-        if from_h2 && !self.config.http2 {
-            headers::join_cookies(headers);
-        }
-        // Room for what is added below (X-Forwarded-*, X-Real-IP, Host, and the upgrade pair)
-        // in one growth of the map hyper sized for the parsed fields, instead of one per
-        // insert.
-        headers.reserve(7);
-        headers::add_forwarded(headers, &fwd.forwarded, names);
-        // An HTTP/1.0 request may name no host; HTTP/1.1 upstream needs one: the origin's,
-        // set by `aim` for whichever origin the request goes to.
-        let host = match fwd.forwarded.host {
-            Some(host) if self.config.preserve_host => {
-                headers.insert(header::HOST, host.clone());
-                HostHeader::Client
-            }
-            _ => HostHeader::Origin,
-        };
-        if client_upgrade.is_some() {
-            headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-            headers.insert(header::UPGRADE, headers::websocket_upgrade());
-        }
-        // HTTP/1.1 sends the origin form (`/path?query`); HTTP/2 takes `:scheme` and
-        // `:authority` from an absolute URI, set by `aim`.
-        *req.uri_mut() = Uri::from(path_and_query);
-        *req.version_mut() = if self.config.http2 {
-            Version::HTTP_2
-        } else {
-            Version::HTTP_11
-        };
-
-        // The body goes as it arrives; with a limit, it is cut where it passes the limit
-        // (an error from the body makes hyper abort the upstream request).
-        let (req, cut) = match fwd.max_body_size {
-            Some(max) => {
-                let (parts, body) = req.into_parts();
-                let (body, cut) = RequestBody::capped(body, max);
-                (Request::from_parts(parts, body), Some(cut))
-            }
-            None => (req.map(RequestBody::unlimited), None),
-        };
-        let worker = fwd.worker % self.lanes.len();
-        let sent = self.deadlines.timeout(
-            worker,
-            self.config.response_timeout,
-            self.send(worker, req, &host, fwd.metrics),
-        );
-        let sent = sent.await;
-        // Whatever the upstream connection made of it, a body cut at the limit is the
-        // client's doing: 413, not 502.
-        if cut.is_some_and(|cut| cut.load(std::sync::atomic::Ordering::Acquire)) {
-            if let Ok(Err(_)) = &sent {
-                return Err(RequestError::PayloadTooLarge);
-            }
-        }
-        let mut response = match sent {
-            Ok(result) => result?,
-            Err(_) => return Err(RequestError::UpstreamTimeout),
-        };
-
-        // hyper's client takes a 2xx to CONNECT for a switch, as it does a 101, and so would
-        // hyper's server towards the client. tollgate opens no CONNECT tunnels.
-        if connect && response.status().is_success() {
-            return Err(RequestError::UpstreamBadSwitch("2xx to CONNECT"));
-        }
-        let response_names = headers::FieldNames::of(response.headers(), false);
-        if response.status() == StatusCode::SWITCHING_PROTOCOLS {
-            // A switch is only passed on when it is the one the client asked for: anything
-            // else would hand the client a connection that no limit sees again.
-            let Some(client_upgrade) = client_upgrade else {
-                return Err(RequestError::UpstreamBadSwitch(
-                    "101 to a request forwarded without an upgrade",
-                ));
+            // An HTTP/1.1 WebSocket upgrade is carried through as an upgrade (to `websocket`
+            // alone, whatever else the client listed); any other request, other upgrades (h2c)
+            // included, loses its hop-by-hop headers and goes as a plain request.
+            let names = &fwd.names;
+            let client_upgrade = if req.version() == Version::HTTP_11
+                && !self.config.http2
+                && names.wants_websocket(req.headers())
+            {
+                Some(hyper::upgrade::on(&mut req))
+            } else {
+                None
             };
-            if !headers::switches_to_websocket(response.headers()) {
-                return Err(RequestError::UpstreamBadSwitch(
-                    "101 to another protocol than websocket",
-                ));
-            }
-            let splice = Splice {
-                client: client_upgrade,
-                upstream: hyper::upgrade::on(&mut response),
+            let from_h2 = req.version() == Version::HTTP_2;
+            let connect = req.method() == Method::CONNECT;
+            let client_takes_trailers = names.accepts_trailers(req.headers());
+            // `Trailer` is hop-by-hop, but hyper's HTTP/1.1 encoder sends only the trailer fields
+            // it announces: towards an HTTP/1.1 upstream the client's announcement goes along, or
+            // the request's trailers would be dropped (SPEC 5: trailers pass through). HTTP/2
+            // sends trailers unannounced.
+            let announced_trailers = if self.config.http2 {
+                None
+            } else {
+                names.trailer(req.headers())
             };
-            response.extensions_mut().insert(splice);
-            let headers = response.headers_mut();
-            headers::strip_hop_by_hop(headers, &response_names);
-            headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-            headers.insert(header::UPGRADE, headers::websocket_upgrade());
-            return Ok(response);
+            let headers = req.headers_mut();
+            headers::strip_hop_by_hop(headers, names);
+            if let Some(announced) = announced_trailers {
+                headers.insert(header::TRAILER, announced);
+            }
+            // Framing is tollgate's: the body is re-framed from what actually arrives.
+            headers.remove(header::CONTENT_LENGTH);
+            if from_h2 && !self.config.http2 {
+                headers::join_cookies(headers);
+            }
+            // Room for what is added below (X-Forwarded-*, X-Real-IP, Host, and the upgrade pair)
+            // in one growth of the map hyper sized for the parsed fields, instead of one per
+            // insert.
+            headers.reserve(7);
+            headers::add_forwarded(headers, &fwd.forwarded, names);
+            // An HTTP/1.0 request may name no host; HTTP/1.1 upstream needs one: the origin's,
+            // set by `aim` for whichever origin the request goes to.
+            let host = match fwd.forwarded.host {
+                Some(host) if self.config.preserve_host => {
+                    headers.insert(header::HOST, host.clone());
+                    HostHeader::Client
+                }
+                _ => HostHeader::Origin,
+            };
+            if client_upgrade.is_some() {
+                headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+                headers.insert(header::UPGRADE, headers::websocket_upgrade());
+            }
+            // HTTP/1.1 sends the origin form (`/path?query`); HTTP/2 takes `:scheme` and
+            // `:authority` from an absolute URI, set by `aim`.
+            *req.uri_mut() = Uri::from(path_and_query);
+            *req.version_mut() = if self.config.http2 {
+                Version::HTTP_2
+            } else {
+                Version::HTTP_11
+            };
+
+            // The body goes as it arrives; with a limit, it is cut where it passes the limit
+            // (an error from the body makes hyper abort the upstream request).
+            let (req, cut) = match fwd.max_body_size {
+                Some(max) => {
+                    let (parts, body) = req.into_parts();
+                    let (body, cut) = RequestBody::capped(body, max);
+                    (Request::from_parts(parts, body), Some(cut))
+                }
+                None => (req.map(RequestBody::unlimited), None),
+            };
+            let worker = fwd.worker % self.lanes.len();
+            let sent = self.deadlines.timeout(
+                worker,
+                self.config.response_timeout,
+                self.send(worker, req, &host, fwd.metrics),
+            );
+            let sent = sent.await;
+            // Whatever the upstream connection made of it, a body cut at the limit is the
+            // client's doing: 413, not 502.
+            if cut.is_some_and(|cut| cut.load(std::sync::atomic::Ordering::Acquire)) {
+                if let Ok(Err(_)) = &sent {
+                    return Err(RequestError::PayloadTooLarge);
+                }
+            }
+            let mut response = match sent {
+                Ok(result) => result?,
+                Err(_) => return Err(RequestError::UpstreamTimeout),
+            };
+
+            // hyper's client takes a 2xx to CONNECT for a switch, as it does a 101, and so would
+            // hyper's server towards the client. tollgate opens no CONNECT tunnels.
+            if connect && response.status().is_success() {
+                return Err(RequestError::UpstreamBadSwitch("2xx to CONNECT"));
+            }
+            let response_names = headers::FieldNames::of(response.headers(), false);
+            if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+                // A switch is only passed on when it is the one the client asked for: anything
+                // else would hand the client a connection that no limit sees again.
+                let Some(client_upgrade) = client_upgrade else {
+                    return Err(RequestError::UpstreamBadSwitch(
+                        "101 to a request forwarded without an upgrade",
+                    ));
+                };
+                if !headers::switches_to_websocket(response.headers()) {
+                    return Err(RequestError::UpstreamBadSwitch(
+                        "101 to another protocol than websocket",
+                    ));
+                }
+                let splice = Splice {
+                    client: client_upgrade,
+                    upstream: hyper::upgrade::on(&mut response),
+                };
+                response.extensions_mut().insert(splice);
+                let headers = response.headers_mut();
+                headers::strip_hop_by_hop(headers, &response_names);
+                headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+                headers.insert(header::UPGRADE, headers::websocket_upgrade());
+                return Ok(response);
+            }
+            let announced = response_names.trailer(response.headers());
+            headers::strip_hop_by_hop(response.headers_mut(), &response_names);
+            // hyper's HTTP/1.1 encoder only sends the trailer fields that `Trailer` announces; a
+            // client that negotiated trailers (`TE: trailers`, e.g. gRPC) gets the announcement
+            // back so its trailers actually arrive.
+            if let (true, Some(announced)) = (client_takes_trailers, announced) {
+                response.headers_mut().insert(header::TRAILER, announced);
+            }
+            Ok(response)
         }
-        let announced = response_names.trailer(response.headers());
-        headers::strip_hop_by_hop(response.headers_mut(), &response_names);
-        // hyper's HTTP/1.1 encoder only sends the trailer fields that `Trailer` announces; a
-        // client that negotiated trailers (`TE: trailers`, e.g. gRPC) gets the announcement
-        // back so its trailers actually arrive.
-        if let (true, Some(announced)) = (client_takes_trailers, announced) {
-            response.headers_mut().insert(header::TRAILER, announced);
-        }
-        Ok(response)
     }
 
     fn lane(&self, worker: usize) -> MutexGuard<'_, Lane> {
@@ -394,62 +401,68 @@ impl UpstreamPool {
     /// `fail_timeout` ago are skipped, and tried (in their turn) only once every other one
     /// has failed this request too: when all are down, they are all tried anyway, which is
     /// also how an origin that came back is found when nothing else works.
-    async fn send(
-        &self,
+    // Written out by hand on purpose (rust-lang/rust#62958, see the body's first comment).
+    #[allow(clippy::manual_async_fn)]
+    fn send<'a>(
+        &'a self,
         worker: usize,
         mut req: Request<RequestBody>,
-        host: &HostHeader,
-        metrics: &Metrics,
-    ) -> Result<Response<Incoming>, RequestError> {
-        let count = self.origins.len();
-        let start = self.pick();
-        // Filled only while some origin rests, so a request allocates nothing otherwise.
-        let mut skipped: Vec<usize> = Vec::new();
-        let mut step = 0;
-        let mut last = None;
-        loop {
-            let origin = if step < count {
-                let origin = (start + step) % count;
-                step += 1;
-                if count > 1 && self.resting(origin) {
-                    skipped.push(origin);
-                    continue;
-                }
-                origin
-            } else {
-                match skipped.get(step - count) {
-                    Some(&origin) => {
-                        step += 1;
-                        origin
+        host: &'a HostHeader,
+        metrics: &'a Metrics,
+    ) -> impl Future<Output = Result<Response<Incoming>, RequestError>> + 'a {
+        // Not an `async fn`, for the reason given on `forward`.
+        async move {
+            let count = self.origins.len();
+            let start = self.pick();
+            // Filled only while some origin rests, so a request allocates nothing otherwise.
+            let mut skipped: Vec<usize> = Vec::new();
+            let mut step = 0;
+            let mut last = None;
+            loop {
+                let origin = if step < count {
+                    let origin = (start + step) % count;
+                    step += 1;
+                    if count > 1 && self.resting(origin) {
+                        skipped.push(origin);
+                        continue;
                     }
-                    None => break,
-                }
-            };
-            self.aim(&mut req, origin, host)?;
-            let attempt = if self.config.http2 {
-                self.send_h2(worker, origin, req).await
-            } else {
-                self.send_h1(worker, origin, req).await
-            };
-            match attempt {
-                Ok(response) => {
-                    // It connects again: new requests need not skip it any longer.
-                    let failed = &self.origins[origin].failed_until;
-                    if failed.load(Ordering::Relaxed) != 0 {
-                        failed.store(0, Ordering::Relaxed);
+                    origin
+                } else {
+                    match skipped.get(step - count) {
+                        Some(&origin) => {
+                            step += 1;
+                            origin
+                        }
+                        None => break,
                     }
-                    return Ok(response);
-                }
-                Err(Failure::Sent(err)) => return Err(err),
-                Err(Failure::Connect(unsent, err)) => {
-                    self.connect_failed(origin, &err, metrics);
-                    req = *unsent;
-                    last = Some(err);
+                };
+                self.aim(&mut req, origin, host)?;
+                let attempt = if self.config.http2 {
+                    self.send_h2(worker, origin, req).await
+                } else {
+                    self.send_h1(worker, origin, req).await
+                };
+                match attempt {
+                    Ok(response) => {
+                        // It connects again: new requests need not skip it any longer.
+                        let failed = &self.origins[origin].failed_until;
+                        if failed.load(Ordering::Relaxed) != 0 {
+                            failed.store(0, Ordering::Relaxed);
+                        }
+                        return Ok(response);
+                    }
+                    Err(Failure::Sent(err)) => return Err(err),
+                    Err(Failure::Connect(unsent, err)) => {
+                        self.connect_failed(origin, &err, metrics);
+                        req = *unsent;
+                        last = Some(err);
+                    }
                 }
             }
+            Err(last.unwrap_or_else(|| {
+                RequestError::UpstreamUnreachable("upstream has no origin".into())
+            }))
         }
-        Err(last
-            .unwrap_or_else(|| RequestError::UpstreamUnreachable("upstream has no origin".into())))
     }
 
     /// Points the request at `origin`: its `Host` when the client's is not kept, and for

@@ -10,6 +10,7 @@
 //! gRPC responses (SPEC 5c); whether a request is one is asked only when tollgate answers it,
 //! or once before it is forwarded (for an upstream failure's answer).
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
@@ -238,230 +239,251 @@ impl Proxy {
         handled.response
     }
 
-    async fn pipeline(&self, rt: &Runtime, mut req: Request<Incoming>, conn: ConnInfo) -> Handled {
-        // Step 1: methods tollgate never forwards, then one spelling of host and path.
-        if req.method() == Method::TRACE || req.method() == Method::CONNECT {
-            let mut handled = local_error(None, RequestError::MethodNotAllowed, &req);
-            close_if_body_unread(&req, &mut handled.response);
-            return handled;
-        }
-        // HTTP/1.1's framing guard has refused longer targets already; HTTP/2's `:path` comes
-        // here.
-        if req.uri().path_and_query().map_or(0, |pq| pq.as_str().len()) > framing::MAX_TARGET {
-            let mut handled = local_error(None, RequestError::UriTooLong, &req);
-            close_if_body_unread(&req, &mut handled.response);
-            return handled;
-        }
-        let authority =
-            match normalise::request_authority_of(req.version(), req.uri(), req.headers()) {
-                Ok(a) => a,
+    // Written out by hand on purpose (rust-lang/rust#62958, see the body's first comment).
+    #[allow(clippy::manual_async_fn)]
+    fn pipeline<'a>(
+        &'a self,
+        rt: &'a Runtime,
+        mut req: Request<Incoming>,
+        conn: ConnInfo,
+    ) -> impl Future<Output = Handled> + 'a {
+        // Not an `async fn`: that would keep `req` and `conn` twice, as arguments and as
+        // locals of its body (rust-lang/rust#62958); the block uses them in place.
+        async move {
+            // Step 1: methods tollgate never forwards, then one spelling of host and path.
+            if req.method() == Method::TRACE || req.method() == Method::CONNECT {
+                let mut handled = local_error(None, RequestError::MethodNotAllowed, &req);
+                close_if_body_unread(&req, &mut handled.response);
+                return handled;
+            }
+            // HTTP/1.1's framing guard has refused longer targets already; HTTP/2's `:path` comes
+            // here.
+            if req.uri().path_and_query().map_or(0, |pq| pq.as_str().len()) > framing::MAX_TARGET {
+                let mut handled = local_error(None, RequestError::UriTooLong, &req);
+                close_if_body_unread(&req, &mut handled.response);
+                return handled;
+            }
+            let authority =
+                match normalise::request_authority_of(req.version(), req.uri(), req.headers()) {
+                    Ok(a) => a,
+                    Err(e) => {
+                        let err = RequestError::BadRequest(bad_request_reason(e));
+                        return local_error(None, err, &req);
+                    }
+                };
+            let path = match normalise::normalise_path(req.uri().path()) {
+                Ok(p) => p,
                 Err(e) => {
                     let err = RequestError::BadRequest(bad_request_reason(e));
                     return local_error(None, err, &req);
                 }
             };
-        let path = match normalise::normalise_path(req.uri().path()) {
-            Ok(p) => p,
-            Err(e) => {
-                let err = RequestError::BadRequest(bad_request_reason(e));
-                return local_error(None, err, &req);
-            }
-        };
 
-        // Step 2: the first route that matches, by host and the path without parameters.
-        let host = authority
-            .as_ref()
-            .map(|a| normalise::host_without_port(a.as_str()));
-        let routing_path = normalise::routing_path(&path);
-        let Some(index) = route::find(&rt.config.routes, host, &routing_path, req.method()) else {
-            return local_error(None, RequestError::NoRoute, &req);
-        };
-        let route = &rt.routes[index];
+            // Step 2: the first route that matches, by host and the path without parameters.
+            let host = authority
+                .as_ref()
+                .map(|a| normalise::host_without_port(a.as_str()));
+            let routing_path = normalise::routing_path(&path);
+            let Some(index) = route::find(&rt.config.routes, host, &routing_path, req.method())
+            else {
+                return local_error(None, RequestError::NoRoute, &req);
+            };
+            let route = &rt.routes[index];
 
-        // A body announced larger than the route takes is refused before anything is counted
-        // or sent. hyper's size hint is the parsed `Content-Length` (HTTP/1.1 and HTTP/2):
-        // nothing is parsed again here.
-        if let (Some(max), Some(announced)) = (route.max_body_size, req.body().size_hint().exact())
-        {
-            if announced > max {
-                let mut handled = local_error(Some(index), RequestError::PayloadTooLarge, &req);
-                close_if_body_unread(&req, &mut handled.response);
-                return handled;
-            }
-        }
-
-        // Step 3: who the request counts as, per limit. A keyed header that the limiter and
-        // the upstream could read differently (sent twice, padded, or with an underscore twin)
-        // would let the client choose its own bucket (`key::keyed_header_problem`). HTTP/2 may
-        // split `cookie` into several fields, which are one header (RFC 9113 8.2.3): they are
-        // joined first when a limit keys on it, so the whole value is counted.
-        if req.version() == Version::HTTP_2 && route.keyed_headers.contains(&header::COOKIE) {
-            headers::join_cookies(req.headers_mut());
-        }
-        let server = &rt.config.server;
-        let underscores_forwarded = server.underscores_in_headers;
-        if let Some(why) =
-            key::keyed_header_problem(req.headers(), &route.keyed_headers, underscores_forwarded)
-        {
-            return local_error(Some(index), RequestError::BadRequest(why), &req);
-        }
-        let client = key::client_addr(conn.peer.ip(), req.headers(), &server.trusted_proxies);
-        let who = RequestIdentity {
-            client,
-            ipv6_prefix: server.ipv6_prefix,
-            headers: req.headers(),
-            ip_buckets: Some(conn.worker.ip_buckets()),
-        };
-        // The same buckets `tollgate explain` and `tollgate reset` name (`plan.rs`).
-        let plans: Plans = route
-            .config
-            .limits
-            .iter()
-            .zip(&route.policies)
-            .filter_map(|(limit, policy)| {
-                plan::planned_limit(&route.config, limit, policy, &who, &self.hasher)
-            })
-            .collect();
-
-        // Step 4: the decision, before a byte of the body is read. With `local`, a failing
-        // store hands the decision to this instance alone (SPEC 5b).
-        let mut outcomes = Outcomes::new();
-        let mut verdict = self.limiter.decide(&plans, &mut outcomes).await;
-        let local = matches!(verdict, Verdict::StoreFailed)
-            && route.on_store_error == StoreErrorPolicy::Local;
-        if local {
-            verdict = self.limiter.decide_locally(&plans, &mut outcomes).await;
-        }
-        self.count_policies(route, &plans, &outcomes, &verdict, local);
-        let decision = match verdict {
-            Verdict::Allow { shadow_limited } => {
-                if local {
-                    "local_allowed"
-                } else if shadow_limited {
-                    "shadow_limited"
-                } else {
-                    "allowed"
-                }
-            }
-            Verdict::Deny {
-                retry_after,
-                violated,
-            } => {
-                let word = if local { "local_limited" } else { "limited" };
-                route.metrics.decision(&self.metrics, word);
-                let (response, grpc_status) =
-                    rejection(rt, route, &req, &outcomes, retry_after, &violated);
-                return Handled {
-                    response,
-                    route: Some(index),
-                    decision: word,
-                    violated,
-                    upstream: None,
-                    grpc_status,
-                };
-            }
-            // No outcomes: the store gave no counts.
-            Verdict::StoreFailed => match route.on_store_error {
-                StoreErrorPolicy::Allow => "failed_open",
-                // `Local` only when the in-memory count itself failed, which validation rules
-                // out (a zero-second window); closed rather than open, like `deny`.
-                StoreErrorPolicy::Deny | StoreErrorPolicy::Local => {
-                    route.metrics.decision(&self.metrics, "failed_closed");
-                    let mut handled =
-                        local_error(Some(index), RequestError::StoreFailedClosed, &req);
-                    let grpc = handled.grpc_status.is_some();
-                    headers::set_retry_after(handled.response.headers_mut(), 1, grpc);
+            // A body announced larger than the route takes is refused before anything is counted
+            // or sent. hyper's size hint is the parsed `Content-Length` (HTTP/1.1 and HTTP/2):
+            // nothing is parsed again here.
+            if let (Some(max), Some(announced)) =
+                (route.max_body_size, req.body().size_hint().exact())
+            {
+                if announced > max {
+                    let mut handled = local_error(Some(index), RequestError::PayloadTooLarge, &req);
                     close_if_body_unread(&req, &mut handled.response);
                     return handled;
                 }
-            },
-        };
-        route.metrics.decision(&self.metrics, decision);
-
-        // Step 5: forward.
-        let peer = key::canonical(conn.peer.ip());
-        let peer_trusted = key::is_trusted(peer, &server.trusted_proxies);
-        // The connection's ready text when the client is the peer, as nearly always.
-        let client_value = if client == peer {
-            conn.peer_value.clone()
-        } else {
-            headers::peer_value(client)
-        };
-        // One pass over the names for the underscore rule here and the forwarder's questions.
-        let names = headers::FieldNames::of(req.headers(), !server.underscores_in_headers);
-        if !server.underscores_in_headers {
-            headers::drop_underscored(req.headers_mut(), &names);
-        }
-        let mut target = if route.config.strip_prefix {
-            route::strip(&route.config.path_prefix, &path)
-        } else {
-            path
-        };
-        if let Some(query) = req.uri().query() {
-            target.push('?');
-            target.push_str(query);
-        }
-        let authority_value = match &authority {
-            Some(authority) => match headers::authority_value(authority.as_str(), req.headers()) {
-                Some(value) => Some(value),
-                None => {
-                    let reason = bad_request_reason(normalise::NormaliseError::BadHost);
-                    return local_error(Some(index), RequestError::BadRequest(reason), &req);
-                }
-            },
-            None => None,
-        };
-        // The answer goes back in the client's HTTP version, whatever the upstream spoke: an
-        // HTTP/1.0 upstream must not turn a keep-alive HTTP/1.1 connection into HTTP/1.0.
-        let client_version = req.version();
-        // The request is gone once forwarded: whether an upstream failure is answered in gRPC
-        // is asked now (the one content-type look-up a forwarded request costs).
-        let grpc = headers::is_grpc(req.headers());
-        let fwd = ForwardRequest {
-            target,
-            forwarded: headers::ForwardedFor {
-                peer: &conn.peer_value,
-                peer_trusted,
-                client: &client_value,
-                proto: if conn.tls { "https" } else { "http" },
-                host: authority_value.as_ref(),
-            },
-            names,
-            max_body_size: route.max_body_size,
-            metrics: &self.metrics,
-            worker: conn.worker.index(),
-        };
-        let upstream_started = Instant::now();
-        let result = route.upstream.forward(req, fwd).await;
-        route
-            .metrics
-            .upstream_time(&self.metrics, upstream_started.elapsed().as_secs_f64());
-        let upstream_name = Some(route.upstream.name.clone());
-        match result {
-            Ok(response) => {
-                let (mut parts, body) = response.into_parts();
-                parts.version = client_version;
-                headers::add_rate_limit_headers(
-                    &mut parts.headers,
-                    server.rate_limit_headers,
-                    &outcomes,
-                    route.ready_policy(&outcomes),
-                );
-                Handled {
-                    response: Response::from_parts(parts, ProxyBody::Upstream(body)),
-                    route: Some(index),
-                    decision,
-                    violated: Vec::new(),
-                    upstream: upstream_name,
-                    grpc_status: None,
-                }
             }
-            Err(err) => {
-                tracing::warn!(route = %route.name, error = %err, "upstream request failed");
-                let mut handled = answer_error(Some(index), err, grpc);
-                handled.decision = decision;
-                handled.upstream = upstream_name;
-                handled
+
+            // Step 3: who the request counts as, per limit. A keyed header that the limiter and
+            // the upstream could read differently (sent twice, padded, or with an underscore twin)
+            // would let the client choose its own bucket (`key::keyed_header_problem`). HTTP/2 may
+            // split `cookie` into several fields, which are one header (RFC 9113 8.2.3): they are
+            // joined first when a limit keys on it, so the whole value is counted.
+            if req.version() == Version::HTTP_2 && route.keyed_headers.contains(&header::COOKIE) {
+                headers::join_cookies(req.headers_mut());
+            }
+            let server = &rt.config.server;
+            let underscores_forwarded = server.underscores_in_headers;
+            if let Some(why) = key::keyed_header_problem(
+                req.headers(),
+                &route.keyed_headers,
+                underscores_forwarded,
+            ) {
+                return local_error(Some(index), RequestError::BadRequest(why), &req);
+            }
+            let client = key::client_addr(conn.peer.ip(), req.headers(), &server.trusted_proxies);
+            let who = RequestIdentity {
+                client,
+                ipv6_prefix: server.ipv6_prefix,
+                headers: req.headers(),
+                ip_buckets: Some(conn.worker.ip_buckets()),
+            };
+            // The same buckets `tollgate explain` and `tollgate reset` name (`plan.rs`).
+            let plans: Plans = route
+                .config
+                .limits
+                .iter()
+                .zip(&route.policies)
+                .filter_map(|(limit, policy)| {
+                    plan::planned_limit(&route.config, limit, policy, &who, &self.hasher)
+                })
+                .collect();
+
+            // Step 4: the decision, before a byte of the body is read. With `local`, a failing
+            // store hands the decision to this instance alone (SPEC 5b).
+            let mut outcomes = Outcomes::new();
+            let mut verdict = self.limiter.decide(&plans, &mut outcomes).await;
+            let local = matches!(verdict, Verdict::StoreFailed)
+                && route.on_store_error == StoreErrorPolicy::Local;
+            if local {
+                verdict = self.limiter.decide_locally(&plans, &mut outcomes).await;
+            }
+            self.count_policies(route, &plans, &outcomes, &verdict, local);
+            let decision = match verdict {
+                Verdict::Allow { shadow_limited } => {
+                    if local {
+                        "local_allowed"
+                    } else if shadow_limited {
+                        "shadow_limited"
+                    } else {
+                        "allowed"
+                    }
+                }
+                Verdict::Deny {
+                    retry_after,
+                    violated,
+                } => {
+                    let word = if local { "local_limited" } else { "limited" };
+                    route.metrics.decision(&self.metrics, word);
+                    let (response, grpc_status) =
+                        rejection(rt, route, &req, &outcomes, retry_after, &violated);
+                    return Handled {
+                        response,
+                        route: Some(index),
+                        decision: word,
+                        violated,
+                        upstream: None,
+                        grpc_status,
+                    };
+                }
+                // No outcomes: the store gave no counts.
+                Verdict::StoreFailed => match route.on_store_error {
+                    StoreErrorPolicy::Allow => "failed_open",
+                    // `Local` only when the in-memory count itself failed, which validation rules
+                    // out (a zero-second window); closed rather than open, like `deny`.
+                    StoreErrorPolicy::Deny | StoreErrorPolicy::Local => {
+                        route.metrics.decision(&self.metrics, "failed_closed");
+                        let mut handled =
+                            local_error(Some(index), RequestError::StoreFailedClosed, &req);
+                        let grpc = handled.grpc_status.is_some();
+                        headers::set_retry_after(handled.response.headers_mut(), 1, grpc);
+                        close_if_body_unread(&req, &mut handled.response);
+                        return handled;
+                    }
+                },
+            };
+            route.metrics.decision(&self.metrics, decision);
+
+            // Step 5: forward.
+            let peer = key::canonical(conn.peer.ip());
+            let peer_trusted = key::is_trusted(peer, &server.trusted_proxies);
+            // The connection's ready text when the client is the peer, as nearly always.
+            let client_value = if client == peer {
+                conn.peer_value.clone()
+            } else {
+                headers::peer_value(client)
+            };
+            // One pass over the names for the underscore rule here and the forwarder's questions.
+            let names = headers::FieldNames::of(req.headers(), !server.underscores_in_headers);
+            if !server.underscores_in_headers {
+                headers::drop_underscored(req.headers_mut(), &names);
+            }
+            let mut target = if route.config.strip_prefix {
+                route::strip(&route.config.path_prefix, &path)
+            } else {
+                path
+            };
+            if let Some(query) = req.uri().query() {
+                target.push('?');
+                target.push_str(query);
+            }
+            let authority_value = match &authority {
+                Some(authority) => {
+                    match headers::authority_value(authority.as_str(), req.headers()) {
+                        Some(value) => Some(value),
+                        None => {
+                            let reason = bad_request_reason(normalise::NormaliseError::BadHost);
+                            return local_error(
+                                Some(index),
+                                RequestError::BadRequest(reason),
+                                &req,
+                            );
+                        }
+                    }
+                }
+                None => None,
+            };
+            // The answer goes back in the client's HTTP version, whatever the upstream spoke: an
+            // HTTP/1.0 upstream must not turn a keep-alive HTTP/1.1 connection into HTTP/1.0.
+            let client_version = req.version();
+            // The request is gone once forwarded: whether an upstream failure is answered in gRPC
+            // is asked now (the one content-type look-up a forwarded request costs).
+            let grpc = headers::is_grpc(req.headers());
+            let fwd = ForwardRequest {
+                target,
+                forwarded: headers::ForwardedFor {
+                    peer: &conn.peer_value,
+                    peer_trusted,
+                    client: &client_value,
+                    proto: if conn.tls { "https" } else { "http" },
+                    host: authority_value.as_ref(),
+                },
+                names,
+                max_body_size: route.max_body_size,
+                metrics: &self.metrics,
+                worker: conn.worker.index(),
+            };
+            let upstream_started = Instant::now();
+            let result = route.upstream.forward(req, fwd).await;
+            route
+                .metrics
+                .upstream_time(&self.metrics, upstream_started.elapsed().as_secs_f64());
+            let upstream_name = Some(route.upstream.name.clone());
+            match result {
+                Ok(response) => {
+                    let (mut parts, body) = response.into_parts();
+                    parts.version = client_version;
+                    headers::add_rate_limit_headers(
+                        &mut parts.headers,
+                        server.rate_limit_headers,
+                        &outcomes,
+                        route.ready_policy(&outcomes),
+                    );
+                    Handled {
+                        response: Response::from_parts(parts, ProxyBody::Upstream(body)),
+                        route: Some(index),
+                        decision,
+                        violated: Vec::new(),
+                        upstream: upstream_name,
+                        grpc_status: None,
+                    }
+                }
+                Err(err) => {
+                    tracing::warn!(route = %route.name, error = %err, "upstream request failed");
+                    let mut handled = answer_error(Some(index), err, grpc);
+                    handled.decision = decision;
+                    handled.upstream = upstream_name;
+                    handled
+                }
             }
         }
     }
