@@ -61,6 +61,17 @@ struct Batch {
     closed: bool,
 }
 
+impl Batch {
+    /// Wakes the writer if it found the batch empty and waits, and there is now something to
+    /// write: once per batch, not per line.
+    fn wake_writer(&mut self, line_logged: &Condvar) {
+        if self.writer_idle && !self.text.is_empty() {
+            self.writer_idle = false;
+            line_logged.notify_one();
+        }
+    }
+}
+
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, Batch> {
         // A panic while the lock was held can only have been mid-copy of a line; the batch is
@@ -172,12 +183,7 @@ impl Drop for Line<'_> {
             self.dropped.inc();
             return;
         }
-        // The first line after the writer found the batch empty wakes it; later ones are
-        // picked up with it.
-        if self.batch.writer_idle && self.batch.text.len() > self.start {
-            self.batch.writer_idle = false;
-            self.shared.line_logged.notify_one();
-        }
+        self.batch.wake_writer(&self.shared.line_logged);
     }
 }
 
@@ -205,10 +211,7 @@ impl FlushOnDrop {
         let deadline = Instant::now() + within;
         let mut batch = shared.lock();
         let target = batch.taken + u64::from(!batch.text.is_empty());
-        if batch.writer_idle && !batch.text.is_empty() {
-            batch.writer_idle = false;
-            shared.line_logged.notify_one();
-        }
+        batch.wake_writer(&shared.line_logged);
         while batch.written < target {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
