@@ -246,15 +246,14 @@ impl UpstreamPool {
     }
 
     /// Sends the request upstream and returns its response with hop-by-hop headers removed.
-    // Written out by hand on purpose (rust-lang/rust#62958, see the body's first comment).
+    // Not an `async fn`: that would keep `req` twice, as its argument and as a local of its
+    // body (rust-lang/rust#62958); the block below uses the argument in place.
     #[allow(clippy::manual_async_fn)]
     pub fn forward<'a>(
         &'a self,
         mut req: Request<Incoming>,
         fwd: ForwardRequest<'a>,
     ) -> impl Future<Output = Result<Response<Incoming>, RequestError>> + 'a {
-        // An `async fn` would keep `req` twice, as its argument and as a local of its body
-        // (rust-lang/rust#62958); the block uses the argument in place.
         async move {
             let path_and_query = PathAndQuery::try_from(fwd.target)
                 .map_err(|_| RequestError::BadRequest("unusable request target"))?;
@@ -401,7 +400,7 @@ impl UpstreamPool {
     /// `fail_timeout` ago are skipped, and tried (in their turn) only once every other one
     /// has failed this request too: when all are down, they are all tried anyway, which is
     /// also how an origin that came back is found when nothing else works.
-    // Written out by hand on purpose (rust-lang/rust#62958, see the body's first comment).
+    // Not an `async fn`, for the reason given on `forward`.
     #[allow(clippy::manual_async_fn)]
     fn send<'a>(
         &'a self,
@@ -410,7 +409,6 @@ impl UpstreamPool {
         host: &'a HostHeader,
         metrics: &'a Metrics,
     ) -> impl Future<Output = Result<Response<Incoming>, RequestError>> + 'a {
-        // Not an `async fn`, for the reason given on `forward`.
         async move {
             let count = self.origins.len();
             let start = self.pick();

@@ -239,7 +239,8 @@ impl Proxy {
         handled.response
     }
 
-    // Written out by hand on purpose (rust-lang/rust#62958, see the body's first comment).
+    // Not an `async fn`: that would keep `req` and `conn` twice, as arguments and as locals of
+    // its body (rust-lang/rust#62958); the block below uses them in place.
     #[allow(clippy::manual_async_fn)]
     fn pipeline<'a>(
         &'a self,
@@ -247,8 +248,6 @@ impl Proxy {
         mut req: Request<Incoming>,
         conn: ConnInfo,
     ) -> impl Future<Output = Handled> + 'a {
-        // Not an `async fn`: that would keep `req` and `conn` twice, as arguments and as
-        // locals of its body (rust-lang/rust#62958); the block uses them in place.
         async move {
             // Step 1: methods tollgate never forwards, then one spelling of host and path.
             if req.method() == Method::TRACE || req.method() == Method::CONNECT {
