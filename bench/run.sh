@@ -400,15 +400,13 @@ for t in "${ORDER[@]}"; do
     psql_admin -c "CREATE DATABASE ${DB[$t]}" >/dev/null
     PG_DBS+=("${DB[$t]}")
   fi
-  if [[ $ACCESS_LOG == 1 ]]; then
-    # Everything it logs goes to /dev/null (see ACCESS_LOG above); a start-up failure shows
-    # as the readiness wait below giving up, and the same command without ACCESS_LOG says why.
-    BG_OUT=/dev/null start_bg "$t" env -u TOLLGATE_DATABASE_URL -u TOLLGATE_CONFIG RUST_LOG=info \
-      $(pin proxy) "${BIN[$t]}" --config "${CONF[$t]}" run
-  else
-    start_bg "$t" env -u TOLLGATE_DATABASE_URL -u TOLLGATE_CONFIG RUST_LOG=warn \
-      $(pin proxy) "${BIN[$t]}" --config "${CONF[$t]}" run
-  fi
+  # With ACCESS_LOG=1 everything it logs goes to /dev/null (see ACCESS_LOG above): a start-up
+  # failure shows as the readiness wait below giving up, and the same command without
+  # ACCESS_LOG says why.
+  log_level=warn out=""
+  [[ $ACCESS_LOG == 1 ]] && log_level=info out=/dev/null
+  BG_OUT=$out start_bg "$t" env -u TOLLGATE_DATABASE_URL -u TOLLGATE_CONFIG RUST_LOG=$log_level \
+    $(pin proxy) "${BIN[$t]}" --config "${CONF[$t]}" run
   PIDOF[$t]=${PIDS[-1]}
 done
 for t in "${ORDER[@]}"; do
