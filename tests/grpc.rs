@@ -378,7 +378,7 @@ async fn no_route_is_unimplemented() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failing_store_under_deny_is_unavailable() {
     let upstream = GrpcUpstream::start().await;
-    let closed = closed_port().await;
+    let closed = RefusedPort::new();
     let store = format!(
         "url = \"postgres://postgres@{closed}/tollgate\"\ntimeout = \"200ms\"\non_error = \"deny\""
     );
@@ -413,8 +413,8 @@ async fn slow_upstream_is_deadline_exceeded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_upstream_is_unavailable() {
-    let closed = closed_port().await;
-    let status = failed_call(closed, "", OPEN_ROUTE, "/test.Echo/Say").await;
+    let closed = RefusedPort::new();
+    let status = failed_call(closed.addr, "", OPEN_ROUTE, "/test.Echo/Say").await;
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
     // The connect error (with the upstream's address) stays in tollgate's log.
     assert_eq!(status.message(), "upstream unreachable", "{status:?}");
@@ -468,12 +468,4 @@ async fn own_answers_are_trailers_only_on_the_wire() {
     let response = client.request(req).await.expect("answer");
     assert_eq!(response.status(), StatusCode::NOT_FOUND);
     assert!(response.headers().get("grpc-status").is_none());
-}
-
-/// A port that nothing listens on (bound, then released).
-async fn closed_port() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    drop(listener);
-    addr
 }

@@ -345,11 +345,7 @@ async fn websocket_echo_through_the_proxy() {
 
 #[tokio::test]
 async fn unreachable_upstream_is_502_and_slow_upstream_504() {
-    // A port that was just free: nothing listens there.
-    let closed = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        l.local_addr().expect("addr")
-    };
+    let closed = RefusedPort::new();
     let upstream = Upstream::start().await;
     let text = format!(
         "{BASE}

@@ -17,6 +17,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use common::db::TestDb;
+use common::RefusedPort;
 use tollgate::store::memory::MemoryStore;
 use tollgate::store::postgres::{FingerprintChange, InitError, PostgresStore};
 use tollgate::store::{Increment, Store, StoreError};
@@ -477,20 +478,12 @@ fn assert_caused_by_postgres(err: &(dyn std::error::Error + 'static)) {
     );
 }
 
-/// A port nothing listens on.
-async fn closed_port() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    drop(listener);
-    addr
-}
-
 #[tokio::test]
 async fn pg_closed_port_fails_fast_and_is_unreachable() {
     let db = TestDb::new().await;
-    let addr = closed_port().await;
+    let closed = RefusedPort::new();
     let mut cfg = db.store_config();
-    cfg.url = Some(db.url_through(addr));
+    cfg.url = Some(db.url_through(closed.addr));
     cfg.timeout = Duration::from_millis(300);
     let store = PostgresStore::new(&cfg).expect("construction never connects");
 

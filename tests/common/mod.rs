@@ -342,6 +342,35 @@ fn websocket_echo(req: &mut Request<Incoming>, rec: Arc<Mutex<Vec<Recorded>>>) -
     r
 }
 
+/// A loopback port on which connections are refused, reserved for as long as the value lives.
+/// A socket is bound there and never listens, so a connect gets a reset, and no test running
+/// beside this one can take the port: one bound and released at once can be taken, and then
+/// "nothing listens there" silently becomes some other test's server.
+pub struct RefusedPort {
+    _socket: tokio::net::TcpSocket,
+    pub addr: SocketAddr,
+}
+
+impl RefusedPort {
+    pub fn new() -> RefusedPort {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket
+            .bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .expect("bind");
+        let addr = socket.local_addr().expect("addr");
+        RefusedPort {
+            _socket: socket,
+            addr,
+        }
+    }
+}
+
+impl std::fmt::Display for RefusedPort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.addr.fmt(f)
+    }
+}
+
 /// Loads a configuration from text. `@UPSTREAM@` becomes the upstream's `host:port`; the
 /// environment is the given map (tests never touch the process environment).
 pub fn config_from(text: &str, upstream: SocketAddr, env: &[(&str, &str)]) -> Config {
