@@ -14,6 +14,8 @@
 # Usage: [KNOB=value ...] bench/profile.sh [memory|nolimit|pg-hot|pg-10k]   (default memory)
 # Knobs: SECONDS_PROF [8] CONNS [32] WARMUP [2] FREQ [499] BASE_PORT [19300] PIN [1]
 #        WHO [tollgate|postgres]
+#        ACCESS_LOG [0] (1: tollgate at RUST_LOG=info, its access-log lines written to /dev/null,
+#        as bench/run.sh's ACCESS_LOG=1; 0: RUST_LOG=warn, no line per request)
 #        TOLLGATE_BIN [target/release/tollgate] (built with BUILD=1 [1])
 #        PG_URL [postgres://postgres@127.0.0.1:5432] PG_SSLMODE [disable] (bench/lib/pg.sh)
 #        (pg modes: database tollgate_bench_profile, created and dropped here)
@@ -31,6 +33,7 @@ BASE_PORT=${BASE_PORT:-19300}
 PIN=${PIN:-1}
 BUILD=${BUILD:-1}
 WHO=${WHO:-tollgate}
+ACCESS_LOG=${ACCESS_LOG:-0}
 TOLLGATE_BIN=${TOLLGATE_BIN:-$ROOT/target/release/tollgate}
 PG_URL=${PG_URL:-postgres://postgres@127.0.0.1:5432}
 OUT=${OUT:-$HERE/results/profile-$MODE-$(date -u +%Y%m%dT%H%M%SZ)}
@@ -77,8 +80,9 @@ if [[ $MODE == pg-* ]]; then
   PGOPTIONS="-c client_min_messages=warning" psql "$PG_URL/postgres" -X -q -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" -c "CREATE DATABASE $DB" >/dev/null
   USED_DB=1
 fi
-env -u TOLLGATE_DATABASE_URL RUST_LOG=warn "${P_PROXY[@]}" "$TOLLGATE_BIN" \
-  --config "$RUN/tollgate.toml" run >"$RUN/tollgate.out" 2>&1 &
+if [[ $ACCESS_LOG == 1 ]]; then LOG_LEVEL=info TG_OUT=/dev/null; else LOG_LEVEL=warn TG_OUT=$RUN/tollgate.out; fi
+env -u TOLLGATE_DATABASE_URL RUST_LOG=$LOG_LEVEL "${P_PROXY[@]}" "$TOLLGATE_BIN" \
+  --config "$RUN/tollgate.toml" run >"$TG_OUT" 2>&1 &
 TGPID=$!; PIDS+=("$TGPID")
 wait_200 "http://127.0.0.1:$ADM/readyz" 30
 
@@ -107,7 +111,7 @@ perf report -i "$OUT/perf.data" "${REPORT[@]}" --stdio -n --no-children --sort d
   >"$OUT/perf-self.txt" 2>/dev/null || true
 perf report -i "$OUT/perf.data" "${REPORT[@]}" --stdio --children --sort symbol --percent-limit 3 -g none \
   >"$OUT/perf-children.txt" 2>/dev/null || true
-echo "mode $MODE: $(grep -E '^Requests/sec' "$OUT/wrk.txt")  (while perf samples: lower than without it)"
+echo "mode $MODE, ACCESS_LOG=$ACCESS_LOG: $(grep -E '^Requests/sec' "$OUT/wrk.txt")  (while perf samples: lower than without it)"
 echo "CPU by process while profiling:"; cat "$OUT/cpu-by-process.txt"
 perf report -i "$OUT/perf.data" "${REPORT[@]}" --stdio --no-children --sort dso -g none 2>/dev/null | grep -E '^ +[0-9]' | sed -n '1,6p' \
   | tee "$OUT/perf-dso.txt"
