@@ -20,6 +20,8 @@
 #        PG_URL [postgres://postgres@127.0.0.1:5432] (pg-hot; creates and drops the database
 #        tollgate_instructions) PG_SSLMODE [disable] (bench/lib/pg.sh)
 #        OUT [bench/results/instructions-<UTC timestamp>]
+#        ACCESS_LOG [0] (1: tollgate at RUST_LOG=info, its default, so every request writes its
+#        access-log line, to OUT/tollgate-<mode>.log; 0: RUST_LOG=warn, no line per request)
 # Needs: valgrind, nginx, h2load (apt-get install -y valgrind nginx nghttp2-client).
 set -euo pipefail
 {
@@ -34,8 +36,9 @@ BUILD=${BUILD:-1}
 TOLLGATE_BIN=${TOLLGATE_BIN:-$ROOT/target/release/tollgate}
 OUT=${OUT:-$HERE/results/instructions-$(date -u +%Y%m%dT%H%M%SZ)}
 PG_URL=${PG_URL:-postgres://postgres@127.0.0.1:5432}
+ACCESS_LOG=${ACCESS_LOG:-0}
 # valgrind follows no exec, so the environment is set here rather than through `env`.
-export RUST_LOG=warn
+if [[ $ACCESS_LOG == 1 ]]; then export RUST_LOG=info; else export RUST_LOG=warn; fi
 unset TOLLGATE_DATABASE_URL TOLLGATE_CONFIG
 UP=$BASE_PORT; PX=$((BASE_PORT + 1)); PX_H2=$((BASE_PORT + 2)); ADM=$((BASE_PORT + 3))
 
@@ -107,7 +110,7 @@ for mode in $MODES; do
 done
 
 {
-  echo "instructions per request (user space, callgrind), $REQUESTS HTTP/1.1 requests on $CONNS connections after $WARM_REQUESTS warm-up"
+  echo "instructions per request (user space, callgrind), $REQUESTS HTTP/1.1 requests on $CONNS connections after $WARM_REQUESTS warm-up; tollgate at RUST_LOG=$RUST_LOG"
   echo "tollgate: $("$TOLLGATE_BIN" --version); nginx: $(nginx -v 2>&1 | sed 's/.*: //')"
   nginx_ir=$(echo "${results[0]}" | cut -d' ' -f2)
   printf '%-20s %12s %10s\n' target "Ir/request" "x nginx"
