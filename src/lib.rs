@@ -30,6 +30,7 @@ pub mod framing;
 pub mod headers;
 pub mod key;
 pub mod limit;
+pub mod log_format;
 pub mod log_writer;
 pub mod metrics;
 pub mod normalise;

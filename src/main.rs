@@ -19,6 +19,7 @@ use tracing_subscriber::EnvFilter;
 use tollgate::config::{self, Config, HostPattern, KeyPart};
 use tollgate::key::BucketHasher;
 use tollgate::limit::PlannedLimit;
+use tollgate::log_format::TextFormat;
 use tollgate::log_writer::{FlushOnDrop, LogWriter};
 use tollgate::normalise::NormaliseError;
 use tollgate::plan::{self, PlanError, RequestPlan};
@@ -239,18 +240,20 @@ fn init_logging(default: &str) -> (Counter, Option<FlushOnDrop>) {
     let json = env("TOLLGATE_LOG").as_deref() == Some("json");
     let Ok((writer, flush)) = LogWriter::stderr() else {
         // No thread for the writer: write directly, as before it existed.
-        let builder = tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_ansi(ansi)
-            .with_writer(std::io::stderr);
-        if json {
-            builder.json().flatten_event(true).init();
-        } else {
-            builder.init();
-        }
+        install_logging(filter, ansi, json, std::io::stderr);
         return (Counter::default(), None);
     };
     let dropped = writer.dropped();
+    install_logging(filter, ansi, json, writer);
+    (dropped, Some(flush))
+}
+
+/// Makes the process's subscriber: `filter`ed, in JSON or in the text format whose access-log
+/// lines are written without tracing-subscriber's generic formatting (`tollgate::log_format`).
+fn install_logging<W>(filter: EnvFilter, ansi: bool, json: bool, writer: W)
+where
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(ansi)
@@ -258,9 +261,8 @@ fn init_logging(default: &str) -> (Counter, Option<FlushOnDrop>) {
     if json {
         builder.json().flatten_event(true).init();
     } else {
-        builder.init();
+        builder.event_format(TextFormat::new()).init();
     }
-    (dropped, Some(flush))
 }
 
 async fn run(config: Config, path: PathBuf, log_drops: Counter) -> ExitCode {

@@ -30,6 +30,7 @@ use crate::framing;
 use crate::headers;
 use crate::key::{self, BucketHasher, RequestIdentity};
 use crate::limit::{LimitOutcome, Limiter, Outcomes, PlannedLimit, Plans, Verdict};
+use crate::log_format::{self, AccessLine};
 use crate::metrics::{Decision, Metrics, RouteMetrics, NO_ROUTE};
 use crate::normalise;
 use crate::plan;
@@ -221,21 +222,18 @@ impl Proxy {
                 NO_ROUTE
             }
         };
-        let violated = handled.violated.join(",");
-        tracing::info!(
-            target: "tollgate::access",
-            method = %method,
-            path = uri.path(),
-            route = route_name,
-            decision = handled.decision,
-            policy = %violated,
+        log_format::access(&AccessLine {
+            method: &method,
+            path: uri.path(),
+            route: route_name,
+            decision: handled.decision,
+            violated: &handled.violated,
             status,
-            duration_ms = log_ms(started.elapsed()),
-            upstream = handled.upstream.as_deref().unwrap_or(""),
-            grpc_status = handled.grpc_status.map(GrpcCode::as_str),
-            // Visible ASCII by construction (kept ones are checked, new ones are hex).
-            request_id = request_id.to_str().unwrap_or(""),
-        );
+            duration_ms: &|| log_format::log_ms(started.elapsed()),
+            upstream: handled.upstream.as_deref().unwrap_or(""),
+            grpc_status: handled.grpc_status.map(GrpcCode::as_str),
+            request_id: &request_id,
+        });
         handled.response
     }
 
@@ -690,12 +688,4 @@ fn json_string(s: &str) -> String {
     }
     out.push('"');
     out
-}
-
-/// A duration for a log line: milliseconds, to the microsecond (`7.39`, `58.902`). The
-/// `f64` of `as_secs_f64() * 1000.0` printed 17 digits (`58.901799999999994`); a whole
-/// number of microseconds over 1000 prints as the shortest decimal that reads back the same.
-fn log_ms(elapsed: std::time::Duration) -> f64 {
-    let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
-    micros as f64 / 1000.0
 }

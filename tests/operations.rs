@@ -16,7 +16,8 @@ use http_body_util::Full;
 
 use common::*;
 
-/// tollgate as a child process with JSON logs; stderr lines are collected as they come.
+/// tollgate as a child process, with JSON logs unless started with `start_text`; stderr lines
+/// are collected as they come.
 struct Process {
     child: Child,
     lines: Arc<Mutex<Vec<String>>>,
@@ -24,10 +25,19 @@ struct Process {
 
 impl Process {
     fn start(config: &Path) -> Process {
+        Process::spawn(config, "json")
+    }
+
+    /// With the default text logs.
+    fn start_text(config: &Path) -> Process {
+        Process::spawn(config, "")
+    }
+
+    fn spawn(config: &Path, log_format: &str) -> Process {
         let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
             .args(["run", "--config"])
             .arg(config)
-            .env("TOLLGATE_LOG", "json")
+            .env("TOLLGATE_LOG", log_format)
             .env("RUST_LOG", "info")
             .env_remove("TOLLGATE_DATABASE_URL")
             .stderr(Stdio::piped())
@@ -74,6 +84,26 @@ impl Process {
             (v["message"] == message).then(|| v["address"].as_str().map(str::to_string))?
         })
         .await
+    }
+
+    /// The proxy's address from the text log's `listening` line.
+    async fn text_address(&self) -> String {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let found = self.lines().iter().find_map(|line| {
+                let (_, rest) = line.split_once(" tollgate::server: listening address=")?;
+                Some(rest.split(' ').next()?.to_string())
+            });
+            if let Some(address) = found {
+                return address;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no listening line; got:\n{}",
+                self.lines().join("\n")
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     fn signal(&self, name: &str) {
@@ -293,6 +323,63 @@ async fn json_logs_parse_and_carry_no_credentials() {
             .expect("a duration_ms value");
         let decimals = value.split_once('.').map_or(0, |(_, d)| d.len());
         assert!(decimals <= 3, "duration_ms={value}: {line}");
+    }
+}
+
+/// The default text log: one access-log line per request in tracing's usual layout (written by
+/// `log_format::TextFormat`), and no credential in any line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_access_lines_have_the_documented_layout() {
+    let upstream = Upstream::start().await;
+    let path = temp_config("text-logs", &config_text(&upstream, 1));
+    let process = Process::start_text(&path);
+    let addr = process.text_address().await;
+    let client = h1_client();
+    for _ in 0..2 {
+        let request = Request::get(format!("http://{addr}/private/path?token=QUERYSECRET"))
+            .header("authorization", "Bearer AUTHSECRET")
+            .body(Full::new(Bytes::new()))
+            .expect("request");
+        send(&client, request).await;
+    }
+    let (code, lines) = process.stop().await;
+    assert_eq!(code, Some(0));
+    for line in &lines {
+        for secret in ["AUTHSECRET", "QUERYSECRET"] {
+            assert!(!line.contains(secret), "{secret} leaked: {line}");
+        }
+    }
+    let access: Vec<&String> = lines
+        .iter()
+        .filter(|l| l.contains(" tollgate::access: "))
+        .collect();
+    assert_eq!(access.len(), 2, "one access line per request: {lines:#?}");
+    let expected = [
+        r#"method=GET path="/private/path" route="api" decision="allowed" policy= status=200 duration_ms="#,
+        r#"method=GET path="/private/path" route="api" decision="limited" policy=api:ip status=429 duration_ms="#,
+    ];
+    for (line, expected) in access.iter().zip(expected) {
+        // `2026-12-04T15:35:05.201634Z  INFO tollgate::access: method=...`
+        let (time, rest) = line.split_once("  INFO tollgate::access: ").expect(line);
+        assert_eq!(time.len(), 27, "{line}");
+        assert!(time.ends_with('Z') && time.as_bytes()[10] == b'T', "{line}");
+        let rest = rest.strip_prefix(expected).expect(line);
+        // A duration to the microsecond at most, then the upstream and the request id.
+        let (duration, rest) = rest.split_once(' ').expect(line);
+        let decimals = duration.split_once('.').map_or(0, |(_, d)| d.len());
+        assert!(duration.parse::<f64>().is_ok() && decimals <= 3, "{line}");
+        let id = rest
+            .strip_prefix(if expected.contains("allowed") {
+                r#"upstream="app" request_id=""#
+            } else {
+                r#"upstream="" request_id=""#
+            })
+            .and_then(|id| id.strip_suffix('"'))
+            .expect(line);
+        assert!(
+            id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{line}"
+        );
     }
 }
 
