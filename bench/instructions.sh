@@ -22,6 +22,9 @@
 #        OUT [bench/results/instructions-<UTC timestamp>]
 #        ACCESS_LOG [0] (1: tollgate at RUST_LOG=info, its default, so every request writes its
 #        access-log line, to OUT/tollgate-<mode>.log; 0: RUST_LOG=warn, no line per request)
+#        CACHE_SIM [0] (1: callgrind simulates the caches too, and each target also gets its
+#        first-level instruction and data cache misses per request: I1 misses, D1 read and
+#        write misses. Slower; the instruction counts are the same)
 # Needs: valgrind, nginx, h2load (apt-get install -y valgrind nginx nghttp2-client).
 set -euo pipefail
 {
@@ -37,6 +40,7 @@ TOLLGATE_BIN=${TOLLGATE_BIN:-$ROOT/target/release/tollgate}
 OUT=${OUT:-$HERE/results/instructions-$(date -u +%Y%m%dT%H%M%SZ)}
 PG_URL=${PG_URL:-postgres://postgres@127.0.0.1:5432}
 ACCESS_LOG=${ACCESS_LOG:-0}
+CACHE_SIM=${CACHE_SIM:-0}
 # valgrind follows no exec, so the environment is set here rather than through `env`.
 if [[ $ACCESS_LOG == 1 ]]; then export RUST_LOG=info; else export RUST_LOG=warn; fi
 unset TOLLGATE_DATABASE_URL TOLLGATE_CONFIG
@@ -62,7 +66,8 @@ wait_200 "http://127.0.0.1:$UP/" 10
 measure() {
   local name=$1; shift
   local cg=$OUT/$name.callgrind
-  valgrind --tool=callgrind --callgrind-out-file="$cg" "$@" >"$OUT/$name.log" 2>&1 &
+  local sim=(); [[ $CACHE_SIM == 1 ]] && sim=(--cache-sim=yes)
+  valgrind --tool=callgrind "${sim[@]}" --callgrind-out-file="$cg" "$@" >"$OUT/$name.log" 2>&1 &
   local vpid=$!
   PIDS+=("$vpid")
   wait_200 "http://127.0.0.1:$PX/" 60
@@ -80,7 +85,13 @@ measure() {
   dump=$(ls -t "$cg".* 2>/dev/null | head -1)
   total=$(callgrind_annotate "$dump" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1; exit}')
   callgrind_annotate --inclusive=yes "$dump" 2>/dev/null | grep -E '^ *[0-9,]+ \(' | sed -n '1,60p' >"$OUT/$name.top.txt"
-  echo "$name $((total / REQUESTS))"
+  local misses=""
+  if [[ $CACHE_SIM == 1 ]]; then
+    # The totals line lists Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw, each with its share.
+    misses=$(callgrind_annotate "$dump" 2>/dev/null | awk -v n="$REQUESTS" '/PROGRAM TOTALS/ {
+      gsub(/\([^)]*\)/, ""); gsub(",", ""); printf " %d %d %d", $4 / n, $5 / n, $6 / n; exit }')
+  fi
+  echo "$name $((total / REQUESTS))$misses"
 }
 
 render "$HERE/conf/proxy.nginx.conf" "$PX" | sed -e 's/^worker_processes 1;/worker_processes 1;\nmaster_process off;/' >"$RUN/nginx.conf"
@@ -113,10 +124,16 @@ done
   echo "instructions per request (user space, callgrind), $REQUESTS HTTP/1.1 requests on $CONNS connections after $WARM_REQUESTS warm-up; tollgate at RUST_LOG=$RUST_LOG"
   echo "tollgate: $("$TOLLGATE_BIN" --version); nginx: $(nginx -v 2>&1 | sed 's/.*: //')"
   nginx_ir=$(echo "${results[0]}" | cut -d' ' -f2)
-  printf '%-20s %12s %10s\n' target "Ir/request" "x nginx"
+  if [[ $CACHE_SIM == 1 ]]; then
+    printf '%-20s %12s %10s %10s %10s %10s\n' target "Ir/request" "x nginx" "I1 miss" "D1r miss" "D1w miss"
+  else
+    printf '%-20s %12s %10s\n' target "Ir/request" "x nginx"
+  fi
   for r in "${results[@]}"; do
     set -- $r
-    printf '%-20s %12s %10s\n' "$1" "$2" "$(python3 -c "print(f'{$2 / $nginx_ir:.2f}')")"
+    printf '%-20s %12s %10s' "$1" "$2" "$(python3 -c "print(f'{$2 / $nginx_ir:.2f}')")"
+    [[ $CACHE_SIM == 1 ]] && printf ' %10s %10s %10s' "$3" "$4" "$5"
+    printf '\n'
   done
 } | tee "$OUT/summary.txt"
 }
