@@ -47,6 +47,10 @@
 #             and writes its access-log line (through the log writer's thread) to /dev/null:
 #             the formatting and the writer are paid, a disk is not, and results/ does not
 #             fill with log files. 0 runs it at RUST_LOG=warn, like nginx with access_log off.
+#   NGINX_ACCESS_LOG [ACCESS_LOG]: 1 gives the reference nginx its default access log
+#             (`combined`) to /dev/null, buffered 64 KiB (`buffer=64k flush=1s`, as tollgate's
+#             log writer batches its lines), so ACCESS_LOG=1 compares both proxies as they
+#             ship; NGINX_ACCESS_LOG=0 with ACCESS_LOG=1 logs in tollgate only.
 #   PG_URL [postgres://postgres@127.0.0.1:5432]  (loopback only; trust auth; the script creates
 #             and drops databases tollgate_bench_<target>)   PG_STATS_WAIT [11] s (see below)
 #   PG_SSLMODE [disable]: the `sslmode` of tollgate's `store.url` (bench/lib/pg.sh says why)
@@ -118,6 +122,7 @@ CPU_PROXY=${CPU_PROXY:-1}
 CPU_LOAD=${CPU_LOAD:-0}
 WORKERS=${WORKERS:-1}
 ACCESS_LOG=${ACCESS_LOG:-0}
+NGINX_ACCESS_LOG=${NGINX_ACCESS_LOG:-$ACCESS_LOG}
 PG_URL=${PG_URL:-postgres://postgres@127.0.0.1:5432}
 PG_STATS_WAIT=${PG_STATS_WAIT:-11}
 BUILD=${BUILD:-1}
@@ -359,7 +364,7 @@ done
   echo "tollgate runtime: server.workers=$WORKERS (worker 0 is the main thread)"
   ((NEEDS_PG)) && echo "postgres: $(psql_admin -tAc 'SHOW server_version') at $PG_URL, sslmode=$PG_SSLMODE; DB statements from $STATS_METHOD"
   echo "loadavg_before: $(cat /proc/loadavg)"
-  echo "params: RUNS=$RUNS DURATION=${DURATION}s WARMUP=${WARMUP}s CONNS='$CONNS' PROTOS='$PROTOS' H2_STREAMS=$H2_STREAMS wrk -t1 h2load -t1 ACCESS_LOG=$ACCESS_LOG"
+  echo "params: RUNS=$RUNS DURATION=${DURATION}s WARMUP=${WARMUP}s CONNS='$CONNS' PROTOS='$PROTOS' H2_STREAMS=$H2_STREAMS wrk -t1 h2load -t1 ACCESS_LOG=$ACCESS_LOG NGINX_ACCESS_LOG=$NGINX_ACCESS_LOG"
   if [[ $PIN == 1 ]]; then echo "pinning: proxy under test on cpu$CPU_PROXY; wrk/h2load and upstream on cpu$CPU_LOAD"; else echo "pinning: none"; fi
   if [[ $PIN == 1 && $PIN_PG == 1 ]]; then echo "pinning: PostgreSQL backends of the mode under load on cpu$CPU_LOAD (PIN_PG=1)"; elif ((NEEDS_PG)); then echo "pinning: PostgreSQL not pinned (PIN_PG=0)"; fi
   echo "targets: ${ORDER[*]}"
@@ -368,8 +373,10 @@ done
 # ---------------------------------------------------------------- start servers
 render() {   # render TEMPLATE NAME PORT [H2PORT] -> rendered path
   local dst=$RUN/$2.conf
+  local access_log="access_log off;"
+  [[ $NGINX_ACCESS_LOG == 1 ]] && access_log="access_log /dev/null combined buffer=64k flush=1s;"
   sed -e "s#{{RUN}}#$RUN#g" -e "s#{{PORT}}#$3#g" -e "s#{{H2PORT}}#${4:-0}#g" \
-      -e "s#{{UPSTREAM_PORT}}#$UPSTREAM_PORT#g" "$1" >"$dst"
+      -e "s#{{UPSTREAM_PORT}}#$UPSTREAM_PORT#g" -e "s#{{ACCESS_LOG}}#$access_log#g" "$1" >"$dst"
   echo "$dst"
 }
 need_port "$UPSTREAM_PORT"; need_port "$NGINX_PORT"; need_port "$NGINX_H2_PORT"

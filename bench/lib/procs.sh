@@ -40,7 +40,7 @@ cleanup_on_exit() {
 
 render() {
   sed -e "s#{{RUN}}#$RUN#g" -e "s#{{PORT}}#$2#g" -e "s#{{H2PORT}}#$PX_H2#g" \
-    -e "s#{{UPSTREAM_PORT}}#$UP#g" "$1"
+    -e "s#{{UPSTREAM_PORT}}#$UP#g" -e "s#{{ACCESS_LOG}}#access_log off;#g" "$1"
 }
 
 tollgate_config_head() {
