@@ -5,11 +5,13 @@
 //! tracing-subscriber's stock format the line cost 14.5k instructions, where the rest of a
 //! memory-mode request costs 41k (docs/performance.md). Most of that is generic machinery the
 //! line does not need: `core::fmt` for every piece, colour styles painted even with colours
-//! off, `Debug` on every text field and on the duration's float. [`TextFormat`] writes access-log lines directly, in exactly the text the
-//! stock format writes (a test holds the two to the same bytes), and hands every other event
-//! to the stock format: the other lines are rare, and keep everything it does.
+//! off, `Debug` on every text field and on the duration's float. [`TextFormat`] writes
+//! access-log lines directly, in exactly the text the stock format writes (a test holds the two
+//! to the same bytes), and hands every other event to the stock format: the other lines are
+//! rare, and keep everything it does.
 //!
-//! The access log's one event is [`access`]: the test formats that same call site both ways.
+//! The access log's one event is [`access`]: `tests/log_format.rs` formats that same call site
+//! both ways.
 
 use std::fmt;
 
@@ -368,159 +370,6 @@ fn civil_from_days(days: u64) -> (u64, u64, u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::{Arc, Mutex};
-    use tracing_subscriber::fmt::MakeWriter;
-
-    /// Collects what a subscriber writes.
-    #[derive(Clone, Default)]
-    struct Captured(Arc<Mutex<Vec<u8>>>);
-
-    impl std::io::Write for Captured {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0
-                .lock()
-                .map_err(|_| std::io::ErrorKind::Other)?
-                .extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-
-    impl<'a> MakeWriter<'a> for Captured {
-        type Writer = Captured;
-        fn make_writer(&'a self) -> Captured {
-            self.clone()
-        }
-    }
-
-    impl Captured {
-        fn text(&self) -> String {
-            String::from_utf8(self.0.lock().expect("not poisoned").clone()).expect("UTF-8")
-        }
-    }
-
-    /// A timer that always says the same: the two formats' lines are then comparable whole.
-    #[derive(Clone)]
-    struct Fixed;
-
-    impl FormatTime for Fixed {
-        fn format_time(&self, w: &mut Writer<'_>) -> fmt::Result {
-            w.write_str("2026-12-04T15:35:05.201634Z")
-        }
-    }
-
-    /// What `emit` logs through tracing-subscriber's stock format and through [`TextFormat`].
-    fn both(emit: impl Fn()) -> (String, String) {
-        let stock = Captured::default();
-        let ours = Captured::default();
-        let stock_subscriber = tracing_subscriber::fmt()
-            .with_ansi(false)
-            .with_writer(stock.clone())
-            .event_format(Format::default().with_timer(Fixed))
-            .finish();
-        let our_subscriber = tracing_subscriber::fmt()
-            .with_ansi(false)
-            .with_writer(ours.clone())
-            .event_format(TextFormat::with_timer(Fixed))
-            .finish();
-        tracing::subscriber::with_default(stock_subscriber, &emit);
-        tracing::subscriber::with_default(our_subscriber, &emit);
-        (stock.text(), ours.text())
-    }
-
-    #[test]
-    fn access_lines_are_the_stock_formats_text() {
-        let post = http::Method::POST;
-        let custom = http::Method::from_bytes(b"PURGE").expect("a valid method");
-        let long_path = format!("/{}", "p".repeat(3000));
-        let long_route = "r".repeat(500);
-        let many: Vec<std::sync::Arc<str>> =
-            (0..200).map(|i| format!("policy{i}").into()).collect();
-        let lines = [
-            AccessLine {
-                method: &http::Method::GET,
-                path: "/a%20b",
-                route: "bench",
-                decision: "allowed",
-                violated: &[],
-                status: 200,
-                duration_ms: &|| 5.319,
-                upstream: "app",
-                grpc_status: None,
-                request_id: &http::HeaderValue::from_static("7c38926fa3007bf9912aae60143b7147"),
-            },
-            // Text that `Debug` escapes: quotes, backslashes, controls, non-ASCII.
-            AccessLine {
-                method: &post,
-                path: "/q\"uo\\te\u{1b}[31m/é/\u{301}",
-                route: "api \"v2\"",
-                decision: "denied",
-                violated: &["api:ip".into(), "api:token".into()],
-                status: 429,
-                duration_ms: &|| 2.0,
-                upstream: "",
-                grpc_status: Some("8"),
-                request_id: &http::HeaderValue::from_static("id with\ttab"),
-            },
-            // Long fields, and many policies.
-            AccessLine {
-                method: &http::Method::GET,
-                path: &long_path,
-                route: &long_route,
-                decision: "allowed",
-                violated: &many,
-                status: 200,
-                duration_ms: &|| 123456.789,
-                upstream: "u",
-                grpc_status: None,
-                request_id: &http::HeaderValue::from_static("r"),
-            },
-            AccessLine {
-                method: &custom,
-                path: "",
-                route: "(none)",
-                decision: "local_allowed",
-                violated: &["p".into()],
-                status: 0,
-                duration_ms: &|| 0.001,
-                upstream: "backup",
-                grpc_status: Some(""),
-                request_id: &http::HeaderValue::from_static(""),
-            },
-        ];
-        for line in &lines {
-            let (stock, ours) = both(|| access(line));
-            assert!(stock.ends_with('\n') && stock.len() > 80, "{stock}");
-            assert_eq!(ours, stock);
-        }
-    }
-
-    #[test]
-    fn other_lines_are_left_to_the_stock_format() {
-        let (stock, ours) = both(|| {
-            tracing::warn!(peer = "x", "a message with \"quotes\"");
-            tracing::info!(target: "tollgate::access", "a message on the access target");
-            tracing::info!(target: "tollgate::access", r#type = "raw", status = 1u64);
-            let span = tracing::info_span!("conn", id = 7);
-            let _in = span.enter();
-            access(&AccessLine {
-                method: &http::Method::GET,
-                path: "/",
-                route: "r",
-                decision: "allowed",
-                violated: &[],
-                status: 200,
-                duration_ms: &|| 1.5,
-                upstream: "u",
-                grpc_status: None,
-                request_id: &http::HeaderValue::from_static("i"),
-            });
-        });
-        assert!(stock.contains("conn{id=7}: tollgate::access"), "{stock}");
-        assert_eq!(ours, stock);
-    }
 
     #[test]
     fn durations_are_written_as_debug_writes_them() {
