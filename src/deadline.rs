@@ -1,19 +1,21 @@
-//! Coarse deadlines for upstream responses (`response_timeout`, SPEC 5).
+//! Coarse deadlines: an upstream's `response_timeout` (SPEC 5) and the decision budget
+//! `store.timeout` (SPEC 2, 5b).
 //!
 //! `tokio::time::timeout` arms a timer per request: an entry put into and taken out of the
-//! runtime's timer wheel, about 1,000 instructions per request in the memory-mode benchmark
-//! (callgrind, docs/performance.md), for a timer that almost never fires. Here a request waiting
-//! for its response takes a slot in its worker's [`Deadlines`] lane instead (a few dozen
-//! instructions: a lock nobody else holds, a vector slot, a waker), and one task per upstream
-//! pool looks the lanes over every [`TICK`] and wakes what has expired. A timeout therefore
-//! fires between `response_timeout` and `response_timeout + TICK` (plus scheduling) after the
-//! request was sent, where tokio's timer rounds to the millisecond; for a timeout of seconds
-//! (30 s by default) that difference is nothing.
+//! runtime's timer wheel, about 1,000 instructions per request in the benchmarks (callgrind,
+//! docs/performance.md), for a timer that almost never fires. Here a waiting request takes a
+//! slot in its worker's [`Deadlines`] lane instead (a few dozen instructions: a lock nobody else
+//! holds, a vector slot, a waker), and one task per set of deadlines looks the lanes over every
+//! tick and wakes what has expired. A timeout therefore fires between its duration and its
+//! duration plus one tick (plus scheduling) after the wait began, where tokio's timer rounds to
+//! the millisecond. The tick is [`TICK`] for `response_timeout` (30 s by default: the
+//! difference is nothing); the decision budget, 100 ms by default, gets a tenth of itself
+//! ([`tick_for`]).
 //!
 //! Bounds: a lane holds one slot per request in flight on that worker, reused when the request
-//! ends (by response, timeout or cancellation), so it never outgrows the connection and stream
+//! ends (by answer, timeout or cancellation), so it never outgrows the connection and stream
 //! bounds. When no request is waiting, the sweeper sleeps until one is registered, so an idle
-//! upstream costs no wake-ups.
+//! proxy costs no wake-ups.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -25,13 +27,23 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-/// How often the sweeper looks for expired deadlines while some are registered.
+/// How often the sweeper looks for expired deadlines while some are registered, unless the
+/// deadlines were made with a finer tick ([`Deadlines::with_tick`]).
 pub const TICK: Duration = Duration::from_millis(20);
 
-/// The deadlines of one upstream pool, one lane per connection worker (a worker only takes
-/// slots in its own lane, so its lock is contended only by the sweeper, once per tick).
+/// The tick for timeouts of `timeout`: a tenth of it, between 1 ms and [`TICK`], so a timeout
+/// fires at most about 10 % late.
+pub fn tick_for(timeout: Duration) -> Duration {
+    (timeout / 10).clamp(Duration::from_millis(1), TICK)
+}
+
+/// One set of deadlines (an upstream pool's, the limiter's), one lane per connection worker (a
+/// worker only takes slots in its own lane, so its lock is contended only by the sweeper, once
+/// per tick).
 pub struct Deadlines {
     lanes: Box<[Mutex<Lane>]>,
+    /// How often the sweeper looks while deadlines are registered.
+    tick: Duration,
     /// Whether the sweeper sleeps until `wake` is notified.
     asleep: AtomicBool,
     /// Shared with the sweeper, which holds no strong reference while it sleeps: dropping
@@ -70,15 +82,25 @@ impl Deadlines {
     /// a runtime nothing is ever forwarded, so nothing waits). The sweeper ends when the
     /// returned `Arc` is dropped.
     pub fn new(workers: usize) -> Arc<Deadlines> {
+        Deadlines::with_tick(workers, TICK)
+    }
+
+    /// As [`Deadlines::new`], looked over every `tick` (at least 1 ms).
+    pub fn with_tick(workers: usize, tick: Duration) -> Arc<Deadlines> {
         let deadlines = Arc::new(Deadlines {
             lanes: (0..workers.max(1))
                 .map(|_| Mutex::new(Lane::default()))
                 .collect(),
+            tick: tick.max(Duration::from_millis(1)),
             asleep: AtomicBool::new(false),
             wake: Arc::new(Notify::new()),
         });
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(sweep(Arc::downgrade(&deadlines), deadlines.wake.clone()));
+            runtime.spawn(sweep(
+                Arc::downgrade(&deadlines),
+                deadlines.wake.clone(),
+                deadlines.tick,
+            ));
         }
         deadlines
     }
@@ -196,11 +218,11 @@ impl Deadlines {
     }
 }
 
-/// The sweeper of one [`Deadlines`]: every [`TICK`] while requests wait, asleep otherwise.
-/// It ends once the pool is gone.
-async fn sweep(deadlines: Weak<Deadlines>, wake: Arc<Notify>) {
+/// The sweeper of one [`Deadlines`]: every tick while requests wait, asleep otherwise. It
+/// ends once its deadlines are gone.
+async fn sweep(deadlines: Weak<Deadlines>, wake: Arc<Notify>, tick: Duration) {
     loop {
-        tokio::time::sleep(TICK).await;
+        tokio::time::sleep(tick).await;
         let Some(strong) = deadlines.upgrade() else {
             return;
         };

@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
 
+use crate::deadline::{Deadlines, Elapsed};
 use crate::fallback::{Instances, LocalFallback};
 use crate::metrics::Metrics;
 use crate::store::postgres::ResetEvent;
@@ -210,6 +211,9 @@ pub enum Verdict {
 pub struct Limiter {
     store: Arc<dyn Store>,
     timeout: Duration,
+    /// Where a decision waiting for the store keeps its `timeout`: a slot in its worker's lane
+    /// rather than a tokio timer per decision (see [`crate::deadline`]).
+    deadlines: Arc<Deadlines>,
     breaker: Breaker,
     exhausted: Arc<Exhausted>,
     /// What [`Exhausted`]'s deadlines are on: the clock the memory store counts windows by.
@@ -221,15 +225,19 @@ pub struct Limiter {
 impl Limiter {
     /// `clock` is the one the server's memory store counts on ([`crate::store::StoreOptions`]),
     /// so that cached denials end when the store's windows do, on a test's clock too.
+    /// `workers`: the connection workers that will call [`Limiter::decide`], each with its own
+    /// lane of deadlines. Made on a runtime, whose task then watches the deadlines.
     pub fn new(
         store: Arc<dyn Store>,
         timeout: Duration,
+        workers: usize,
         metrics: Arc<Metrics>,
         clock: Clock,
     ) -> Self {
         Limiter {
             store,
             timeout,
+            deadlines: Deadlines::with_tick(workers, crate::deadline::tick_for(timeout)),
             breaker: Breaker::new(),
             exhausted: Arc::new(Exhausted::new()),
             clock,
@@ -261,10 +269,15 @@ impl Limiter {
         self.local.decide(plans, outcomes).await
     }
 
-    /// Decides the request against `plans`. `outcomes` is cleared, then holds where each
-    /// limit stands (in plan order; see [`Exhausted::deny`] for a cached denial's), or
-    /// nothing when the store failed.
-    pub async fn decide(&self, plans: &[PlannedLimit], outcomes: &mut Outcomes) -> Verdict {
+    /// Decides the request against `plans`, for connection worker `worker`. `outcomes` is
+    /// cleared, then holds where each limit stands (in plan order; see [`Exhausted::deny`] for
+    /// a cached denial's), or nothing when the store failed.
+    pub async fn decide(
+        &self,
+        worker: usize,
+        plans: &[PlannedLimit],
+        outcomes: &mut Outcomes,
+    ) -> Verdict {
         outcomes.clear();
         if plans.is_empty() {
             return Verdict::Allow {
@@ -286,10 +299,13 @@ impl Limiter {
         let started = Instant::now();
         let answer = match self.store.increment_now(&batch) {
             Some(answer) => answer,
-            None => match tokio::time::timeout(self.timeout, self.store.increment(&batch)).await {
-                Ok(result) => result,
-                Err(_) => Err(StoreError::Timeout),
-            },
+            None => {
+                let answer = self.store.increment(&batch);
+                match self.deadlines.timeout(worker, self.timeout, answer).await {
+                    Ok(result) => result,
+                    Err(Elapsed) => Err(StoreError::Timeout),
+                }
+            }
         };
         self.metrics
             .store_seconds
@@ -1012,7 +1028,7 @@ mod tests {
     async fn a_sliding_limit_that_fits_is_not_exceeded_when_another_limit_denies() {
         let store = Arc::new(crate::store::memory::MemoryStore::new());
         let metrics = Arc::new(Metrics::new());
-        let limiter = Limiter::new(store, Duration::from_secs(5), metrics, Clock::system());
+        let limiter = Limiter::new(store, Duration::from_secs(5), 1, metrics, Clock::system());
         // Windows of 366 days on the real clock: no boundary passes during the test.
         let plans = [
             PlannedLimit {
@@ -1023,10 +1039,10 @@ mod tests {
         ];
         let mut outcomes = Outcomes::new();
         for n in 1..=2 {
-            let verdict = limiter.decide(&plans, &mut outcomes).await;
+            let verdict = limiter.decide(0, &plans, &mut outcomes).await;
             assert!(matches!(verdict, Verdict::Allow { .. }), "{n}: {verdict:?}");
         }
-        let Verdict::Deny { violated, .. } = limiter.decide(&plans, &mut outcomes).await else {
+        let Verdict::Deny { violated, .. } = limiter.decide(0, &plans, &mut outcomes).await else {
             panic!("the token limit denies the third request");
         };
         assert_eq!(violated, [Arc::<str>::from("token:authorization")]);
@@ -1083,5 +1099,75 @@ mod tests {
             .expect("the cancelled probe's place goes to the next call");
         next.succeeded();
         assert!(b.attempt().is_some(), "closed again");
+    }
+
+    /// A store that never answers: every increment stays pending.
+    struct SilentStore;
+
+    impl Store for SilentStore {
+        fn increment<'a>(
+            &'a self,
+            _batch: &'a [Increment],
+        ) -> crate::store::StoreFuture<'a, Vec<crate::store::Counted>> {
+            Box::pin(std::future::pending())
+        }
+        fn peek<'a>(
+            &'a self,
+            _batch: &'a [Increment],
+        ) -> crate::store::StoreFuture<'a, Vec<crate::store::Peeked>> {
+            Box::pin(std::future::pending())
+        }
+        fn ready(&self) -> bool {
+            true
+        }
+        fn probe(&self) -> crate::store::StoreFuture<'_, ()> {
+            Box::pin(async { Ok(()) })
+        }
+        fn kind(&self) -> &'static str {
+            "silent"
+        }
+    }
+
+    /// `store.timeout` is the decision's budget: a store that never answers costs each
+    /// decision its timeout, kept by the limiter's deadlines (one lane per worker, a tick of a
+    /// tenth of the timeout), never much more and never less, on every worker's lane.
+    #[tokio::test]
+    async fn a_silent_store_fails_each_decision_at_its_timeout() {
+        let timeout = Duration::from_millis(150);
+        let metrics = Arc::new(Metrics::new());
+        let limiter = Limiter::new(Arc::new(SilentStore), timeout, 3, metrics, Clock::system());
+        let plans = [plan("peer:ip", 10, 60, false)];
+        let mut outcomes = Outcomes::new();
+        // The breaker opens after a few failures; the first decisions each wait the budget.
+        for worker in 0..3 {
+            let started = Instant::now();
+            let decision = limiter.decide(worker, &plans, &mut outcomes);
+            let verdict = tokio::time::timeout(Duration::from_secs(5), decision)
+                .await
+                .expect("no decision within 5 s: the budget was not kept at all");
+            let took = started.elapsed();
+            assert!(matches!(verdict, Verdict::StoreFailed), "{verdict:?}");
+            assert!(outcomes.is_empty());
+            assert!(
+                took >= timeout,
+                "worker {worker}: failed after {took:?}, before the timeout"
+            );
+            let late = crate::deadline::tick_for(timeout) + Duration::from_millis(100);
+            assert!(
+                took < timeout + late,
+                "worker {worker}: failed only after {took:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_decision_tick_is_a_tenth_of_the_timeout_within_bounds() {
+        use crate::deadline::{tick_for, TICK};
+        assert_eq!(
+            tick_for(Duration::from_millis(100)),
+            Duration::from_millis(10)
+        );
+        assert_eq!(tick_for(Duration::from_millis(5)), Duration::from_millis(1));
+        assert_eq!(tick_for(Duration::from_secs(30)), TICK);
     }
 }

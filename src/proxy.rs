@@ -338,7 +338,8 @@ impl Proxy {
             // Step 4: the decision, before a byte of the body is read. With `local`, a failing
             // store hands the decision to this instance alone (SPEC 5b).
             let mut outcomes = Outcomes::new();
-            let mut verdict = self.limiter.decide(&plans, &mut outcomes).await;
+            let worker = conn.worker.index();
+            let mut verdict = self.limiter.decide(worker, &plans, &mut outcomes).await;
             let local = matches!(verdict, Verdict::StoreFailed)
                 && route.on_store_error == StoreErrorPolicy::Local;
             if local {

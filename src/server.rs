@@ -235,6 +235,7 @@ impl Server {
         let limiter = Limiter::new(
             store.clone(),
             config.store.timeout,
+            config.server.worker_count(),
             metrics.clone(),
             store_clock,
         )

@@ -191,7 +191,7 @@ fn memory_buckets_is_validated() {
 async fn exhausted_cache_stays_bounded_and_denials_stay_exact_when_it_is_full() {
     let store = Arc::new(MemoryStore::new());
     let metrics = Arc::new(Metrics::new());
-    let limiter = Limiter::new(store, Duration::from_secs(5), metrics, Clock::system());
+    let limiter = Limiter::new(store, Duration::from_secs(5), 1, metrics, Clock::system());
     let bound = Limiter::CACHED_DENIALS_MAX;
     let plan = |n: usize| {
         [PlannedLimit {
@@ -207,12 +207,12 @@ async fn exhausted_cache_stays_bounded_and_denials_stay_exact_when_it_is_full() 
     for n in 0..bound + 2000 {
         let plans = plan(n);
         assert!(matches!(
-            limiter.decide(&plans, &mut outcomes).await,
+            limiter.decide(0, &plans, &mut outcomes).await,
             Verdict::Allow { .. }
         ));
         assert!(
             matches!(
-                limiter.decide(&plans, &mut outcomes).await,
+                limiter.decide(0, &plans, &mut outcomes).await,
                 Verdict::Deny { .. }
             ),
             "key {n}: its second request must be denied"
@@ -232,7 +232,7 @@ async fn exhausted_cache_stays_bounded_and_denials_stay_exact_when_it_is_full() 
     for n in bound..bound + 2000 {
         assert!(
             matches!(
-                limiter.decide(&plan(n), &mut outcomes).await,
+                limiter.decide(0, &plan(n), &mut outcomes).await,
                 Verdict::Deny { .. }
             ),
             "key {n} was let through once the cache was full"
@@ -241,12 +241,12 @@ async fn exhausted_cache_stays_bounded_and_denials_stay_exact_when_it_is_full() 
     // A fresh key is decided by the store, exactly.
     let fresh = plan(usize::MAX);
     assert!(matches!(
-        limiter.decide(&fresh, &mut outcomes).await,
+        limiter.decide(0, &fresh, &mut outcomes).await,
         Verdict::Allow { .. }
     ));
     for _ in 0..5 {
         assert!(matches!(
-            limiter.decide(&fresh, &mut outcomes).await,
+            limiter.decide(0, &fresh, &mut outcomes).await,
             Verdict::Deny { .. }
         ));
     }
