@@ -274,7 +274,7 @@ pub struct ForwardedFor<'a> {
     pub client: &'a HeaderValue,
     /// `http` or `https`: how the client reached tollgate.
     pub proto: &'static str,
-    /// The authority the client asked for, as a field value ([`authority_value`]); `None`
+    /// The authority the client asked for, as a field value ([`crate::normalise::Authority`]); `None`
     /// for an HTTP/1.0 request that named no host.
     pub host: Option<&'a HeaderValue>,
 }
@@ -285,16 +285,6 @@ pub fn peer_value(peer: IpAddr) -> HeaderValue {
     let text = crate::key::address_text(crate::key::canonical(peer));
     // An address's text is digits, dots, colons and hex letters: always a valid value.
     HeaderValue::from_str(&text).unwrap_or_else(|_| HeaderValue::from_static("unknown"))
-}
-
-/// The normalised authority as a field value, for `Host` and `X-Forwarded-Host`. When the
-/// client's own `Host` field already spells it (the usual case: lower case, no padding),
-/// that field is shared rather than copied; otherwise the value is built from the text.
-pub fn authority_value(authority: &str, headers: &HeaderMap) -> Option<HeaderValue> {
-    match headers.get(header::HOST) {
-        Some(host) if host.as_bytes() == authority.as_bytes() => Some(host.clone()),
-        _ => HeaderValue::from_str(authority).ok(),
-    }
 }
 
 /// Appends the peer to `X-Forwarded-For`; sets `X-Forwarded-Proto` and `X-Forwarded-Host`,
@@ -934,25 +924,5 @@ mod tests {
         let before = h.clone();
         drop(&mut h);
         assert_eq!(h, before);
-    }
-
-    #[test]
-    fn authority_value_shares_only_an_identical_host_field() {
-        let mut h = HeaderMap::new();
-        assert_eq!(
-            authority_value("a.example:8080", &h).unwrap(),
-            "a.example:8080"
-        );
-        h.insert("host", HeaderValue::from_static("a.example:8080"));
-        assert_eq!(
-            authority_value("a.example:8080", &h).unwrap(),
-            "a.example:8080"
-        );
-        // The client's spelling differs from the normalised one: the normalised one is sent.
-        h.insert("host", HeaderValue::from_static("A.Example:8080"));
-        assert_eq!(
-            authority_value("a.example:8080", &h).unwrap(),
-            "a.example:8080"
-        );
     }
 }

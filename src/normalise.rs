@@ -24,7 +24,7 @@
 use std::borrow::Cow;
 use std::net::Ipv6Addr;
 
-use http::{HeaderMap, Uri, Version};
+use http::{HeaderMap, HeaderValue, Uri, Version};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum NormaliseError {
@@ -201,45 +201,60 @@ pub fn routing_path(path: &str) -> Cow<'_, str> {
 /// `:authority` names another host than its `Host` header is ambiguous and refused, because the
 /// router and the upstream could each believe a different one. Both are compared after
 /// normalisation, so `http://a.example./` with `Host: a.example` is one host.
-pub fn request_authority(
-    uri: &Uri,
-    headers: &HeaderMap,
-) -> Result<http::uri::Authority, NormaliseError> {
+pub fn request_authority(uri: &Uri, headers: &HeaderMap) -> Result<Authority, NormaliseError> {
     let mut hosts = headers.get_all(http::header::HOST).iter();
     let host_header = hosts.next();
     if hosts.next().is_some() {
         return Err(NormaliseError::DuplicateHost);
     }
     // Nearly every request names its host in normal form already: then it is only checked,
-    // in one pass, and taken as it is, instead of being rebuilt a byte at a time.
+    // in one pass, and the field itself is kept (its bytes shared, not copied).
     let header_value = match host_header {
-        Some(v) if is_normal_name_authority(v.as_bytes()) => Some(
-            http::uri::Authority::from_maybe_shared(v.clone())
-                .map_err(|_| NormaliseError::BadHost)?,
-        ),
-        Some(v) => Some(shared_authority(normalise_authority(v.as_bytes())?)?),
+        Some(v) if is_normal_name_authority(v.as_bytes()) => Some(Authority(v.clone())),
+        Some(v) => Some(Authority::owned(normalise_authority(v.as_bytes())?)?),
         None => None,
     };
     let target = match uri.authority() {
-        Some(a) if is_normal_name_authority(a.as_str().as_bytes()) => Some(a.clone()),
-        Some(a) => Some(shared_authority(normalise_authority(
+        Some(a) if is_normal_name_authority(a.as_str().as_bytes()) => {
+            Some(Authority::owned(a.as_str().to_owned())?)
+        }
+        Some(a) => Some(Authority::owned(normalise_authority(
             a.as_str().as_bytes(),
         )?)?),
         None => None,
     };
     match (target, header_value) {
-        (Some(t), Some(h)) if t.as_str() != h.as_str() => Err(NormaliseError::HostMismatch),
-        (Some(t), _) => Ok(t),
-        (None, Some(h)) => Ok(h),
+        (Some(t), Some(h)) if t != h => Err(NormaliseError::HostMismatch),
+        (_, Some(h)) => Ok(h),
+        (Some(t), None) => Ok(t),
         (None, None) => Err(NormaliseError::MissingHost),
     }
 }
 
-/// An authority in normal form as http's `Authority`, checked by its own grammar too. Handed
-/// over as `Bytes`, the text is neither copied nor allocated again.
-fn shared_authority(normal: String) -> Result<http::uri::Authority, NormaliseError> {
-    http::uri::Authority::from_maybe_shared(bytes::Bytes::from(normal))
-        .map_err(|_| NormaliseError::BadHost)
+/// A request's authority (`host[:port]`) in normal form, kept as the field value it goes
+/// upstream as (`X-Forwarded-Host`, and `Host` with `preserve_host`). When the client's `Host`
+/// already spells it, as nearly every one does, this is that field: nothing is copied, parsed
+/// again or allocated for it. Its text is ASCII: normal form allows nothing else.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Authority(HeaderValue);
+
+impl Authority {
+    /// From text in normal form, which is always a valid field value.
+    fn owned(normal: String) -> Result<Self, NormaliseError> {
+        HeaderValue::from_maybe_shared(bytes::Bytes::from(normal))
+            .map(Authority)
+            .map_err(|_| NormaliseError::BadHost)
+    }
+
+    pub fn as_str(&self) -> &str {
+        // ASCII, see above: never the empty fallback.
+        std::str::from_utf8(self.0.as_bytes()).unwrap_or_default()
+    }
+
+    /// The field value to send.
+    pub fn value(&self) -> &HeaderValue {
+        &self.0
+    }
 }
 
 /// Whether `raw` is a `name[:port]` already in the form [`normalise_authority`] gives: labels
@@ -281,7 +296,7 @@ pub fn request_authority_of(
     version: Version,
     uri: &Uri,
     headers: &HeaderMap,
-) -> Result<Option<http::uri::Authority>, NormaliseError> {
+) -> Result<Option<Authority>, NormaliseError> {
     match request_authority(uri, headers) {
         Ok(authority) => Ok(Some(authority)),
         Err(NormaliseError::MissingHost) if version < Version::HTTP_11 => Ok(None),
@@ -526,6 +541,34 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("host", host.parse().unwrap());
         request_authority(&"/x".parse().unwrap(), &h).map(|a| a.as_str().to_string())
+    }
+
+    /// The authority goes upstream as `X-Forwarded-Host` (and `Host`): a client's `Host` in
+    /// normal form is that value itself, its bytes shared; any other spelling is replaced by
+    /// the normal one.
+    #[test]
+    fn a_normal_host_field_is_kept_and_any_other_is_rewritten() {
+        let uri: Uri = "/x".parse().unwrap();
+        let mut h = HeaderMap::new();
+        h.insert("host", HeaderValue::from_static("a.example:8080"));
+        let authority = request_authority(&uri, &h).unwrap();
+        let sent = h.get("host").unwrap();
+        assert_eq!(authority.value(), sent);
+        assert_eq!(
+            authority.value().as_bytes().as_ptr(),
+            sent.as_bytes().as_ptr(),
+            "the client's field is shared, not copied"
+        );
+        for spelled in ["A.Example:8080", " a.example:8080", "a.example.:8080"] {
+            h.insert("host", HeaderValue::from_static(spelled));
+            let authority = request_authority(&uri, &h).unwrap();
+            assert_eq!(authority.value(), "a.example:8080", "{spelled:?}");
+            assert_eq!(authority.as_str(), "a.example:8080", "{spelled:?}");
+        }
+        // An HTTP/2 `:authority` (or absolute-form target) without `Host` is its own value.
+        let abs: Uri = "http://B.example/x".parse().unwrap();
+        let authority = request_authority(&abs, &HeaderMap::new()).unwrap();
+        assert_eq!(authority.value(), "b.example");
     }
 
     #[test]

@@ -414,22 +414,6 @@ impl Proxy {
                 target.push('?');
                 target.push_str(query);
             }
-            let authority_value = match &authority {
-                Some(authority) => {
-                    match headers::authority_value(authority.as_str(), req.headers()) {
-                        Some(value) => Some(value),
-                        None => {
-                            let reason = bad_request_reason(normalise::NormaliseError::BadHost);
-                            return local_error(
-                                Some(index),
-                                RequestError::BadRequest(reason),
-                                &req,
-                            );
-                        }
-                    }
-                }
-                None => None,
-            };
             // The answer goes back in the client's HTTP version, whatever the upstream spoke: an
             // HTTP/1.0 upstream must not turn a keep-alive HTTP/1.1 connection into HTTP/1.0.
             let client_version = req.version();
@@ -443,7 +427,7 @@ impl Proxy {
                     peer_trusted,
                     client: &client_value,
                     proto: if conn.tls { "https" } else { "http" },
-                    host: authority_value.as_ref(),
+                    host: authority.as_ref().map(normalise::Authority::value),
                 },
                 names,
                 max_body_size: route.max_body_size,
