@@ -261,33 +261,46 @@ impl Authority {
 /// of lower-case letters, digits, `-` and `_`, none empty, no trailing dot, no padding, and a
 /// port of 1 to 5 digits up to 65535. (IPv6 literals always take the long way.)
 fn is_normal_name_authority(raw: &[u8]) -> bool {
-    let (host, port) = match raw.iter().position(|&b| b == b':') {
-        Some(colon) => (&raw[..colon], Some(&raw[colon + 1..])),
-        None => (raw, None),
-    };
     let mut label_len = 0usize;
-    for &b in host {
-        match b {
-            b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' => label_len += 1,
-            b'.' if label_len > 0 => label_len = 0,
+    for (i, &b) in raw.iter().enumerate() {
+        match AUTHORITY_BYTES[usize::from(b)] {
+            LABEL => label_len += 1,
+            DOT if label_len > 0 => label_len = 0,
+            // Only after a label: not an empty host, nor one ending in a dot.
+            COLON if label_len > 0 => return is_port(&raw[i + 1..]),
             _ => return false,
         }
     }
-    // Zero here: an empty host, or one ending in a dot.
-    if label_len == 0 {
-        return false;
-    }
-    match port {
-        None => true,
-        // Equal-length digit strings compare as their numbers do.
-        Some(digits) => {
-            !digits.is_empty()
-                && digits.len() <= 5
-                && digits.iter().all(u8::is_ascii_digit)
-                && (digits.len() < 5 || digits <= b"65535".as_slice())
-        }
-    }
+    label_len > 0
 }
+
+/// 1 to 5 digits, up to 65535 (equal-length digit strings compare as their numbers do).
+fn is_port(digits: &[u8]) -> bool {
+    !digits.is_empty()
+        && digits.len() <= 5
+        && digits.iter().all(u8::is_ascii_digit)
+        && (digits.len() < 5 || digits <= b"65535".as_slice())
+}
+
+/// What each byte is to [`is_normal_name_authority`], one look-up per byte in one pass: part
+/// of a label (lower-case letter, digit, `-`, `_`), a dot, the port's colon, or anything else.
+const LABEL: u8 = 1;
+const DOT: u8 = 2;
+const COLON: u8 = 3;
+static AUTHORITY_BYTES: [u8; 256] = {
+    let mut table = [0u8; 256];
+    let mut b = 0;
+    while b < table.len() {
+        table[b] = match b as u8 {
+            b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' => LABEL,
+            b'.' => DOT,
+            b':' => COLON,
+            _ => 0,
+        };
+        b += 1;
+    }
+    table
+};
 
 /// [`request_authority`] for a request of `version`: an HTTP/1.0 request may carry no host at
 /// all (HTTP/1.0 has no `Host`; load balancers' health checks send none), and then has `None`,
