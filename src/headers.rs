@@ -274,8 +274,9 @@ pub struct ForwardedFor<'a> {
     pub client: &'a HeaderValue,
     /// `http` or `https`: how the client reached tollgate.
     pub proto: &'static str,
-    /// The authority the client asked for, as a field value ([`crate::normalise::Authority`]); `None`
-    /// for an HTTP/1.0 request that named no host.
+    /// The authority the client asked for, as a field value
+    /// ([`crate::normalise::Authority::value`]); `None` for an HTTP/1.0 request that named no
+    /// host.
     pub host: Option<&'a HeaderValue>,
 }
 
