@@ -382,3 +382,33 @@ async fn header_read_timeout_does_not_close_http2_connections() {
     assert!(!connection.is_finished(), "the HTTP/2 connection ended");
     assert_eq!(upstream.count(), 2);
 }
+
+/// A client that goes away while its request waits for the upstream cancels that request: the
+/// upstream connection is closed at once, not held until the response comes (nginx's default,
+/// `proxy_ignore_client_abort off`, does the same). hyper notices the close by reading while
+/// the request is in flight; its `half_close(true)` would turn that read off, and with it this
+/// bound (docs/performance.md, twelfth December session).
+#[tokio::test]
+async fn a_client_that_goes_away_mid_request_cancels_its_upstream_request() {
+    let upstream = Upstream::start().await;
+    let proxy = Proxy::start(config_from(&server_with(""), upstream.addr, &[])).await;
+    let mut client = TcpStream::connect(proxy.addr).await.expect("connect");
+    client
+        .write_all(b"GET /slow/20000 HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await
+        .expect("request");
+    common::wait::until(
+        "the request never reached the upstream",
+        Duration::from_secs(5),
+        || upstream.count() == 1 && upstream.open_connections() == 1,
+    )
+    .await;
+    drop(client);
+    // The response would come after 20 s: well within that, the upstream connection is gone.
+    common::wait::until(
+        "the upstream request was kept after its client had gone",
+        Duration::from_secs(5),
+        || upstream.open_connections() == 0,
+    )
+    .await;
+}
