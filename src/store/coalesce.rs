@@ -110,6 +110,8 @@ async fn dispatch(
 ) {
     let (done_tx, mut done) = mpsc::unbounded_channel::<Vec<Arc<str>>>();
     let mut pending: Vec<Job> = Vec::new();
+    // The jobs of the statement being built.
+    let mut ready: Vec<Job> = Vec::new();
     // Bucket names are tollgate's own (see postgres.rs): hashed with foldhash, not SipHash.
     let mut in_flight: HashSet<Arc<str>, foldhash::fast::RandomState> = HashSet::default();
     let mut free = slots.max(1);
@@ -139,18 +141,19 @@ async fn dispatch(
             }
         }
         while free > 0 && !pending.is_empty() {
-            let (ready, waiting): (Vec<Job>, Vec<Job>) = std::mem::take(&mut pending)
-                .into_iter()
-                .partition(|job| !job.increments.iter().any(|i| in_flight.contains(&i.bucket)));
-            pending = waiting;
+            // The jobs whose buckets are free move out in order and the others keep their
+            // places; both vectors keep their allocations from round to round (a new vector
+            // per round, grown one push at a time, cost several allocations per statement).
+            let in_use =
+                |job: &mut Job| job.increments.iter().any(|i| in_flight.contains(&i.bucket));
+            ready.extend(pending.extract_if(.., |job| !in_use(job)));
             if ready.is_empty() {
                 break;
             }
-            let mut ready = ready;
             if ready.len() > MAX_JOBS_PER_STATEMENT {
                 pending.extend(ready.drain(MAX_JOBS_PER_STATEMENT..));
             }
-            let statement = Statement::build(ready, &mut pending);
+            let statement = Statement::build(ready.drain(..), &mut pending);
             if statement.jobs.is_empty() {
                 continue;
             }
@@ -184,7 +187,7 @@ impl Statement {
     /// Takes `jobs` into one statement. A job that names a bucket already in the statement
     /// with another window (possible right after a reload changed a window) waits for the
     /// next statement, so every bucket appears once per statement.
-    fn build(jobs: Vec<Job>, carried: &mut Vec<Job>) -> Statement {
+    fn build(jobs: impl ExactSizeIterator<Item = Job>, carried: &mut Vec<Job>) -> Statement {
         let mut rows: BTreeMap<Arc<str>, Row> = BTreeMap::new();
         let mut kept = Vec::with_capacity(jobs.len());
         for job in jobs {
