@@ -49,6 +49,11 @@ pub struct Deadlines {
     /// Shared with the sweeper, which holds no strong reference while it sleeps: dropping
     /// the pool notifies it, and it ends.
     wake: Arc<Notify>,
+    /// This set, weakly: what the sweeper it starts holds.
+    me: Weak<Deadlines>,
+    /// Whether the sweeper has been started: at the first registration, on the runtime that
+    /// polls it, so a set made where no runtime runs still times out.
+    sweeping: AtomicBool,
 }
 
 #[derive(Default)]
@@ -78,31 +83,38 @@ struct Slot {
 pub struct Elapsed;
 
 impl Deadlines {
-    /// `workers` lanes; starts the sweeper on the current runtime, if there is one (outside
-    /// a runtime nothing is ever forwarded, so nothing waits). The sweeper ends when the
-    /// returned `Arc` is dropped.
+    /// `workers` lanes. The sweeper starts with the first registration, on the runtime of the
+    /// request that registers, and ends when the returned `Arc` is dropped.
     pub fn new(workers: usize) -> Arc<Deadlines> {
         Deadlines::with_tick(workers, TICK)
     }
 
     /// As [`Deadlines::new`], looked over every `tick` (at least 1 ms).
     pub fn with_tick(workers: usize, tick: Duration) -> Arc<Deadlines> {
-        let deadlines = Arc::new(Deadlines {
+        Arc::new_cyclic(|me| Deadlines {
             lanes: (0..workers.max(1))
                 .map(|_| Mutex::new(Lane::default()))
                 .collect(),
             tick: tick.max(Duration::from_millis(1)),
             asleep: AtomicBool::new(false),
             wake: Arc::new(Notify::new()),
-        });
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(sweep(
-                Arc::downgrade(&deadlines),
-                deadlines.wake.clone(),
-                deadlines.tick,
-            ));
+            me: me.clone(),
+            sweeping: AtomicBool::new(false),
+        })
+    }
+
+    /// Starts the sweeper if it is not running yet. Called from a registration, i.e. from a
+    /// poll on some runtime; if somehow there is none, the next registration tries again.
+    fn start_sweeper(&self) {
+        if self.sweeping.load(Ordering::Relaxed) || self.sweeping.swap(true, Ordering::AcqRel) {
+            return;
         }
-        deadlines
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(sweep(self.me.clone(), self.wake.clone(), self.tick));
+            }
+            Err(_) => self.sweeping.store(false, Ordering::Release),
+        }
     }
 
     /// `future`, failing with [`Elapsed`] once `timeout` has passed, counted in `worker`'s
@@ -130,6 +142,7 @@ impl Deadlines {
     }
 
     fn register(&self, lane: usize, deadline: Instant, waker: Waker) -> (usize, u64) {
+        self.start_sweeper();
         let taken = {
             let mut lane = self.lane(lane);
             let index = match lane.free.pop() {
@@ -373,6 +386,9 @@ mod tests {
     #[tokio::test]
     async fn the_sweeper_wakes_again_after_sleeping_through_an_idle_spell() {
         let deadlines = Deadlines::new(1);
+        // A first deadline starts the sweeper; once it has expired, nothing waits.
+        let first = deadlines.timeout(0, Duration::from_millis(1), std::future::pending::<()>());
+        assert_eq!(first.await, Err(Elapsed));
         // Long enough for the sweeper to find nothing and go to sleep.
         tokio::time::sleep(5 * TICK).await;
         assert!(
@@ -391,6 +407,26 @@ mod tests {
         assert!(
             started.elapsed() >= Duration::from_millis(50),
             "not before its deadline"
+        );
+    }
+
+    /// A set made where no runtime runs (a `Limiter` built before the server's runtime, say)
+    /// still times out once it is used on one: its sweeper starts at the first registration.
+    #[test]
+    fn deadlines_made_outside_a_runtime_still_time_out() {
+        let deadlines = Deadlines::with_tick(1, Duration::from_millis(5));
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("runtime");
+        let waited = runtime.block_on(async {
+            let waiting =
+                deadlines.timeout(0, Duration::from_millis(50), std::future::pending::<()>());
+            tokio::time::timeout(Duration::from_secs(5), waiting).await
+        });
+        assert_eq!(
+            waited.expect("the deadline never fired: no sweeper watched it"),
+            Err(Elapsed)
         );
     }
 

@@ -226,7 +226,7 @@ impl Limiter {
     /// `clock` is the one the server's memory store counts on ([`crate::store::StoreOptions`]),
     /// so that cached denials end when the store's windows do, on a test's clock too.
     /// `workers`: the connection workers that will call [`Limiter::decide`], each with its own
-    /// lane of deadlines. Made on a runtime, whose task then watches the deadlines.
+    /// lane of deadlines.
     pub fn new(
         store: Arc<dyn Store>,
         timeout: Duration,
