@@ -196,6 +196,16 @@ impl Fields<'_> {
     }
 }
 
+impl Fields<'_> {
+    /// An integer field, as `Debug` writes it (its digits), with `itoa`.
+    fn integer(&mut self, field: &Field, value: impl itoa::Integer) {
+        self.write(field, |line| {
+            line.write_str("=")?;
+            line.write_str(itoa::Buffer::new().format(value))
+        });
+    }
+}
+
 impl Visit for Fields<'_> {
     fn record_str(&mut self, field: &Field, value: &str) {
         self.write(field, |line| {
@@ -215,17 +225,11 @@ impl Visit for Fields<'_> {
     }
 
     fn record_u64(&mut self, field: &Field, value: u64) {
-        self.write(field, |line| {
-            line.write_str("=")?;
-            line.write_str(itoa::Buffer::new().format(value))
-        });
+        self.integer(field, value);
     }
 
     fn record_i64(&mut self, field: &Field, value: i64) {
-        self.write(field, |line| {
-            line.write_str("=")?;
-            line.write_str(itoa::Buffer::new().format(value))
-        });
+        self.integer(field, value);
     }
 
     fn record_f64(&mut self, field: &Field, value: f64) {
@@ -378,11 +382,11 @@ mod tests {
             write_f64(&mut ours, value).expect("writes");
             assert_eq!(ours, format!("{value:?}"), "{value}");
         };
-        // Every whole number of microseconds up to 100 s, as `log_ms` makes them.
-        for micros in 0..100_000_000u64 {
-            if micros < 2_000_000 || micros % 997 == 0 {
-                check(micros as f64 / 1000.0);
-            }
+        // Whole numbers of microseconds, as `log_ms` makes them: every one up to 2 s, then
+        // every multiple of 997 up to 100 s.
+        let sampled = (2_000_000u64.div_ceil(997) * 997..100_000_000).step_by(997);
+        for micros in (0..2_000_000u64).chain(sampled) {
+            check(micros as f64 / 1000.0);
         }
         // Large ones, near where the shortcut stops, and values it leaves to `Debug`.
         let mut m: u64 = 1;
