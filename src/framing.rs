@@ -126,6 +126,17 @@ impl<S> FramingGuard<S> {
         }
     }
 
+    /// The stream the guard reads from, for a look that takes no bytes (a peek).
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// Whether every request so far has been read whole (head and body) and the next byte
+    /// would start a new head: the only time hyper's reads stop while a request is in flight.
+    pub fn between_requests(&self) -> bool {
+        matches!(self.state, State::Head)
+    }
+
     /// Whether the connection still carries HTTP/1 request heads: false once it has turned out
     /// to be HTTP/2 or has been upgraded. The connection's header-read deadline applies only
     /// while this holds.

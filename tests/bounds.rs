@@ -390,13 +390,27 @@ async fn header_read_timeout_does_not_close_http2_connections() {
 /// bound (docs/performance.md, twelfth December session).
 #[tokio::test]
 async fn a_client_that_goes_away_mid_request_cancels_its_upstream_request() {
+    client_gone_while_upstream_works(b"GET /slow/20000 HTTP/1.1\r\nHost: t\r\n\r\n").await;
+}
+
+/// The same once a request body has been sent whole: tollgate, not hyper, notices the close
+/// then (`server::connection::ClientStream`), in both framings.
+#[tokio::test]
+async fn a_client_that_goes_away_after_its_body_cancels_its_upstream_request() {
+    let sized = b"POST /slow/20000 HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n\r\nhello";
+    client_gone_while_upstream_works(sized).await;
+    let chunked = b"POST /slow/20000 HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n\
+5\r\nhello\r\n0\r\n\r\n";
+    client_gone_while_upstream_works(chunked).await;
+}
+
+/// Sends `request` (whose response the upstream delays by 20 s), waits until the upstream
+/// holds it, drops the client, and expects the upstream connection closed within 5 s.
+async fn client_gone_while_upstream_works(request: &[u8]) {
     let upstream = Upstream::start().await;
     let proxy = Proxy::start(config_from(&server_with(""), upstream.addr, &[])).await;
     let mut client = TcpStream::connect(proxy.addr).await.expect("connect");
-    client
-        .write_all(b"GET /slow/20000 HTTP/1.1\r\nHost: t\r\n\r\n")
-        .await
-        .expect("request");
+    client.write_all(request).await.expect("request");
     common::wait::until(
         "the request never reached the upstream",
         Duration::from_secs(5),

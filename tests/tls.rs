@@ -400,3 +400,34 @@ fn check_refuses_a_key_that_does_not_match_its_certificate() {
         "{stderr}"
     );
 }
+
+/// Over TLS too, a client that goes away while its request waits for the upstream cancels the
+/// upstream request (tests/bounds.rs has the same over plain TCP, where tollgate notices the
+/// close itself; over TLS, hyper's read does).
+#[tokio::test]
+async fn a_tls_client_that_goes_away_mid_request_cancels_its_upstream_request() {
+    let s = setup().await;
+    let tls = tollgate::tls::client_config(Some(&s.pki.ca_file), false).expect("client config");
+    let connector = tokio_rustls::TlsConnector::from(tls);
+    let stream = TcpStream::connect(s.tls_addr).await.expect("connect");
+    let name = rustls::pki_types::ServerName::try_from("localhost".to_string()).expect("name");
+    let mut client = connector.connect(name, stream).await.expect("handshake");
+    client
+        .write_all(b"GET /slow/20000 HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .await
+        .expect("request");
+    client.flush().await.expect("flush");
+    wait::until(
+        "the request never reached the upstream",
+        Duration::from_secs(5),
+        || s.upstream.count() == 1 && s.upstream.open_connections() == 1,
+    )
+    .await;
+    drop(client);
+    wait::until(
+        "the upstream request was kept after its TLS client had gone",
+        Duration::from_secs(5),
+        || s.upstream.open_connections() == 0,
+    )
+    .await;
+}

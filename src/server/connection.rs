@@ -49,6 +49,49 @@ impl ConnSettings {
     }
 }
 
+/// A client connection's byte stream, and whether tollgate can see the client close it
+/// without reading from it.
+///
+/// hyper notices a client that goes away while its request waits for the upstream by reading
+/// from the connection (`mid_message_detect_eof`), and for that read it allocates a fresh
+/// 8 KiB buffer per request (its last one still holds the request's head). Where the stream is
+/// a plain socket, tollgate looks instead, the way nginx does: a peek of one byte, from the
+/// socket wrapper's `poll_flush`, which hyper calls at every turn of the connection while the
+/// request is in flight. Through TLS a peek would see the encrypted `close_notify`, not the
+/// close, so hyper's read stays in charge there.
+pub(super) trait ClientStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    /// Whether [`ClientStream::poll_peer_closed`] answers; hyper's own check is turned off
+    /// (`half_close`) exactly when it does.
+    const SEES_CLOSE: bool;
+
+    /// `Ready(true)`: the client closed the connection (or it failed); `Ready(false)`: bytes
+    /// are waiting to be read, so a close cannot be seen behind them; `Pending`: neither, and
+    /// the task is woken when that changes. Never consumes a byte.
+    fn poll_peer_closed(&self, cx: &mut Context<'_>) -> Poll<bool>;
+}
+
+impl ClientStream for tokio::net::TcpStream {
+    const SEES_CLOSE: bool = true;
+
+    fn poll_peer_closed(&self, cx: &mut Context<'_>) -> Poll<bool> {
+        let mut byte = [std::mem::MaybeUninit::uninit(); 1];
+        let mut buf = ReadBuf::uninit(&mut byte);
+        match self.poll_peek(cx, &mut buf) {
+            Poll::Ready(Ok(0) | Err(_)) => Poll::Ready(true),
+            Poll::Ready(Ok(_)) => Poll::Ready(false),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl ClientStream for tokio_rustls::server::TlsStream<tokio::net::TcpStream> {
+    const SEES_CLOSE: bool = false;
+
+    fn poll_peer_closed(&self, _: &mut Context<'_>) -> Poll<bool> {
+        Poll::Pending
+    }
+}
+
 pub(super) async fn serve_connection<S>(
     stream: FramingGuard<S>,
     info: ConnInfo,
@@ -57,12 +100,13 @@ pub(super) async fn serve_connection<S>(
     mut phase: watch::Receiver<Phase>,
     clock: Arc<CoarseClock>,
 ) where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: ClientStream,
 {
     let activity = Arc::new(Activity::new(clock));
     let io = TokioIo::new(Tracked {
         inner: stream,
         activity: activity.clone(),
+        bytes_waiting: false,
     });
     let requests = activity.clone();
     let peer_port = info.peer.port();
@@ -107,6 +151,8 @@ pub(super) async fn serve_connection<S>(
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(None::<Duration>)
+        // Where tollgate sees a client's close itself, hyper need not read to see it.
+        .half_close(S::SEES_CLOSE)
         .keep_alive(true);
     builder
         .http2()
@@ -427,17 +473,49 @@ impl Drop for InFlight {
 /// A socket that records its activity for the idle watchdog, including whether its framing
 /// guard still expects HTTP/1 heads, and that tells the guard when the connection has
 /// switched to WebSocket (the only way the guard learns it).
+///
+/// While an HTTP/1 request is in flight it also watches for the client's close
+/// ([`ClientStream`]), and fails the connection when it sees one, so that the request and its
+/// upstream exchange are dropped as hyper's own check would drop them.
 struct Tracked<S> {
     inner: FramingGuard<S>,
     activity: Arc<Activity>,
+    /// The watch saw bytes waiting (a pipelined request): a close behind them cannot be seen
+    /// until hyper has read them, as hyper's own check stops once its buffer holds bytes.
+    bytes_waiting: bool,
 }
 
-impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for Tracked<S> {
+impl<S: ClientStream> Tracked<S> {
+    /// Whether the client has closed a connection whose HTTP/1 request is in flight. Only
+    /// looked at once the request's body has been read whole: until then hyper reads, and
+    /// sees a close itself (a peek per read of an upload would be a system call each).
+    fn client_went_away(&mut self, cx: &mut Context<'_>) -> bool {
+        if !S::SEES_CLOSE
+            || self.bytes_waiting
+            || self.activity.in_flight.load(Ordering::Acquire) == 0
+            || !self.inner.between_requests()
+            || self.activity.switched.load(Ordering::Acquire)
+        {
+            return false;
+        }
+        match self.inner.get_ref().poll_peer_closed(cx) {
+            Poll::Ready(true) => true,
+            Poll::Ready(false) => {
+                self.bytes_waiting = true;
+                false
+            }
+            Poll::Pending => false,
+        }
+    }
+}
+
+impl<S: ClientStream> AsyncRead for Tracked<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        self.bytes_waiting = false;
         if self.activity.switched.load(Ordering::Acquire) {
             self.inner.step_aside();
         }
@@ -453,7 +531,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for Tracked<S> {
     }
 }
 
-impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
+impl<S: ClientStream> AsyncWrite for Tracked<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -482,8 +560,17 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Tracked<S> {
         self.inner.is_write_vectored()
     }
 
+    // hyper flushes at every turn of an HTTP/1 connection, including the turns where it only
+    // waits for the service: the one place a watch for the client's close gets polled then.
+    // The watch looks after the flush, so whatever was written has gone out before it fails
+    // the connection.
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
+        let flushed = Pin::new(&mut self.inner).poll_flush(cx);
+        if matches!(flushed, Poll::Ready(Ok(()))) && self.client_went_away(cx) {
+            let why = "the client closed its connection while its request was in flight";
+            return Poll::Ready(Err(io::Error::new(io::ErrorKind::ConnectionAborted, why)));
+        }
+        flushed
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
