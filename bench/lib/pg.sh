@@ -1,5 +1,5 @@
 # bench/lib/pg.sh - PostgreSQL helpers sourced by bench/run.sh, bench/cpu_split.sh,
-# bench/instructions.sh, bench/profile.sh and bench/statement_cost.sh.
+# bench/instructions.sh, bench/profile.sh, bench/statement_cost.sh and bench/store_wait.sh.
 #
 # Needs PG_URL (the server, without a database) and CPU_LOAD (the CPU the backends go to).
 # require_loopback_pg_url exits the script unless PG_URL names a loopback address: the

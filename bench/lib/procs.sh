@@ -1,5 +1,5 @@
 # bench/lib/procs.sh - sourced by bench/instructions.sh, bench/pg_instructions.sh,
-# bench/profile.sh, bench/cpu_split.sh and bench/statement_cost.sh.
+# bench/profile.sh, bench/cpu_split.sh, bench/statement_cost.sh and bench/store_wait.sh.
 #
 # PIDS holds the servers a script started in the background, in start order; stop_started
 # ends them in reverse order (TERM, then wait), from the script's EXIT trap. wait_200 URL
