@@ -137,6 +137,14 @@ impl<S> FramingGuard<S> {
         matches!(self.state, State::Head)
     }
 
+    /// Whether bytes of a request that hyper has not dispatched yet have been handed to it:
+    /// the start of a head (split over reads), or `heads` (requests dispatched so far)
+    /// fewer than the heads handed over (pipelined requests read together). hyper holds them
+    /// in its buffer until it is done with the request in flight.
+    pub fn hands_over_more_than(&self, heads: u64) -> bool {
+        !self.pending.is_empty() || self.heads_delivered > heads
+    }
+
     /// Whether the connection still carries HTTP/1 request heads: false once it has turned out
     /// to be HTTP/2 or has been upgraded. The connection's header-read deadline applies only
     /// while this holds.

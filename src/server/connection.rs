@@ -151,7 +151,9 @@ pub(super) async fn serve_connection<S>(
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(None::<Duration>)
-        // Where tollgate sees a client's close itself, hyper need not read to see it.
+        // Where tollgate sees a client's close itself, hyper need not read to see it. This does
+        // not serve half-closed clients: the peek takes a client's FIN for its going away, as
+        // hyper's read did (and nginx does).
         .half_close(S::SEES_CLOSE)
         .keep_alive(true);
     builder
@@ -334,6 +336,8 @@ struct Activity {
     last_byte_ms: AtomicU64,
     last_request_ms: AtomicU64,
     in_flight: AtomicU32,
+    /// Requests started on the connection so far.
+    started: AtomicU64,
     http1_heads: AtomicBool,
     /// A real `101` is being, or has been, handed to hyper.
     switched: AtomicBool,
@@ -349,6 +353,7 @@ impl Activity {
             last_byte_ms: AtomicU64::new(now),
             last_request_ms: AtomicU64::new(now),
             in_flight: AtomicU32::new(0),
+            started: AtomicU64::new(0),
             http1_heads: AtomicBool::new(true),
             switched: AtomicBool::new(false),
             splice: std::sync::Mutex::new(None),
@@ -448,6 +453,7 @@ impl http_body::Body for CountedBody {
 impl InFlight {
     fn start(activity: Arc<Activity>) -> Self {
         activity.in_flight.fetch_add(1, Ordering::AcqRel);
+        activity.started.fetch_add(1, Ordering::Relaxed);
         let now = activity.clock.now_ms();
         activity.last_request_ms.store(now, Ordering::Relaxed);
         InFlight(activity)
@@ -480,8 +486,10 @@ impl Drop for InFlight {
 struct Tracked<S> {
     inner: FramingGuard<S>,
     activity: Arc<Activity>,
-    /// The watch saw bytes waiting (a pipelined request): a close behind them cannot be seen
-    /// until hyper has read them, as hyper's own check stops once its buffer holds bytes.
+    /// The watch saw bytes waiting in the socket (a pipelined request). A close behind them
+    /// is not looked for until hyper has read them (and dispatched them: see
+    /// [`Tracked::client_went_away`]), as hyper's own check stopped once its buffer held bytes:
+    /// a pipelining client that half-closes gets its first answers.
     bytes_waiting: bool,
 }
 
@@ -495,6 +503,9 @@ impl<S: ClientStream> Tracked<S> {
             || self.activity.in_flight.load(Ordering::Acquire) == 0
             || !self.inner.between_requests()
             || self.activity.switched.load(Ordering::Acquire)
+            || self
+                .inner
+                .hands_over_more_than(self.activity.started.load(Ordering::Relaxed))
         {
             return false;
         }
@@ -507,6 +518,27 @@ impl<S: ClientStream> Tracked<S> {
             Poll::Pending => false,
         }
     }
+}
+
+impl<S: ClientStream> Tracked<S> {
+    /// A write's `result`, or the client's close when the write waits: hyper does not flush
+    /// while a write waits, so a client that stopped reading and went away would otherwise
+    /// hold its request until `idle_timeout`.
+    fn unless_client_went_away(
+        &mut self,
+        result: Poll<io::Result<usize>>,
+        cx: &mut Context<'_>,
+    ) -> Poll<io::Result<usize>> {
+        if result.is_pending() && self.client_went_away(cx) {
+            return Poll::Ready(Err(client_gone()));
+        }
+        result
+    }
+}
+
+fn client_gone() -> io::Error {
+    let why = "the client closed its connection while its request was in flight";
+    io::Error::new(io::ErrorKind::ConnectionAborted, why)
 }
 
 impl<S: ClientStream> AsyncRead for Tracked<S> {
@@ -541,7 +573,7 @@ impl<S: ClientStream> AsyncWrite for Tracked<S> {
         if matches!(result, Poll::Ready(Ok(n)) if n > 0) {
             self.activity.touch();
         }
-        result
+        self.unless_client_went_away(result, cx)
     }
 
     fn poll_write_vectored(
@@ -553,7 +585,7 @@ impl<S: ClientStream> AsyncWrite for Tracked<S> {
         if matches!(result, Poll::Ready(Ok(n)) if n > 0) {
             self.activity.touch();
         }
-        result
+        self.unless_client_went_away(result, cx)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -567,8 +599,7 @@ impl<S: ClientStream> AsyncWrite for Tracked<S> {
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let flushed = Pin::new(&mut self.inner).poll_flush(cx);
         if matches!(flushed, Poll::Ready(Ok(()))) && self.client_went_away(cx) {
-            let why = "the client closed its connection while its request was in flight";
-            return Poll::Ready(Err(io::Error::new(io::ErrorKind::ConnectionAborted, why)));
+            return Poll::Ready(Err(client_gone()));
         }
         flushed
     }
