@@ -518,9 +518,7 @@ impl<S: ClientStream> Tracked<S> {
             Poll::Pending => false,
         }
     }
-}
 
-impl<S: ClientStream> Tracked<S> {
     /// A write's `result`, or the client's close when the write waits: hyper does not flush
     /// while a write waits, so a client that stopped reading and went away would otherwise
     /// hold its request until `idle_timeout`.
