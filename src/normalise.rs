@@ -214,19 +214,19 @@ pub fn request_authority(uri: &Uri, headers: &HeaderMap) -> Result<Authority, No
         Some(v) => Some(Authority::owned(normalise_authority(v.as_bytes())?)?),
         None => None,
     };
+    // The target's authority is only compared with `Host` when both are given; it becomes a
+    // field value (a copy) only when it is the one sent.
     let target = match uri.authority() {
         Some(a) if is_normal_name_authority(a.as_str().as_bytes()) => {
-            Some(Authority::owned(a.as_str().to_owned())?)
+            Some(Cow::Borrowed(a.as_str()))
         }
-        Some(a) => Some(Authority::owned(normalise_authority(
-            a.as_str().as_bytes(),
-        )?)?),
+        Some(a) => Some(Cow::Owned(normalise_authority(a.as_str().as_bytes())?)),
         None => None,
     };
     match (target, header_value) {
-        (Some(t), Some(h)) if t != h => Err(NormaliseError::HostMismatch),
+        (Some(t), Some(h)) if t != h.as_str() => Err(NormaliseError::HostMismatch),
         (_, Some(h)) => Ok(h),
-        (Some(t), None) => Ok(t),
+        (Some(t), None) => Authority::owned(t.into_owned()),
         (None, None) => Err(NormaliseError::MissingHost),
     }
 }
