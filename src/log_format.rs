@@ -194,9 +194,7 @@ impl Fields<'_> {
             .and_then(|()| line.write_str(field.name()))
             .and_then(|()| value(line));
     }
-}
 
-impl Fields<'_> {
     /// An integer field, as `Debug` writes it (its digits), with `itoa`.
     fn integer(&mut self, field: &Field, value: impl itoa::Integer) {
         self.write(field, |line| {
