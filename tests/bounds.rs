@@ -435,29 +435,17 @@ async fn a_pipelining_client_that_half_closes_gets_its_first_answer() {
 /// `idle_timeout`: the upstream's streaming response is dropped within seconds.
 #[tokio::test]
 async fn a_client_that_half_closes_and_stops_reading_releases_a_streaming_response() {
-    let upstream = Upstream::start().await;
-    let proxy = Proxy::start(config_from(&server_with(""), upstream.addr, &[])).await;
-    let mut client = TcpStream::connect(proxy.addr).await.expect("connect");
-    client
-        .write_all(b"GET /big/1000000000 HTTP/1.1\r\nHost: t\r\n\r\n")
-        .await
-        .expect("request");
-    common::wait::until(
-        "the request never reached the upstream",
-        Duration::from_secs(5),
-        || upstream.count() == 1 && upstream.open_connections() == 1,
-    )
-    .await;
+    let (upstream, _proxy, mut client) =
+        upstream_working_on(b"GET /big/1000000000 HTTP/1.1\r\nHost: t\r\n\r\n").await;
     // Never read from: within moments the socket buffers on both sides are full and
     // tollgate's writes wait (which nothing outside the kernel shows, hence the pause; on a
     // machine too slow to fill them by then, the close is seen between writes instead and
     // the test still holds). Then the half-close.
     tokio::time::sleep(Duration::from_millis(500)).await;
     client.shutdown().await.expect("half-close");
-    common::wait::until(
+    upstream_released(
+        &upstream,
         "the upstream response was kept streaming to a client that had gone",
-        Duration::from_secs(5),
-        || upstream.open_connections() == 0,
     )
     .await;
     drop(client);
@@ -466,6 +454,19 @@ async fn a_client_that_half_closes_and_stops_reading_releases_a_streaming_respon
 /// Sends `request` (whose response the upstream delays by 20 s), waits until the upstream
 /// holds it, drops the client, and expects the upstream connection closed within 5 s.
 async fn client_gone_while_upstream_works(request: &[u8]) {
+    let (upstream, _proxy, client) = upstream_working_on(request).await;
+    drop(client);
+    // The response would come after 20 s: well within that, the upstream connection is gone.
+    upstream_released(
+        &upstream,
+        "the upstream request was kept after its client had gone",
+    )
+    .await;
+}
+
+/// A proxy in front of a fresh upstream, and a client that has sent `request`, once the
+/// upstream holds it on its one connection.
+async fn upstream_working_on(request: &[u8]) -> (Upstream, Proxy, TcpStream) {
     let upstream = Upstream::start().await;
     let proxy = Proxy::start(config_from(&server_with(""), upstream.addr, &[])).await;
     let mut client = TcpStream::connect(proxy.addr).await.expect("connect");
@@ -476,12 +477,13 @@ async fn client_gone_while_upstream_works(request: &[u8]) {
         || upstream.count() == 1 && upstream.open_connections() == 1,
     )
     .await;
-    drop(client);
-    // The response would come after 20 s: well within that, the upstream connection is gone.
-    common::wait::until(
-        "the upstream request was kept after its client had gone",
-        Duration::from_secs(5),
-        || upstream.open_connections() == 0,
-    )
+    (upstream, proxy, client)
+}
+
+/// Waits up to 5 s for the upstream's connections to close; `why` is the failure.
+async fn upstream_released(upstream: &Upstream, why: &str) {
+    common::wait::until(why, Duration::from_secs(5), || {
+        upstream.open_connections() == 0
+    })
     .await;
 }
