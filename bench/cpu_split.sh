@@ -99,7 +99,7 @@ for mode in $MODES; do
     if [[ $mode == pg-* ]]; then
       db=tollgate_cpu_${mode//-/_}
       psql_admin -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db" >/dev/null
-      printf '[store]\nurl = "%s"\npool_size = 16\ntimeout = "100ms"\non_error = "allow"\nmigrate = true\nsynchronous_commit = "off"\n\n' "$(store_url "$db")"
+      store_section "$db"
     fi
     printf '[[routes]]\nname = "bench"\nupstream = "app"\n'
     if [[ -n $key ]]; then

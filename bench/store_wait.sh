@@ -64,7 +64,7 @@ for i in "${!bins[@]}"; do
   psql_admin -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db" >/dev/null
   {
     tollgate_config_head "$PX" "$ADMIN"
-    printf '[store]\nurl = "%s"\npool_size = 16\ntimeout = "100ms"\non_error = "allow"\nmigrate = true\nsynchronous_commit = "off"\n\n' "$(store_url "$db")"
+    store_section "$db"
     printf '[[routes]]\nname = "bench"\nupstream = "app"\n'
     printf '  [[routes.limits]]\n  key = "%s"\n  requests = 2000000000\n  window = "1h"\n' "$key"
   } >"$RUN/$i.toml"
@@ -87,7 +87,12 @@ for round in $(seq "$ROUNDS"); do
     pin_backends "tollgate_wait_$i"
     s0=$(metric tollgate_store_seconds_sum); c0=$(metric tollgate_store_seconds_count)
     t0=$(metric tollgate_store_round_trips_total)
+    # Pool connections opened during the run are pinned too, as bench/run.sh does.
+    pin_backends_during "tollgate_wait_$i" &
+    pinner=$!
+    PIDS+=("$pinner")
     out=$(taskset -c "$CPU_LOAD" wrk -t1 -c"$CONNS" -d"${DURATION}s" --latency "${script[@]}" "http://127.0.0.1:$PX/")
+    kill "$pinner"; wait "$pinner" 2>/dev/null || true
     s1=$(metric tollgate_store_seconds_sum); c1=$(metric tollgate_store_seconds_count)
     t1=$(metric tollgate_store_round_trips_total)
     rate=$(awk '/Requests\/sec/ {print $2}' <<<"$out")

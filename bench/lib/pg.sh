@@ -7,7 +7,8 @@
 # database, psql_db DB against DB. pin_backends DB moves the server processes serving DB to
 # CPU_LOAD, now; pin_backends_during DB does so every 0.5 s until killed, so that pool
 # connections opened during a run follow. store_url DB is the `store.url` a tollgate under
-# test gets: DB on PG_URL with `sslmode=$PG_SSLMODE`.
+# test gets: DB on PG_URL with `sslmode=$PG_SSLMODE`. store_section DB prints the `[store]`
+# table of bench/run.sh's PostgreSQL modes for DB (pool of 16, 100 ms budget, allow).
 #
 # PG_SSLMODE [disable]: Debian's PostgreSQL has `ssl = on` (a snakeoil certificate), so the
 # URL's default `prefer` would encrypt the loopback connection of every tollgate since issue 15
@@ -17,6 +18,10 @@
 PG_SSLMODE=${PG_SSLMODE:-disable}
 
 store_url() { echo "$PG_URL/$1?sslmode=$PG_SSLMODE"; }
+
+store_section() {
+  printf '[store]\nurl = "%s"\npool_size = 16\ntimeout = "100ms"\non_error = "allow"\nmigrate = true\nsynchronous_commit = "off"\n\n' "$(store_url "$1")"
+}
 
 require_loopback_pg_url() {
   python3 - "$PG_URL" <<'PY' || { echo "PG_URL must point at a loopback address" >&2; exit 1; }
