@@ -3,6 +3,8 @@
 //! - [`ProxyBody`], every response: either the upstream's body, streamed through untouched
 //!   (trailers included), or a small body tollgate wrote itself. An enum rather than a boxed
 //!   trait object keeps the hot path free of an allocation per response.
+//! - [`ClientBody`], the body of every request the proxy handles: hyper's, or none at all for a
+//!   request that tollgate's own HTTP/1.1 path read (it takes only requests without a body).
 //! - [`RequestBody`], every request body sent upstream: the client's, streamed as it arrives,
 //!   and cut with an error once it grows past the route's `max_body_size` (SPEC 5), which
 //!   makes hyper abort the upstream request. Nothing is buffered.
@@ -67,9 +69,46 @@ impl Body for ProxyBody {
     }
 }
 
+/// A request's body as the client connection delivered it.
+pub enum ClientBody {
+    /// Read by hyper (HTTP/2, and HTTP/1.1 requests that are not simple).
+    Hyper(Incoming),
+    /// A request that has no body (`server::simple_h1`).
+    Empty,
+}
+
+impl Body for ClientBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        match self.get_mut() {
+            ClientBody::Hyper(inner) => Pin::new(inner).poll_frame(cx),
+            ClientBody::Empty => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ClientBody::Hyper(inner) => inner.is_end_stream(),
+            ClientBody::Empty => true,
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ClientBody::Hyper(inner) => inner.size_hint(),
+            ClientBody::Empty => SizeHint::with_exact(0),
+        }
+    }
+}
+
 /// The client's request body on its way upstream, with an optional size limit.
 pub struct RequestBody {
-    inner: Incoming,
+    inner: ClientBody,
     cap: Option<Cap>,
 }
 
@@ -93,12 +132,12 @@ pub enum RequestBodyError {
 
 impl RequestBody {
     /// The body as it is, without a limit.
-    pub fn unlimited(inner: Incoming) -> Self {
+    pub fn unlimited(inner: ClientBody) -> Self {
         RequestBody { inner, cap: None }
     }
 
     /// The body cut after `max` bytes; the flag says whether that happened.
-    pub fn capped(inner: Incoming, max: u64) -> (Self, Arc<AtomicBool>) {
+    pub fn capped(inner: ClientBody, max: u64) -> (Self, Arc<AtomicBool>) {
         let exceeded = Arc::new(AtomicBool::new(false));
         let cap = Cap {
             left: max,

@@ -42,7 +42,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tower_service::Service;
 
-use crate::body::RequestBody;
+use crate::body::{ClientBody, RequestBody};
 use crate::config::UpstreamConfig;
 use crate::deadline::Deadlines;
 use crate::error::{Detail, RequestError, StartupError};
@@ -251,7 +251,7 @@ impl UpstreamPool {
     #[allow(clippy::manual_async_fn)]
     pub fn forward<'a>(
         &'a self,
-        mut req: Request<Incoming>,
+        mut req: Request<ClientBody>,
         fwd: ForwardRequest<'a>,
     ) -> impl Future<Output = Result<Response<Incoming>, RequestError>> + 'a {
         async move {

@@ -20,9 +20,8 @@ use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Version};
 use http_body::Body as _;
-use hyper::body::Incoming;
 
-use crate::body::ProxyBody;
+use crate::body::{ClientBody, ProxyBody};
 use crate::config::{Config, RouteConfig, StoreErrorPolicy};
 use crate::error::{GrpcCode, RequestError, StartupError};
 use crate::forward::{ForwardRequest, UpstreamPool};
@@ -193,7 +192,11 @@ impl Proxy {
         self.runtime.store(Arc::new(runtime));
     }
 
-    pub async fn handle(&self, mut req: Request<Incoming>, conn: ConnInfo) -> Response<ProxyBody> {
+    pub async fn handle(
+        &self,
+        mut req: Request<ClientBody>,
+        conn: ConnInfo,
+    ) -> Response<ProxyBody> {
         let started = Instant::now();
         let runtime = self.runtime.load_full();
         // Decided first, so that every answer (tollgate's own included) and the log carry it.
@@ -243,7 +246,7 @@ impl Proxy {
     fn pipeline<'a>(
         &'a self,
         rt: &'a Runtime,
-        mut req: Request<Incoming>,
+        mut req: Request<ClientBody>,
         conn: ConnInfo,
     ) -> impl Future<Output = Handled> + 'a {
         async move {
@@ -581,7 +584,7 @@ fn grpc_answer(code: GrpcCode, message: &str) -> Response<ProxyBody> {
 
 /// A request whose body was not read must not leave that body on an HTTP/1.1 connection:
 /// the next "request" would be whatever the client uploaded.
-fn close_if_body_unread<B>(req: &Request<Incoming>, response: &mut Response<B>) {
+fn close_if_body_unread<B>(req: &Request<ClientBody>, response: &mut Response<B>) {
     if req.version() != Version::HTTP_2 && !req.body().is_end_stream() {
         response
             .headers_mut()
@@ -594,7 +597,7 @@ fn close_if_body_unread<B>(req: &Request<Incoming>, response: &mut Response<B>) 
 fn rejection(
     rt: &Runtime,
     route: &CompiledRoute,
-    req: &Request<Incoming>,
+    req: &Request<ClientBody>,
     outcomes: &[LimitOutcome],
     retry_after: u64,
     violated: &[Arc<str>],
@@ -632,7 +635,7 @@ fn rejection(
 fn finish_rejection(
     rt: &Runtime,
     route: &CompiledRoute,
-    req: &Request<Incoming>,
+    req: &Request<ClientBody>,
     outcomes: &[LimitOutcome],
     retry_after: u64,
     grpc: bool,

@@ -22,7 +22,7 @@ use tokio::sync::watch;
 use super::coarse_clock::CoarseClock;
 use super::streams::{NewStreams, StreamExecutor, StreamProgress};
 use super::Phase;
-use crate::body::ProxyBody;
+use crate::body::{ClientBody, ProxyBody};
 use crate::forward::Splice;
 use crate::framing::FramingGuard;
 use crate::proxy::{ConnInfo, Proxy};
@@ -118,7 +118,7 @@ pub(super) async fn serve_connection<S>(
         let in_flight = InFlight::start(requests.clone());
         let progress = (req.version() == http::Version::HTTP_2).then(|| streams.start());
         async move {
-            let mut response = proxy.handle(req, info).await;
+            let mut response = proxy.handle(req.map(ClientBody::Hyper), info).await;
             if response.status() == http::StatusCode::SWITCHING_PROTOCOLS {
                 // Only the forwarder's checked 101 carries a splice. The switch is armed now,
                 // before hyper has the response, so the framing guard steps aside exactly for
