@@ -44,7 +44,6 @@ pub const MAX_TARGET: usize = 8 * 1024;
 /// Largest chunk-size line (size plus extensions) and trailer section.
 const MAX_CHUNK_LINE: usize = 4096;
 const MAX_TRAILERS: usize = 16 * 1024;
-const MAX_HEADERS: usize = 128;
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 const BAD_REQUEST: &[u8] =
@@ -124,6 +123,20 @@ impl<S> FramingGuard<S> {
             heads_delivered: 0,
             trailer_bytes: 0,
         }
+    }
+
+    /// A guard for a connection on which `requests` requests have been read whole already
+    /// (by tollgate's simple HTTP/1.1 path): the next byte starts a head, HTTP/2's preface is
+    /// no longer possible, and a refused head only closes the connection (a response went
+    /// out before it).
+    pub fn after_requests(inner: S, requests: u64) -> Self {
+        let mut guard = FramingGuard::new(inner);
+        if requests > 0 {
+            guard.state = State::Head;
+            guard.heads_seen = requests;
+            guard.heads_delivered = requests;
+        }
+        guard
     }
 
     /// The stream the guard reads from, for a look that takes no bytes (a peek).
@@ -274,7 +287,7 @@ impl<S> FramingGuard<S> {
                     return Err(Refusal::ObsoleteFold);
                 }
                 // Judged in place and cleared, so the buffer's capacity serves the next head.
-                let next = self.judge_head(&self.pending)?;
+                let next = judge_head(&self.pending)?;
                 self.pending.clear();
                 self.state = next;
                 self.heads_seen += 1;
@@ -285,101 +298,27 @@ impl<S> FramingGuard<S> {
     }
 
     /// The common case, judged in place without copying: a read that starts with a whole
-    /// head whose every line ends in CRLF. `None` sends the bytes the byte-by-byte way
-    /// instead (a head split over reads, leading empty lines, a stray CR or LF, a head past
-    /// [`MAX_HEAD`]), which refuses exactly what it refused before. One plain pass over the
-    /// bytes: heads are short, and a search call per line costs more than it saves.
+    /// head whose every line ends in CRLF ([`scan_head`]). `None` sends the bytes the
+    /// byte-by-byte way instead (a head split over reads, leading empty lines, a stray CR or
+    /// LF, a head past [`MAX_HEAD`]), which refuses exactly what it refused before.
     fn whole_head(&mut self, bytes: &[u8]) -> Result<Option<usize>, Refusal> {
-        let window = &bytes[..bytes.len().min(MAX_HEAD)];
-        if matches!(window.first(), None | Some(b'\r' | b'\n')) {
-            return Ok(None);
-        }
-        let mut folded = false;
-        let mut line_start = 0;
-        // A line at a time: the next CR or LF is found with memchr (vectorised) instead of a
-        // loop over every byte, which cost about 900 instructions per request (callgrind,
-        // docs/performance.md) for what is usually a handful of lines.
-        while let Some(offset) = memchr::memchr2(b'\r', b'\n', &window[line_start..]) {
-            let i = line_start + offset;
-            // Only CRLF ends a line: a bare LF, or a CR before anything but LF, is for the
-            // byte-by-byte way to judge.
-            if window[i] == b'\n' || window.get(i + 1) != Some(&b'\n') {
-                return Ok(None);
-            }
-            if i == line_start {
-                // The empty line: the head ends here. A fold is judged only now, as the
-                // byte-by-byte way does, so both refuse the same head for the same reason.
-                if folded {
-                    return Err(Refusal::ObsoleteFold);
-                }
-                let end = i + 2;
-                self.state = self.judge_head(&window[..end])?;
+        match scan_head(bytes) {
+            // A fold is judged only once the head is whole, as the byte-by-byte way does, so
+            // both refuse the same head for the same reason.
+            HeadScan::Whole { folded: true, .. } => Err(Refusal::ObsoleteFold),
+            HeadScan::Whole { end, .. } => {
+                self.state = judge_head(&bytes[..end])?;
                 self.heads_seen += 1;
-                return Ok(Some(end));
+                Ok(Some(end))
             }
-            line_start = i + 2;
-            folded |= matches!(window.get(line_start), Some(b' ' | b'\t'));
+            HeadScan::Unfinished | HeadScan::Irregular => Ok(None),
         }
-        Ok(None)
     }
 
     /// Whether a complete head has an obsolete folded line (one that starts with whitespace).
     fn has_fold(head: &[u8]) -> bool {
         head.windows(3)
             .any(|w| w[0] == b'\r' && w[1] == b'\n' && (w[2] == b' ' || w[2] == b'\t'))
-    }
-
-    /// Checks a complete head, whose line endings and folds were already checked
-    /// (`head_bytes`, `whole_head`), and says what follows it.
-    fn judge_head(&self, head: &[u8]) -> Result<State, Refusal> {
-        // Left uninitialised for httparse to fill, as hyper does: zeroing 128 entries (4 KiB)
-        // for a head of a few lines cost more than parsing it.
-        let mut headers = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
-        let mut request = httparse::Request::new(&mut []);
-        match request.parse_with_uninit_headers(head, &mut headers) {
-            Ok(httparse::Status::Complete(_)) => {}
-            Ok(httparse::Status::Partial) | Err(_) => return Err(Refusal::MalformedHead),
-        }
-        if request.path.map_or(0, str::len) > MAX_TARGET {
-            return Err(Refusal::TargetTooLong);
-        }
-        let http10 = request.version == Some(0);
-        let mut length: Option<u64> = None;
-        let mut chunked = false;
-        let mut transfer_encoding_seen = false;
-        for header in request.headers.iter() {
-            if header.name.eq_ignore_ascii_case("content-length") {
-                if length.is_some() {
-                    return Err(Refusal::DuplicateContentLength);
-                }
-                length = Some(parse_length(header.value)?);
-            } else if header.name.eq_ignore_ascii_case("transfer-encoding") {
-                if transfer_encoding_seen || http10 {
-                    return Err(Refusal::BadTransferEncoding);
-                }
-                transfer_encoding_seen = true;
-                let value =
-                    std::str::from_utf8(header.value).map_err(|_| Refusal::BadTransferEncoding)?;
-                if !value.trim().eq_ignore_ascii_case("chunked") {
-                    return Err(Refusal::BadTransferEncoding);
-                }
-                chunked = true;
-            }
-        }
-        if chunked && length.is_some() {
-            return Err(Refusal::LengthAndChunked);
-        }
-        // An upgrade request is judged like any other: the guard stays on until the server
-        // says a real switch happened (`step_aside`). A declined upgrade goes on as HTTP/1.1,
-        // guarded; a client must not send its new protocol before the 101.
-        Ok(if chunked {
-            State::Chunked(Chunk::Size)
-        } else {
-            match length {
-                Some(0) | None => State::Head,
-                Some(n) => State::Body(n),
-            }
-        })
     }
 
     fn chunk_bytes(&mut self, bytes: &[u8]) -> Result<usize, Refusal> {
@@ -467,6 +406,120 @@ impl<S> FramingGuard<S> {
             State::Closed
         };
     }
+}
+
+/// What the bytes at the start of a read hold, line by line (for [`FramingGuard::whole_head`]
+/// and tollgate's own HTTP/1.1 path, `server::simple_h1`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeadScan {
+    /// A whole head of `end` bytes, every line ended by CRLF; `folded`: a line of it starts
+    /// with whitespace (an obsolete fold).
+    Whole { end: usize, folded: bool },
+    /// No empty line within the first [`MAX_HEAD`] bytes (yet), and nothing irregular.
+    Unfinished,
+    /// Empty, a leading empty line, or a line ended by anything but CRLF: for the guard's
+    /// byte-by-byte way to judge.
+    Irregular,
+}
+
+/// Scans `bytes` for a head whose lines all end in CRLF. One plain pass: heads are short, and
+/// the next CR or LF is found with memchr (vectorised) instead of a loop over every byte, which
+/// cost about 900 instructions per request (callgrind, docs/performance.md).
+pub fn scan_head(bytes: &[u8]) -> HeadScan {
+    let window = &bytes[..bytes.len().min(MAX_HEAD)];
+    if matches!(window.first(), None | Some(b'\r' | b'\n')) {
+        return HeadScan::Irregular;
+    }
+    let mut folded = false;
+    let mut line_start = 0;
+    while let Some(offset) = memchr::memchr2(b'\r', b'\n', &window[line_start..]) {
+        let i = line_start + offset;
+        if window[i] == b'\n' {
+            return HeadScan::Irregular;
+        }
+        match window.get(i + 1) {
+            Some(b'\n') => {}
+            // A CR at the end of what has come so far: its LF may be in the next read.
+            None => return HeadScan::Unfinished,
+            Some(_) => return HeadScan::Irregular,
+        }
+        if i == line_start {
+            let end = i + 2;
+            return HeadScan::Whole { end, folded };
+        }
+        line_start = i + 2;
+        folded |= matches!(window.get(line_start), Some(b' ' | b'\t'));
+    }
+    HeadScan::Unfinished
+}
+
+/// Most header fields in a head ([`judge_head`]); hyper's own limit is lower (100), and a head
+/// past it is hyper's to answer (431).
+const MAX_HEADERS: usize = 128;
+
+/// Checks a complete head, whose line endings and folds were already checked
+/// ([`scan_head`], or the guard's byte-by-byte way), and says what follows it.
+fn judge_head(head: &[u8]) -> Result<State, Refusal> {
+    // Left uninitialised for httparse to fill, as hyper does: zeroing 128 entries (4 KiB)
+    // for a head of a few lines cost more than parsing it.
+    let mut headers = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+    let mut request = httparse::Request::new(&mut []);
+    match request.parse_with_uninit_headers(head, &mut headers) {
+        Ok(httparse::Status::Complete(_)) => {}
+        Ok(httparse::Status::Partial) | Err(_) => return Err(Refusal::MalformedHead),
+    }
+    judge_parsed(&request)
+}
+
+/// Whether a head parsed by httparse from bytes that [`scan_head`] found whole and unfolded is
+/// one the guard lets through, announcing no body: tollgate's own HTTP/1.1 path takes only
+/// those, with the guard's own judgement, so the two paths refuse the same heads.
+pub fn accepts_without_body(request: &httparse::Request<'_, '_>) -> bool {
+    matches!(judge_parsed(request), Ok(State::Head))
+}
+
+/// The checks of [`judge_head`] on a parsed head.
+fn judge_parsed(request: &httparse::Request<'_, '_>) -> Result<State, Refusal> {
+    if request.path.map_or(0, str::len) > MAX_TARGET {
+        return Err(Refusal::TargetTooLong);
+    }
+    let http10 = request.version == Some(0);
+    let mut length: Option<u64> = None;
+    let mut chunked = false;
+    let mut transfer_encoding_seen = false;
+    for header in request.headers.iter() {
+        if header.name.eq_ignore_ascii_case("content-length") {
+            if length.is_some() {
+                return Err(Refusal::DuplicateContentLength);
+            }
+            length = Some(parse_length(header.value)?);
+        } else if header.name.eq_ignore_ascii_case("transfer-encoding") {
+            if transfer_encoding_seen || http10 {
+                return Err(Refusal::BadTransferEncoding);
+            }
+            transfer_encoding_seen = true;
+            let value =
+                std::str::from_utf8(header.value).map_err(|_| Refusal::BadTransferEncoding)?;
+            if !value.trim().eq_ignore_ascii_case("chunked") {
+                return Err(Refusal::BadTransferEncoding);
+            }
+            chunked = true;
+        }
+    }
+    if chunked && length.is_some() {
+        return Err(Refusal::LengthAndChunked);
+    }
+    // An upgrade request is judged like any other: the guard stays on until the server
+    // says a real switch happened (`step_aside`). A declined upgrade goes on as HTTP/1.1,
+    // guarded; a client must not send its new protocol before the 101.
+    Ok(if chunked {
+        State::Chunked(Chunk::Size)
+    } else {
+        match length {
+            Some(0) | None => State::Head,
+            Some(n) => State::Body(n),
+        }
+    })
 }
 
 /// Why a head past [`MAX_HEAD`] is refused: for its target, when the request line (as far as
