@@ -64,7 +64,6 @@ use crate::admin;
 use crate::config::Config;
 use crate::error::StartupError;
 use crate::fallback::{self, Instances, LocalFallback};
-use crate::framing::FramingGuard;
 use crate::key::BucketHasher;
 use crate::limit::Limiter;
 use crate::metrics::Metrics;
@@ -608,8 +607,7 @@ async fn accept_loop(
             match tls {
                 None => {
                     let info = ConnInfo::new(peer, false, worker);
-                    let guarded = FramingGuard::new(stream);
-                    serve_connection(guarded, info, proxy, settings, phase, clock).await;
+                    serve_connection(stream, info, proxy, settings, phase, clock).await;
                 }
                 Some(server_config) => {
                     // The handshake runs in the connection's own task under a deadline, so
@@ -620,8 +618,7 @@ async fn accept_loop(
                     match handshake.await {
                         Ok(Ok(tls_stream)) => {
                             let info = ConnInfo::new(peer, true, worker);
-                            let guarded = FramingGuard::new(tls_stream);
-                            serve_connection(guarded, info, proxy, settings, phase, clock).await;
+                            serve_connection(tls_stream, info, proxy, settings, phase, clock).await;
                         }
                         Ok(Err(err)) => tracing::debug!(error = %err, "TLS handshake failed"),
                         Err(_) => tracing::debug!("TLS handshake timed out"),

@@ -1307,3 +1307,69 @@ async fn drain_finishes_the_in_flight_request_with_connection_close_and_closes_i
         "still accepting after the stop"
     );
 }
+
+// The hand-over from tollgate's own path for simple requests to hyper's, mid-connection.
+
+#[tokio::test]
+async fn simple_requests_around_a_post_with_a_body_in_one_write_are_all_answered_in_order() {
+    let upstream = Upstream::start().await;
+    let proxy = proxy_for(upstream.addr).await;
+    let mut wire = Wire::connect(proxy.addr).await;
+
+    // A GET (simple), a POST with a body (not simple: the rest of the connection is hyper's),
+    // then another GET, in one write: the body must be read as the POST's, not as a head.
+    let batch = format!(
+        "{}POST /echo HTTP/1.1\r\nHost: wire.test\r\nContent-Length: 32\r\n\r\n\
+         GET /smuggled HTTP/1.1\r\nX: y\r\n\r\n{}",
+        get_req("/first"),
+        get_req("/last")
+    );
+    wire.send(batch).await;
+    let first = wire.response().await;
+    assert_eq!((first.status, first.text().as_str()), (200, "upstream ok"));
+    let echoed = wire.response().await;
+    assert_eq!(echoed.status, 200, "{}", echoed.head);
+    assert_eq!(echoed.text(), "GET /smuggled HTTP/1.1\r\nX: y\r\n\r\n");
+    let last = wire.response().await;
+    assert_eq!((last.status, last.text().as_str()), (200, "upstream ok"));
+    for resp in [&first, &echoed, &last] {
+        resp.checked_length();
+    }
+    let received: Vec<(String, String)> = upstream
+        .received
+        .lock()
+        .expect("lock")
+        .iter()
+        .map(|r| (r.method.to_string(), r.uri.clone()))
+        .collect();
+    let expected = [("GET", "/first"), ("POST", "/echo"), ("GET", "/last")];
+    let expected: Vec<(String, String)> = expected
+        .iter()
+        .map(|(m, u)| (m.to_string(), u.to_string()))
+        .collect();
+    assert_eq!(
+        received, expected,
+        "no smuggled request reached the upstream"
+    );
+    wire.assert_open(Duration::from_millis(100), "after the hand-over")
+        .await;
+}
+
+#[tokio::test]
+async fn a_head_split_over_many_writes_is_answered_once() {
+    let upstream = RawUpstream::start(echo_target).await;
+    let proxy = proxy_for(upstream.addr).await;
+    let mut wire = Wire::connect(proxy.addr).await;
+
+    // One byte at a time: every read leaves the head unfinished until its last byte.
+    for byte in get_req("/split").bytes() {
+        wire.send([byte]).await;
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let resp = wire.response().await;
+    assert_eq!((resp.status, resp.text().as_str()), (200, "/split"));
+    wire.send(get_req("/after")).await;
+    let resp = wire.response().await;
+    assert_eq!((resp.status, resp.text().as_str()), (200, "/after"));
+    assert_eq!(upstream.heads().len(), 2, "{:?}", upstream.heads());
+}

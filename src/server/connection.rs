@@ -27,6 +27,8 @@ use crate::forward::Splice;
 use crate::framing::FramingGuard;
 use crate::proxy::{ConnInfo, Proxy};
 
+mod simple_h1;
+
 /// HTTP/2 keep-alive pings: a peer that stops answering is dropped.
 const H2_KEEPALIVE: Duration = Duration::from_secs(20);
 /// HTTP/2 streams in flight per connection (SPEC 5): with a stalled stream reset after
@@ -92,8 +94,11 @@ impl ClientStream for tokio_rustls::server::TlsStream<tokio::net::TcpStream> {
     }
 }
 
+/// Serves one client connection: simple HTTP/1.1 requests on tollgate's own path while they
+/// last (plain TCP only: [`simple_h1`]), then everything else through the framing guard and
+/// hyper.
 pub(super) async fn serve_connection<S>(
-    stream: FramingGuard<S>,
+    mut stream: S,
     info: ConnInfo,
     proxy: Arc<Proxy>,
     settings: ConnSettings,
@@ -103,6 +108,20 @@ pub(super) async fn serve_connection<S>(
     S: ClientStream,
 {
     let activity = Arc::new(Activity::new(clock));
+    let (buffered, served) = if S::SEES_CLOSE {
+        let simple = simple_h1::serve(&mut stream, &info, &proxy, &activity);
+        tokio::pin!(simple);
+        let begin_drain = |_: Pin<&mut _>| activity.begin_drain();
+        match supervise(simple, &activity, settings, &mut phase, begin_drain).await {
+            Some(simple_h1::Ending::HandOver { buffered, served }) => (buffered, served),
+            Some(simple_h1::Ending::Closed) | None => return,
+        }
+    } else {
+        (bytes::Bytes::new(), 0)
+    };
+    // The guard goes on from where the simple path stopped: after `served` requests, with the
+    // bytes it read and did not use read first.
+    let stream = FramingGuard::after_requests(Prefixed::new(buffered, stream), served);
     let io = TokioIo::new(Tracked {
         inner: stream,
         activity: activity.clone(),
@@ -165,6 +184,10 @@ pub(super) async fn serve_connection<S>(
         .max_header_list_size(crate::framing::MAX_HEAD as u32);
     let conn = builder.serve_connection_with_upgrades(io, service);
     tokio::pin!(conn);
+    if activity.draining() {
+        // The drain began on the simple path: hyper finishes what it was handed, and closes.
+        conn.as_mut().graceful_shutdown();
+    }
     let served = supervise(conn, &activity, settings, &mut phase, |conn| {
         conn.graceful_shutdown()
     });
@@ -343,6 +366,9 @@ struct Activity {
     switched: AtomicBool,
     /// Its splice, until the connection's task takes it.
     splice: std::sync::Mutex<Option<Splice>>,
+    /// The server is draining: the simple HTTP/1.1 path closes between requests, and says
+    /// `connection: close` on the response in flight.
+    draining: AtomicBool,
 }
 
 impl Activity {
@@ -357,7 +383,16 @@ impl Activity {
             http1_heads: AtomicBool::new(true),
             switched: AtomicBool::new(false),
             splice: std::sync::Mutex::new(None),
+            draining: AtomicBool::new(false),
         }
+    }
+
+    fn begin_drain(&self) {
+        self.draining.store(true, Ordering::Release);
+    }
+
+    fn draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
     }
 
     /// Arms the switch: from the next read on, the framing guard lets the bytes through, and
@@ -476,6 +511,76 @@ impl Drop for InFlight {
     }
 }
 
+/// A client stream with bytes already read from it in front: what the simple HTTP/1.1 path
+/// read and did not use, handed to the framing guard and hyper.
+struct Prefixed<S> {
+    prefix: bytes::Bytes,
+    inner: S,
+}
+
+impl<S> Prefixed<S> {
+    fn new(prefix: bytes::Bytes, inner: S) -> Self {
+        Prefixed { prefix, inner }
+    }
+}
+
+impl<S: ClientStream> ClientStream for Prefixed<S> {
+    const SEES_CLOSE: bool = S::SEES_CLOSE;
+
+    fn poll_peer_closed(&self, cx: &mut Context<'_>) -> Poll<bool> {
+        if self.prefix.is_empty() {
+            self.inner.poll_peer_closed(cx)
+        } else {
+            Poll::Ready(false)
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if self.prefix.is_empty() {
+            return Pin::new(&mut self.inner).poll_read(cx, buf);
+        }
+        let n = self.prefix.len().min(buf.remaining());
+        buf.put_slice(&self.prefix.split_to(n));
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
 /// A socket that records its activity for the idle watchdog, including whether its framing
 /// guard still expects HTTP/1 heads, and that tells the guard when the connection has
 /// switched to WebSocket (the only way the guard learns it).
@@ -484,7 +589,7 @@ impl Drop for InFlight {
 /// ([`ClientStream`]), and fails the connection when it sees one, so that the request and its
 /// upstream exchange are dropped as hyper's own check would drop them.
 struct Tracked<S> {
-    inner: FramingGuard<S>,
+    inner: FramingGuard<Prefixed<S>>,
     activity: Arc<Activity>,
     /// The watch saw bytes waiting in the socket (a pipelined request). A close behind them
     /// is not looked for until hyper has read them (and dispatched them: see

@@ -1,0 +1,849 @@
+//! tollgate's own HTTP/1.1 path for simple requests, on plain-TCP connections (issue 16).
+//!
+//! Most requests a rate-limiting proxy sees are HTTP/1.1 requests without a body (`GET`,
+//! `HEAD`, `DELETE`...). For those, hyper's server parsed each head a second time after the
+//! framing guard had parsed it, and ran its dispatcher, channels and encoder around a request
+//! that is one head in and one response out. Here a connection starts on this path: one task
+//! reads a head, parses it once (httparse), lets the framing guard's own judgement decide
+//! whether it is clean ([`framing::scan_head`], [`framing::accepts_without_body`]), builds the
+//! request from that one parse, runs the proxy, and writes the response head into a buffer the
+//! connection keeps, with small bodies copied behind it: usually one write per response.
+//!
+//! The path takes only what it can serve exactly as hyper would. At the first request it does
+//! not take, it stops, and hands hyper the connection with the bytes it has read and not used
+//! (the request's head first): that request and everything after it go through the framing
+//! guard and hyper, as every request did before. It does not take:
+//!
+//! - anything that is not a whole, clean HTTP/1.1 head in the first [`MAX_SIMPLE_HEAD`] bytes
+//!   (bare LF, folds, HTTP/1.0, HTTP/2's preface, a head too large or malformed: the guard and
+//!   hyper answer those with their 400, 414 and 431, or switch to HTTP/2);
+//! - a body (`Content-Length` other than 0, `Transfer-Encoding`);
+//! - `Upgrade`, `Expect`, `CONNECT`, a `Connection` field with any token but `close` and
+//!   `keep-alive`, more than hyper's 100 header fields, a target `http::Uri` refuses.
+//!
+//! What it does, it does as hyper 1.x's HTTP/1.1 server does (`proto/h1/role.rs`): the same
+//! status line and lower-case field names; `content-length` from the body's known length or
+//! `transfer-encoding: chunked` when it is unknown; no body for `HEAD`, 1xx, 204 and 304;
+//! trailers only those announced in the response's `Trailer` field and allowed in one; a
+//! `date` field when the response has none; `connection: close` when the client asked for it
+//! or the server is draining, and then a close. A client that goes away while its request is
+//! in flight is seen with a one-byte peek ([`ClientStream::poll_peer_closed`]), and the request
+//! (with its upstream exchange) is dropped, as on hyper's path.
+
+use std::future::Future;
+use std::io::IoSlice;
+use std::mem::MaybeUninit;
+use std::ops::Range;
+use std::pin::{pin, Pin};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::{Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, StatusCode, Uri, Version};
+use http_body::{Body, Frame};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::{Activity, ClientStream, InFlight};
+use crate::body::{ClientBody, ProxyBody};
+use crate::framing::{self, HeadScan};
+use crate::proxy::{ConnInfo, Proxy};
+
+/// The largest head this path waits for; a larger one (rare) is hyper's, under the guard's
+/// own bound (`framing::MAX_HEAD`).
+const MAX_SIMPLE_HEAD: usize = 16 * 1024;
+/// hyper's default limit on header fields: a head with more gets hyper's 431.
+const MAX_SIMPLE_HEADERS: usize = 100;
+/// Fields the forwarder may add to a request (`forward.rs` reserves room for 7).
+const FORWARDER_FIELDS: usize = 8;
+/// Body data at least this long is written from where it is, not copied behind the head.
+const COPY_LIMIT: usize = 8 * 1024;
+/// What a connection's read buffer starts with, as hyper's.
+const READ_BUFFER: usize = 8 * 1024;
+
+/// How the simple path ended.
+pub(super) enum Ending {
+    /// The connection is done: the client closed it, a response asked to close it, or it
+    /// failed.
+    Closed,
+    /// A request this path does not take: hyper serves the rest of the connection, starting
+    /// with `buffered` (the bytes read and not used), after `served` requests served here.
+    HandOver { buffered: Bytes, served: u64 },
+}
+
+/// Serves simple requests on `stream` until the connection ends or a request is not simple.
+pub(super) async fn serve<S: ClientStream>(
+    stream: &mut S,
+    info: &ConnInfo,
+    proxy: &Proxy,
+    activity: &Arc<Activity>,
+) -> Ending {
+    let mut conn = Simple {
+        stream,
+        activity,
+        buf: BytesMut::with_capacity(READ_BUFFER),
+        out: Vec::with_capacity(1024),
+        fields: Vec::with_capacity(16),
+        date: DateField::default(),
+        served: 0,
+        watch: CloseWatch { on: false },
+    };
+    loop {
+        let head = match conn.next_head().await {
+            Ok(head) => head,
+            Err(Stop::Close) => return Ending::Closed,
+            Err(Stop::HandOver) => return conn.hand_over(),
+        };
+        let Some((request, closes)) = conn.build(head) else {
+            return conn.hand_over();
+        };
+        if !conn.exchange(request, closes, info, proxy).await {
+            let _ = conn.stream.shutdown().await;
+            return Ending::Closed;
+        }
+    }
+}
+
+/// Why the wait for a head ended without one.
+enum Stop {
+    Close,
+    HandOver,
+}
+
+/// One connection on the simple path.
+struct Simple<'a, S> {
+    stream: &'a mut S,
+    activity: &'a Arc<Activity>,
+    /// Bytes read and not used yet: the next head, and whatever a client pipelined after it.
+    buf: BytesMut,
+    /// The response being written; kept (cleared) from response to response.
+    out: Vec<u8>,
+    /// Where the head's fields are (name, value), from its one parse; kept likewise.
+    fields: Vec<(Range<usize>, Range<usize>)>,
+    date: DateField,
+    served: u64,
+    watch: CloseWatch,
+}
+
+/// The look for a client's close while its request is in flight (a peek of one byte). Bytes
+/// already read after the request (a pipelining client), or seen waiting, hide a close behind
+/// them, as they did from hyper's own check: the look stops for the rest of the exchange.
+struct CloseWatch {
+    on: bool,
+}
+
+impl CloseWatch {
+    fn start<S: ClientStream>(&mut self, buffered: &BytesMut) {
+        self.on = S::SEES_CLOSE && buffered.is_empty();
+    }
+
+    /// Whether the client has gone; when it has not, the task is woken if it does.
+    fn client_gone<S: ClientStream>(&mut self, stream: &S, cx: &mut Context<'_>) -> bool {
+        if !self.on {
+            return false;
+        }
+        match stream.poll_peer_closed(cx) {
+            Poll::Ready(true) => true,
+            Poll::Ready(false) => {
+                self.on = false;
+                false
+            }
+            Poll::Pending => false,
+        }
+    }
+}
+
+/// Where a head's parts are in its bytes (its fields: [`Simple::fields`]): one parse, read
+/// again once the bytes are frozen.
+struct ParsedHead {
+    len: usize,
+    method: Method,
+    target: Range<usize>,
+    /// The client's `Connection` field says `close`.
+    closes: bool,
+}
+
+impl<S: ClientStream> Simple<'_, S> {
+    fn hand_over(&mut self) -> Ending {
+        Ending::HandOver {
+            buffered: std::mem::take(&mut self.buf).freeze(),
+            served: self.served,
+        }
+    }
+
+    /// Reads until the buffer starts with a whole head, and parses it.
+    async fn next_head(&mut self) -> Result<ParsedHead, Stop> {
+        loop {
+            if !self.buf.is_empty() {
+                match framing::scan_head(&self.buf) {
+                    HeadScan::Whole { end, folded: false } => {
+                        let parsed = parse_head(&self.buf[..end], &mut self.fields);
+                        return parsed.ok_or(Stop::HandOver);
+                    }
+                    HeadScan::Unfinished if self.buf.len() < MAX_SIMPLE_HEAD => {}
+                    _ => return Err(Stop::HandOver),
+                }
+            }
+            self.buf.reserve(READ_BUFFER);
+            let (stream, buf, activity) = (&mut *self.stream, &mut self.buf, self.activity);
+            let read = std::future::poll_fn(|cx| {
+                // A drain closes a connection between requests, as hyper's graceful shutdown
+                // does; a head that has begun to arrive is read and answered first.
+                if buf.is_empty() && activity.draining() {
+                    return Poll::Ready(Ok(0));
+                }
+                pin!(stream.read_buf(buf)).poll(cx)
+            });
+            match read.await {
+                Ok(0) | Err(_) => return Err(Stop::Close),
+                Ok(_) => self.activity.touch(),
+            }
+        }
+    }
+
+    /// The request for a parsed head, and whether the client asked to close; None (the head
+    /// left in the buffer) when `http` refuses a part of it that httparse accepted.
+    fn build(&mut self, head: ParsedHead) -> Option<(Request<ClientBody>, bool)> {
+        // The target and values share the head's bytes, as hyper's do.
+        let frozen = self.buf.split_to(head.len).freeze();
+        let built = request_from(&frozen, &head, &self.fields);
+        if built.is_none() {
+            // Give the head back: hyper answers what `http` refuses.
+            let mut whole = BytesMut::with_capacity(frozen.len() + self.buf.len());
+            whole.extend_from_slice(&frozen);
+            whole.extend_from_slice(&self.buf);
+            self.buf = whole;
+        }
+        built.map(|request| (request, head.closes))
+    }
+
+    /// Runs one request and writes its response; false when the connection must end.
+    async fn exchange(
+        &mut self,
+        request: Request<ClientBody>,
+        client_closes: bool,
+        info: &ConnInfo,
+        proxy: &Proxy,
+    ) -> bool {
+        let head_request = request.method() == Method::HEAD;
+        let _in_flight = InFlight::start(self.activity.clone());
+        self.served += 1;
+        self.watch.start::<S>(&self.buf);
+        let handling = pin!(proxy.handle(request, info.clone()));
+        let Some(response) = self.unless_client_goes(handling).await else {
+            return false;
+        };
+        let closing = client_closes || self.activity.draining();
+        let (parts, mut body) = response.into_parts();
+        let mut framing = self.encode_head(&parts, &body, head_request, closing);
+        if framing.body.is_none() {
+            // Nothing of the body goes out (HEAD, 204, 304...): dropped unread, as hyper does.
+            drop(body);
+        } else if !self.send_body(&mut body, &mut framing.body).await {
+            return false;
+        }
+        if !self.flush_out().await {
+            return false;
+        }
+        !framing.last
+    }
+
+    /// Waits for `work`, watching for the client's close while it runs: None when the client
+    /// went away (and `work` is dropped, with whatever it had started upstream).
+    async fn unless_client_goes<T>(
+        &mut self,
+        mut work: Pin<&mut impl Future<Output = T>>,
+    ) -> Option<T> {
+        let (stream, watch) = (&*self.stream, &mut self.watch);
+        std::future::poll_fn(|cx| {
+            if let Poll::Ready(output) = work.as_mut().poll(cx) {
+                return Poll::Ready(Some(output));
+            }
+            if watch.client_gone(stream, cx) {
+                return Poll::Ready(None);
+            }
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Writes the status line and fields into `out`, and says how the body goes.
+    fn encode_head(
+        &mut self,
+        parts: &http::response::Parts,
+        body: &ProxyBody,
+        head_request: bool,
+        closing: bool,
+    ) -> Framing {
+        let out = &mut self.out;
+        out.clear();
+        let status = parts.status;
+        let reason = parts.extensions.get::<hyper::ext::ReasonPhrase>();
+        if status.is_informational() && status != StatusCode::SWITCHING_PROTOCOLS {
+            // hyper cannot send a 1xx as the response either: it answers 500 and closes.
+            out.extend_from_slice(b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\n");
+            self.date.write(out);
+            return Framing::none(true);
+        }
+        if status == StatusCode::OK && reason.is_none() {
+            out.extend_from_slice(b"HTTP/1.1 200 OK\r\n");
+        } else {
+            out.extend_from_slice(b"HTTP/1.1 ");
+            out.extend_from_slice(status.as_str().as_bytes());
+            out.push(b' ');
+            match reason {
+                Some(reason) => out.extend_from_slice(reason.as_bytes()),
+                None => {
+                    let canonical = status.canonical_reason().unwrap_or("<none>");
+                    out.extend_from_slice(canonical.as_bytes());
+                }
+            }
+            out.extend_from_slice(b"\r\n");
+        }
+        // What hyper knows of the body when it writes the head.
+        let known = if body.is_end_stream() {
+            Length::Nothing
+        } else {
+            match body.size_hint().exact() {
+                Some(n) => Length::Known(n),
+                None => Length::Unknown,
+            }
+        };
+        let chunkable = can_have_body(head_request, status);
+        let mut last = closing;
+        let mut length: Option<u64> = None;
+        let mut wrote_date = false;
+        let mut close_said = false;
+        let mut trailer_names: Option<Vec<HeaderName>> = None;
+        for (name, value) in parts.headers.iter() {
+            match *name {
+                header::CONTENT_LENGTH => match known {
+                    // The first is written; the body's own length frames it.
+                    Length::Known(n) if length.is_none() => length = Some(n),
+                    Length::Unknown => match (length, parse_length(value)) {
+                        (None, Some(n)) => length = Some(n),
+                        (Some(first), Some(n)) if first == n => continue,
+                        // Differing or unreadable: hyper refuses to send the response.
+                        _ => return self.refused_response(),
+                    },
+                    Length::Nothing if head_request => {}
+                    // hyper drops a length for an empty body (and writes its own below).
+                    _ => continue,
+                },
+                // Never on tollgate's responses (hop-by-hop, removed from upstream ones):
+                // the body's own framing below is the only one written.
+                header::TRANSFER_ENCODING => continue,
+                header::CONNECTION if connection_says_close(value) => {
+                    last = true;
+                    close_said = true;
+                }
+                header::DATE => wrote_date = true,
+                header::TRAILER => {
+                    if !chunkable {
+                        continue;
+                    }
+                    let names = value.to_str().ok().into_iter().flat_map(|v| v.split(','));
+                    let names =
+                        names.filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok());
+                    trailer_names.get_or_insert_with(Vec::new).extend(names);
+                }
+                _ => {}
+            }
+            out.extend_from_slice(name.as_str().as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(value.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        if last && !close_said {
+            out.extend_from_slice(b"connection: close\r\n");
+        }
+        let mut framing = match (length, known) {
+            (Some(n), _) => BodyFraming::Length(n),
+            (None, Length::Unknown) if chunkable => {
+                out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+                BodyFraming::Chunked(trailer_names)
+            }
+            // Only where no body can follow anyway (HEAD, 204, 304).
+            (None, Length::Unknown) => BodyFraming::Length(0),
+            (None, Length::Nothing | Length::Known(0)) => {
+                if can_have_length(status) && !head_request {
+                    out.extend_from_slice(b"content-length: 0\r\n");
+                }
+                BodyFraming::Length(0)
+            }
+            (None, Length::Known(n)) => {
+                if can_have_length(status) {
+                    out.extend_from_slice(b"content-length: ");
+                    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+                    out.extend_from_slice(b"\r\n");
+                    BodyFraming::Length(n)
+                } else {
+                    BodyFraming::Length(0)
+                }
+            }
+        };
+        if !chunkable {
+            framing = BodyFraming::Length(0);
+        }
+        if wrote_date {
+            out.extend_from_slice(b"\r\n");
+        } else {
+            self.date.write(out);
+        }
+        Framing {
+            body: match framing {
+                BodyFraming::Length(0) => None,
+                framing => Some(framing),
+            },
+            // Nothing follows a 101 on HTTP/1.1 (none is expected here: no upgrade was asked).
+            last: last || status == StatusCode::SWITCHING_PROTOCOLS,
+        }
+    }
+
+    /// What hyper sends for a response it refuses to encode (conflicting lengths): nothing of
+    /// it, an error, and the connection closes. The client sees it close.
+    fn refused_response(&mut self) -> Framing {
+        self.out.clear();
+        Framing::none(true)
+    }
+
+    /// Streams the body behind the head in `out`, framed as `framing` says; false when the
+    /// connection must end (the body failed, its length was wrong, the client went away).
+    async fn send_body(&mut self, body: &mut ProxyBody, framing: &mut Option<BodyFraming>) -> bool {
+        loop {
+            let (stream, watch) = (&*self.stream, &mut self.watch);
+            let has_output = !self.out.is_empty();
+            let step = std::future::poll_fn(|cx| match Pin::new(&mut *body).poll_frame(cx) {
+                Poll::Ready(frame) => Poll::Ready(Step::Frame(frame)),
+                // Whatever is ready goes out in one write before waiting for more.
+                Poll::Pending if has_output => Poll::Ready(Step::Flush),
+                Poll::Pending if watch.client_gone(stream, cx) => Poll::Ready(Step::Gone),
+                Poll::Pending => Poll::Pending,
+            })
+            .await;
+            let frame = match step {
+                Step::Flush => {
+                    if !self.flush_out().await {
+                        return false;
+                    }
+                    continue;
+                }
+                Step::Gone | Step::Frame(Some(Err(_))) => return false,
+                Step::Frame(None) => return self.end_body(framing),
+                Step::Frame(Some(Ok(frame))) => frame,
+            };
+            let frame = match frame.into_data() {
+                Ok(data) => {
+                    if !self.send_data(data, framing).await {
+                        return false;
+                    }
+                    continue;
+                }
+                Err(frame) => frame,
+            };
+            if let (Ok(trailers), Some(BodyFraming::Chunked(names))) =
+                (frame.into_trailers(), &*framing)
+            {
+                self.out.extend_from_slice(b"0\r\n");
+                write_trailers(&mut self.out, &trailers, names.as_deref());
+                self.out.extend_from_slice(b"\r\n");
+                // The last chunk is written: nothing more may follow.
+                *framing = None;
+            }
+        }
+    }
+
+    /// One data frame; a long one is written from where it is.
+    async fn send_data(&mut self, data: Bytes, framing: &mut Option<BodyFraming>) -> bool {
+        if data.is_empty() {
+            return true;
+        }
+        match framing {
+            Some(BodyFraming::Length(left)) => {
+                let Some(rest) = left.checked_sub(data.len() as u64) else {
+                    // More than the announced length: hyper aborts the response.
+                    return false;
+                };
+                *left = rest;
+            }
+            Some(BodyFraming::Chunked(_)) => {
+                let mut size = [0u8; 16];
+                let size = hex(data.len(), &mut size);
+                self.out.extend_from_slice(size);
+                self.out.extend_from_slice(b"\r\n");
+            }
+            // After the last chunk: nothing is written.
+            None => return true,
+        }
+        let chunked = matches!(framing, Some(BodyFraming::Chunked(_)));
+        let suffix: &[u8] = if chunked { b"\r\n" } else { b"" };
+        if data.len() < COPY_LIMIT {
+            self.out.extend_from_slice(&data);
+            self.out.extend_from_slice(suffix);
+            return true;
+        }
+        let out = std::mem::take(&mut self.out);
+        let sent = self.write_all(&[&out, &data, suffix]).await;
+        self.out = out;
+        self.out.clear();
+        sent
+    }
+
+    /// The end of the body: the last chunk, or a check that the announced length was sent.
+    fn end_body(&mut self, framing: &Option<BodyFraming>) -> bool {
+        match framing {
+            Some(BodyFraming::Chunked(_)) => {
+                self.out.extend_from_slice(b"0\r\n\r\n");
+                true
+            }
+            // Fewer bytes than announced: the client must not wait for the rest.
+            Some(BodyFraming::Length(left)) => *left == 0,
+            None => true,
+        }
+    }
+
+    async fn flush_out(&mut self) -> bool {
+        if self.out.is_empty() {
+            return true;
+        }
+        let out = std::mem::take(&mut self.out);
+        let sent = self.write_all(&[&out]).await;
+        self.out = out;
+        self.out.clear();
+        sent
+    }
+
+    /// Writes all of `parts` (vectored); false when the write failed or the client went away
+    /// while it waited (a client that stops reading and leaves would otherwise hold its
+    /// request until `idle_timeout`).
+    async fn write_all(&mut self, parts: &[&[u8]]) -> bool {
+        // At most a buffer, a data frame and its chunk's end: no allocation per write.
+        let mut storage = [IoSlice::new(&[]); 3];
+        let mut count = 0;
+        for part in parts.iter().filter(|p| !p.is_empty()).take(storage.len()) {
+            storage[count] = IoSlice::new(part);
+            count += 1;
+        }
+        let mut slices = &mut storage[..count];
+        while !slices.is_empty() {
+            let (stream, watch) = (&mut *self.stream, &mut self.watch);
+            let written = std::future::poll_fn(|cx| {
+                match Pin::new(&mut *stream).poll_write_vectored(cx, slices) {
+                    Poll::Pending if watch.client_gone(&*stream, cx) => Poll::Ready(Ok(0)),
+                    written => written,
+                }
+            });
+            match written.await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => {
+                    self.activity.touch();
+                    IoSlice::advance_slices(&mut slices, n);
+                }
+            }
+        }
+        true
+    }
+}
+
+/// One wait of [`Simple::send_body`].
+enum Step {
+    Frame(Option<Result<Frame<Bytes>, hyper::Error>>),
+    /// The body has nothing ready: write what is buffered first.
+    Flush,
+    /// The client went away.
+    Gone,
+}
+
+/// What hyper knows of a body when it writes the head.
+#[derive(Clone, Copy)]
+enum Length {
+    /// It has ended already (`is_end_stream`).
+    Nothing,
+    Known(u64),
+    Unknown,
+}
+
+enum BodyFraming {
+    /// Bytes still to send.
+    Length(u64),
+    /// Chunked, with the trailer fields the response announced.
+    Chunked(Option<Vec<HeaderName>>),
+}
+
+/// How one response's body goes: None when no body follows the head.
+struct Framing {
+    body: Option<BodyFraming>,
+    /// The connection closes after this response.
+    last: bool,
+}
+
+impl Framing {
+    fn none(last: bool) -> Self {
+        Framing { body: None, last }
+    }
+}
+
+/// The request of a head: its bytes, its parse and its fields' places.
+fn request_from(
+    head: &Bytes,
+    parsed: &ParsedHead,
+    fields: &[(Range<usize>, Range<usize>)],
+) -> Option<Request<ClientBody>> {
+    let uri = Uri::from_maybe_shared(head.slice(parsed.target.clone())).ok()?;
+    // Room for what the forwarder adds (it reserves 7: `X-Forwarded-*`, `X-Real-IP`...), so
+    // the map is not grown (rehashed) on the way upstream.
+    let mut headers = HeaderMap::with_capacity(fields.len() + FORWARDER_FIELDS);
+    for (name, value) in fields {
+        let name = HeaderName::from_bytes(&head[name.clone()]).ok()?;
+        let value = HeaderValue::from_maybe_shared(head.slice(value.clone())).ok()?;
+        headers.append(name, value);
+    }
+    let mut request = Request::new(ClientBody::Empty);
+    *request.method_mut() = parsed.method.clone();
+    *request.uri_mut() = uri;
+    *request.version_mut() = Version::HTTP_11;
+    *request.headers_mut() = headers;
+    Some(request)
+}
+
+/// Parses a whole head that the guard's scan found clean, its fields' places into `fields`;
+/// None when it is not one this path takes (see the module notes).
+fn parse_head(bytes: &[u8], fields: &mut Vec<(Range<usize>, Range<usize>)>) -> Option<ParsedHead> {
+    fields.clear();
+    let mut slots = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_SIMPLE_HEADERS];
+    let mut request = httparse::Request::new(&mut []);
+    let len = match request.parse_with_uninit_headers(bytes, &mut slots) {
+        Ok(httparse::Status::Complete(len)) => len,
+        _ => return None,
+    };
+    if request.version != Some(1) || !framing::accepts_without_body(&request) {
+        return None;
+    }
+    let method = Method::from_bytes(request.method?.as_bytes()).ok()?;
+    if method == Method::CONNECT {
+        return None;
+    }
+    let offset = |part: &[u8]| {
+        let start = part.as_ptr() as usize - bytes.as_ptr() as usize;
+        start..start + part.len()
+    };
+    let mut head = ParsedHead {
+        len,
+        method,
+        target: offset(request.path?.as_bytes()),
+        closes: false,
+    };
+    for field in request.headers.iter() {
+        let name = field.name;
+        if name.eq_ignore_ascii_case("upgrade") || name.eq_ignore_ascii_case("expect") {
+            return None;
+        }
+        if name.eq_ignore_ascii_case("connection") {
+            head.closes |= simple_connection_field(field.value)?;
+        }
+        fields.push((offset(name.as_bytes()), offset(field.value)));
+    }
+    Some(head)
+}
+
+/// A client's `Connection` field this path takes: only `close` and `keep-alive` tokens
+/// (others name hop-by-hop fields, or an upgrade, for hyper's path). Some(true): it says close.
+fn simple_connection_field(value: &[u8]) -> Option<bool> {
+    let mut closes = false;
+    for token in value.split(|&b| b == b',') {
+        let token = token.trim_ascii();
+        if token.eq_ignore_ascii_case(b"close") {
+            closes = true;
+        } else if !token.eq_ignore_ascii_case(b"keep-alive") && !token.is_empty() {
+            return None;
+        }
+    }
+    Some(closes)
+}
+
+/// Whether a response `Connection` field says close (hyper's `connection_close`).
+fn connection_says_close(value: &HeaderValue) -> bool {
+    value
+        .as_bytes()
+        .split(|&b| b == b',')
+        .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"))
+}
+
+/// A `Content-Length` value as hyper reads one: digits, or the same digits listed again.
+fn parse_length(value: &HeaderValue) -> Option<u64> {
+    let mut length = None;
+    for part in value.as_bytes().split(|&b| b == b',') {
+        let part = part.trim_ascii();
+        if part.is_empty() || !part.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        let n: u64 = std::str::from_utf8(part).ok()?.parse().ok()?;
+        if length.is_some_and(|l| l != n) {
+            return None;
+        }
+        length = Some(n);
+    }
+    length
+}
+
+/// Whether a response can carry a body (hyper's `can_chunked`): not to HEAD, and not 1xx, 204
+/// or 304.
+fn can_have_body(head_request: bool, status: StatusCode) -> bool {
+    !head_request && can_have_length(status)
+}
+
+/// Whether a response can carry a `Content-Length` (hyper's `can_have_content_length`).
+fn can_have_length(status: StatusCode) -> bool {
+    !status.is_informational()
+        && status != StatusCode::NO_CONTENT
+        && status != StatusCode::NOT_MODIFIED
+}
+
+/// Writes the trailer fields that were announced and are allowed in a trailer section (RFC
+/// 9110 6.5.1, hyper's list); none when nothing was announced.
+fn write_trailers(out: &mut Vec<u8>, trailers: &HeaderMap, announced: Option<&[HeaderName]>) {
+    let Some(announced) = announced else { return };
+    for (name, value) in trailers {
+        if !announced.contains(name) || !allowed_in_trailers(name) {
+            continue;
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+fn allowed_in_trailers(name: &HeaderName) -> bool {
+    !matches!(
+        *name,
+        header::AUTHORIZATION
+            | header::CACHE_CONTROL
+            | header::CONTENT_ENCODING
+            | header::CONTENT_LENGTH
+            | header::CONTENT_RANGE
+            | header::CONTENT_TYPE
+            | header::HOST
+            | header::MAX_FORWARDS
+            | header::SET_COOKIE
+            | header::TRAILER
+            | header::TRANSFER_ENCODING
+            | header::TE
+    )
+}
+
+/// `n` in lower-case hex, as a chunk size.
+fn hex(mut n: usize, buf: &mut [u8; 16]) -> &[u8] {
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = b"0123456789abcdef"[n & 0xf];
+        n >>= 4;
+        if n == 0 {
+            return &buf[at..];
+        }
+    }
+}
+
+/// The `date` field, formatted once a second.
+#[derive(Default)]
+struct DateField {
+    second: u64,
+    /// `date: <IMF-fixdate>\r\n\r\n`: the field and the end of the head.
+    line: Vec<u8>,
+}
+
+impl DateField {
+    fn write(&mut self, out: &mut Vec<u8>) {
+        let now = SystemTime::now();
+        let second = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        if second != self.second || self.line.is_empty() {
+            self.second = second;
+            self.line = format!("date: {}\r\n\r\n", httpdate::HttpDate::from(now)).into_bytes();
+        }
+        out.extend_from_slice(&self.line);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(head: &str) -> Option<ParsedHead> {
+        parse_head(head.as_bytes(), &mut Vec::new())
+    }
+
+    #[test]
+    fn simple_heads_are_taken_and_others_left_to_hyper() {
+        let taken = [
+            "GET / HTTP/1.1\r\nHost: a\r\n\r\n",
+            "HEAD /x?y=1 HTTP/1.1\r\nHost: a\r\nConnection: keep-alive\r\n\r\n",
+            "DELETE /x HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: a\r\nConnection: Keep-Alive, close\r\n\r\n",
+        ];
+        for head in taken {
+            assert!(parsed(head).is_some(), "{head:?} should be taken");
+        }
+        let left = [
+            "GET / HTTP/1.0\r\nHost: a\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: a\r\nConnection: x-secret\r\n\r\n",
+            "PUT / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\n\r\n",
+            "CONNECT a:443 HTTP/1.1\r\nHost: a\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 00\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\nContent-Length: 0\r\n\r\n",
+            "PRI * HTTP/2.0\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost : a\r\n\r\n",
+        ];
+        for head in left {
+            assert!(parsed(head).is_none(), "{head:?} should be left to hyper");
+        }
+        let many: String = (0..=MAX_SIMPLE_HEADERS)
+            .map(|i| format!("x-{i}: v\r\n"))
+            .collect();
+        assert!(parsed(&format!("GET / HTTP/1.1\r\n{many}\r\n")).is_none());
+    }
+
+    #[test]
+    fn a_close_token_anywhere_closes() {
+        let head = parsed("GET / HTTP/1.1\r\nConnection: keep-alive\r\nConnection: close\r\n\r\n");
+        assert!(head.is_some_and(|h| h.closes));
+        let head = parsed("GET / HTTP/1.1\r\nConnection: keep-alive\r\n\r\n");
+        assert!(head.is_some_and(|h| !h.closes));
+    }
+
+    #[test]
+    fn chunk_sizes_are_lower_case_hex() {
+        let mut buf = [0u8; 16];
+        assert_eq!(hex(0, &mut buf), b"0");
+        assert_eq!(hex(255, &mut buf), b"ff");
+        assert_eq!(hex(0x1000, &mut buf), b"1000");
+        assert_eq!(hex(usize::MAX, &mut buf).len(), usize::BITS as usize / 4);
+    }
+
+    #[test]
+    fn response_lengths_are_read_as_hyper_reads_them() {
+        let value = |s: &'static str| HeaderValue::from_static(s);
+        assert_eq!(parse_length(&value("12")), Some(12));
+        assert_eq!(parse_length(&value("12, 12")), Some(12));
+        assert_eq!(parse_length(&value("12, 13")), None);
+        assert_eq!(parse_length(&value("-1")), None);
+        assert_eq!(parse_length(&value("")), None);
+    }
+
+    #[test]
+    fn the_date_field_is_an_imf_fixdate() {
+        let mut date = DateField::default();
+        let mut out = Vec::new();
+        date.write(&mut out);
+        let text = String::from_utf8(out).expect("ascii");
+        let value = text
+            .strip_prefix("date: ")
+            .and_then(|t| t.strip_suffix("\r\n\r\n"));
+        let value = value.expect("a date field ending the head");
+        assert!(httpdate::parse_http_date(value).is_ok(), "{value}");
+    }
+}
