@@ -447,6 +447,10 @@ impl Proxy {
                 Ok(response) => {
                     let (mut parts, body) = response.into_parts();
                     parts.version = client_version;
+                    // Room for the rate-limit fields (up to four, with `both`) and
+                    // `X-Request-Id` in one growth of the map hyper sized for the upstream's
+                    // fields, instead of a growth (a rehash) on the way.
+                    parts.headers.reserve(5);
                     headers::add_rate_limit_headers(
                         &mut parts.headers,
                         server.rate_limit_headers,
