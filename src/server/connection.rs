@@ -137,7 +137,20 @@ pub(super) async fn serve_connection<S>(
         let in_flight = InFlight::start(requests.clone());
         let progress = (req.version() == http::Version::HTTP_2).then(|| streams.start());
         async move {
+            let version = req.version();
             let mut response = proxy.handle(req.map(ClientBody::Hyper), info).await;
+            if version != http::Version::HTTP_2
+                && response.status() != http::StatusCode::SWITCHING_PROTOCOLS
+                && in_flight.connection().draining()
+            {
+                // The drain began while the simple path had the connection, and hyper was
+                // handed a request it had read (in part): hyper's own graceful shutdown would
+                // drop that unanswered, so it is answered, and closes the connection.
+                response.headers_mut().insert(
+                    http::header::CONNECTION,
+                    http::HeaderValue::from_static("close"),
+                );
+            }
             if response.status() == http::StatusCode::SWITCHING_PROTOCOLS {
                 // Only the forwarder's checked 101 carries a splice. The switch is armed now,
                 // before hyper has the response, so the framing guard steps aside exactly for
@@ -184,10 +197,6 @@ pub(super) async fn serve_connection<S>(
         .max_header_list_size(crate::framing::MAX_HEAD as u32);
     let conn = builder.serve_connection_with_upgrades(io, service);
     tokio::pin!(conn);
-    if activity.draining() {
-        // The drain began on the simple path: hyper finishes what it was handed, and closes.
-        conn.as_mut().graceful_shutdown();
-    }
     let served = supervise(conn, &activity, settings, &mut phase, |conn| {
         conn.graceful_shutdown()
     });

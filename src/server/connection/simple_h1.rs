@@ -59,6 +59,9 @@ const MAX_SIMPLE_HEADERS: usize = 100;
 const FORWARDER_FIELDS: usize = 8;
 /// Body data at least this long is written from where it is, not copied behind the head.
 const COPY_LIMIT: usize = 8 * 1024;
+/// A body whose frames keep coming ready is written out once this much has gathered: the
+/// response buffer stays bounded whatever the upstream sends.
+const FLUSH_AT: usize = 64 * 1024;
 /// What a connection's read buffer starts with, as hyper's.
 const READ_BUFFER: usize = 8 * 1024;
 
@@ -95,10 +98,10 @@ pub(super) async fn serve<S: ClientStream>(
             Err(Stop::Close) => return Ending::Closed,
             Err(Stop::HandOver) => return conn.hand_over(),
         };
-        let Some((request, closes)) = conn.build(head) else {
+        let Some((request, asks)) = conn.build(head) else {
             return conn.hand_over();
         };
-        if !conn.exchange(request, closes, info, proxy).await {
+        if !conn.exchange(request, asks, info, proxy).await {
             let _ = conn.stream.shutdown().await;
             return Ending::Closed;
         }
@@ -160,8 +163,16 @@ struct ParsedHead {
     len: usize,
     method: Method,
     target: Range<usize>,
-    /// The client's `Connection` field says `close`.
-    closes: bool,
+    asks: Asks,
+}
+
+/// What the client's fields ask of the response.
+#[derive(Clone, Copy, Default)]
+struct Asks {
+    /// `Connection: close`.
+    close: bool,
+    /// `TE: trailers`: hyper sends a response's trailer fields only then.
+    trailers: bool,
 }
 
 impl<S: ClientStream> Simple<'_, S> {
@@ -204,7 +215,7 @@ impl<S: ClientStream> Simple<'_, S> {
 
     /// The request for a parsed head, and whether the client asked to close; None (the head
     /// left in the buffer) when `http` refuses a part of it that httparse accepted.
-    fn build(&mut self, head: ParsedHead) -> Option<(Request<ClientBody>, bool)> {
+    fn build(&mut self, head: ParsedHead) -> Option<(Request<ClientBody>, Asks)> {
         // The target and values share the head's bytes, as hyper's do.
         let frozen = self.buf.split_to(head.len).freeze();
         let built = request_from(&frozen, &head, &self.fields);
@@ -215,14 +226,14 @@ impl<S: ClientStream> Simple<'_, S> {
             whole.extend_from_slice(&self.buf);
             self.buf = whole;
         }
-        built.map(|request| (request, head.closes))
+        built.map(|request| (request, head.asks))
     }
 
     /// Runs one request and writes its response; false when the connection must end.
     async fn exchange(
         &mut self,
         request: Request<ClientBody>,
-        client_closes: bool,
+        asks: Asks,
         info: &ConnInfo,
         proxy: &Proxy,
     ) -> bool {
@@ -234,13 +245,21 @@ impl<S: ClientStream> Simple<'_, S> {
         let Some(response) = self.unless_client_goes(handling).await else {
             return false;
         };
-        let closing = client_closes || self.activity.draining();
+        let closing = asks.close || self.activity.draining();
         let (parts, mut body) = response.into_parts();
         let mut framing = self.encode_head(&parts, &body, head_request, closing);
+        if !asks.trailers {
+            if let Some(BodyFraming::Chunked(names)) = &mut framing.body {
+                *names = None;
+            }
+        }
         if framing.body.is_none() {
             // Nothing of the body goes out (HEAD, 204, 304...): dropped unread, as hyper does.
             drop(body);
         } else if !self.send_body(&mut body, &mut framing.body).await {
+            // What was ready goes out, as hyper writes it before it closes: the client sees a
+            // cut response, not none.
+            let _ = self.flush_out().await;
             return false;
         }
         if !self.flush_out().await {
@@ -438,15 +457,25 @@ impl<S: ClientStream> Simple<'_, S> {
                     if !self.send_data(data, framing).await {
                         return false;
                     }
+                    if matches!(framing, Some(BodyFraming::Length(0))) {
+                        // The announced length has gone out: hyper stops there, and drops
+                        // the rest of the body unread.
+                        return true;
+                    }
+                    if self.out.len() >= FLUSH_AT && !self.flush_out().await {
+                        return false;
+                    }
                     continue;
                 }
                 Err(frame) => frame,
             };
-            if let (Ok(trailers), Some(BodyFraming::Chunked(names))) =
+            // Trailer fields go out only where the client said it takes them (`TE:
+            // trailers`) and the response announced them; else the body ends without them.
+            if let (Ok(trailers), Some(BodyFraming::Chunked(Some(names)))) =
                 (frame.into_trailers(), &*framing)
             {
                 self.out.extend_from_slice(b"0\r\n");
-                write_trailers(&mut self.out, &trailers, names.as_deref());
+                write_trailers(&mut self.out, &trailers, names);
                 self.out.extend_from_slice(b"\r\n");
                 // The last chunk is written: nothing more may follow.
                 *framing = None;
@@ -454,37 +483,45 @@ impl<S: ClientStream> Simple<'_, S> {
         }
     }
 
-    /// One data frame; a long one is written from where it is.
+    /// One data frame, framed as `framing` says.
     async fn send_data(&mut self, data: Bytes, framing: &mut Option<BodyFraming>) -> bool {
         if data.is_empty() {
             return true;
         }
         match framing {
             Some(BodyFraming::Length(left)) => {
-                let Some(rest) = left.checked_sub(data.len() as u64) else {
-                    // More than the announced length: hyper aborts the response.
-                    return false;
+                // More than the announced length: hyper sends what was announced, no more.
+                let fits = usize::try_from(*left).unwrap_or(usize::MAX);
+                let data = if data.len() > fits {
+                    data.slice(..fits)
+                } else {
+                    data
                 };
-                *left = rest;
+                *left -= data.len() as u64;
+                self.send_bytes(&data, b"").await
             }
             Some(BodyFraming::Chunked(_)) => {
                 let mut size = [0u8; 16];
                 let size = hex(data.len(), &mut size);
                 self.out.extend_from_slice(size);
                 self.out.extend_from_slice(b"\r\n");
+                self.send_bytes(&data, b"\r\n").await
             }
             // After the last chunk: nothing is written.
-            None => return true,
+            None => true,
         }
-        let chunked = matches!(framing, Some(BodyFraming::Chunked(_)));
-        let suffix: &[u8] = if chunked { b"\r\n" } else { b"" };
+    }
+
+    /// `data` then `suffix` behind what `out` holds: copied when short, else written from
+    /// where it is, with `out`, in one vectored write.
+    async fn send_bytes(&mut self, data: &[u8], suffix: &[u8]) -> bool {
         if data.len() < COPY_LIMIT {
-            self.out.extend_from_slice(&data);
+            self.out.extend_from_slice(data);
             self.out.extend_from_slice(suffix);
             return true;
         }
         let out = std::mem::take(&mut self.out);
-        let sent = self.write_all(&[&out, &data, suffix]).await;
+        let sent = self.write_all(&[&out, data, suffix]).await;
         self.out = out;
         self.out.clear();
         sent
@@ -624,15 +661,18 @@ fn parse_head(bytes: &[u8], fields: &mut Vec<(Range<usize>, Range<usize>)>) -> O
     if method == Method::CONNECT {
         return None;
     }
+    // Every part httparse gives of a request is a slice of `bytes`; one that were not would
+    // be hyper's to read.
     let offset = |part: &[u8]| {
-        let start = part.as_ptr() as usize - bytes.as_ptr() as usize;
-        start..start + part.len()
+        let start = (part.as_ptr() as usize).checked_sub(bytes.as_ptr() as usize)?;
+        let end = start.checked_add(part.len())?;
+        (end <= bytes.len()).then_some(start..end)
     };
     let mut head = ParsedHead {
         len,
         method,
-        target: offset(request.path?.as_bytes()),
-        closes: false,
+        target: offset(request.path?.as_bytes())?,
+        asks: Asks::default(),
     };
     for field in request.headers.iter() {
         let name = field.name;
@@ -640,9 +680,11 @@ fn parse_head(bytes: &[u8], fields: &mut Vec<(Range<usize>, Range<usize>)>) -> O
             return None;
         }
         if name.eq_ignore_ascii_case("connection") {
-            head.closes |= simple_connection_field(field.value)?;
+            head.asks.close |= simple_connection_field(field.value)?;
+        } else if name.eq_ignore_ascii_case("te") {
+            head.asks.trailers |= has_token(field.value, b"trailers");
         }
-        fields.push((offset(name.as_bytes()), offset(field.value)));
+        fields.push((offset(name.as_bytes())?, offset(field.value)?));
     }
     Some(head)
 }
@@ -664,10 +706,14 @@ fn simple_connection_field(value: &[u8]) -> Option<bool> {
 
 /// Whether a response `Connection` field says close (hyper's `connection_close`).
 fn connection_says_close(value: &HeaderValue) -> bool {
+    has_token(value.as_bytes(), b"close")
+}
+
+/// Whether a comma-separated field value lists `token` (any case).
+fn has_token(value: &[u8], token: &[u8]) -> bool {
     value
-        .as_bytes()
         .split(|&b| b == b',')
-        .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"))
+        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
 }
 
 /// A `Content-Length` value as hyper reads one: digits, or the same digits listed again.
@@ -702,8 +748,7 @@ fn can_have_length(status: StatusCode) -> bool {
 
 /// Writes the trailer fields that were announced and are allowed in a trailer section (RFC
 /// 9110 6.5.1, hyper's list); none when nothing was announced.
-fn write_trailers(out: &mut Vec<u8>, trailers: &HeaderMap, announced: Option<&[HeaderName]>) {
-    let Some(announced) = announced else { return };
+fn write_trailers(out: &mut Vec<u8>, trailers: &HeaderMap, announced: &[HeaderName]) {
     for (name, value) in trailers {
         if !announced.contains(name) || !allowed_in_trailers(name) {
             continue;
@@ -733,12 +778,12 @@ fn allowed_in_trailers(name: &HeaderName) -> bool {
     )
 }
 
-/// `n` in lower-case hex, as a chunk size.
+/// `n` in upper-case hex, as hyper writes a chunk size.
 fn hex(mut n: usize, buf: &mut [u8; 16]) -> &[u8] {
     let mut at = buf.len();
     loop {
         at -= 1;
-        buf[at] = b"0123456789abcdef"[n & 0xf];
+        buf[at] = b"0123456789ABCDEF"[n & 0xf];
         n >>= 4;
         if n == 0 {
             return &buf[at..];
@@ -810,16 +855,18 @@ mod tests {
     #[test]
     fn a_close_token_anywhere_closes() {
         let head = parsed("GET / HTTP/1.1\r\nConnection: keep-alive\r\nConnection: close\r\n\r\n");
-        assert!(head.is_some_and(|h| h.closes));
+        assert!(head.is_some_and(|h| h.asks.close));
         let head = parsed("GET / HTTP/1.1\r\nConnection: keep-alive\r\n\r\n");
-        assert!(head.is_some_and(|h| !h.closes));
+        assert!(head.is_some_and(|h| !h.asks.close));
+        let head = parsed("GET / HTTP/1.1\r\nTE: gzip\r\nTE: Trailers\r\n\r\n");
+        assert!(head.is_some_and(|h| h.asks.trailers));
     }
 
     #[test]
-    fn chunk_sizes_are_lower_case_hex() {
+    fn chunk_sizes_are_upper_case_hex() {
         let mut buf = [0u8; 16];
         assert_eq!(hex(0, &mut buf), b"0");
-        assert_eq!(hex(255, &mut buf), b"ff");
+        assert_eq!(hex(255, &mut buf), b"FF");
         assert_eq!(hex(0x1000, &mut buf), b"1000");
         assert_eq!(hex(usize::MAX, &mut buf).len(), usize::BITS as usize / 4);
     }
