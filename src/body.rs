@@ -18,9 +18,56 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
+use crate::forward::DirectBody;
+
 pub enum ProxyBody {
-    Upstream(Incoming),
+    Upstream(UpstreamBody),
     Local(Option<Bytes>),
+}
+
+/// An upstream's response body: hyper's, or read by tollgate's own HTTP/1.1 client
+/// (`forward::direct`).
+pub enum UpstreamBody {
+    Hyper(Incoming),
+    Direct(DirectBody),
+}
+
+/// Why an upstream's response body stopped before its end.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    #[error(transparent)]
+    Hyper(#[from] hyper::Error),
+    #[error("upstream response body: {0}")]
+    Direct(#[from] std::io::Error),
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        match self.get_mut() {
+            UpstreamBody::Hyper(inner) => Pin::new(inner).poll_frame(cx).map_err(Into::into),
+            UpstreamBody::Direct(inner) => Pin::new(inner).poll_frame(cx).map_err(Into::into),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            UpstreamBody::Hyper(inner) => inner.is_end_stream(),
+            UpstreamBody::Direct(inner) => inner.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            UpstreamBody::Hyper(inner) => inner.size_hint(),
+            UpstreamBody::Direct(inner) => inner.size_hint(),
+        }
+    }
 }
 
 impl ProxyBody {
@@ -40,12 +87,12 @@ impl ProxyBody {
 
 impl Body for ProxyBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         match self.get_mut() {
             ProxyBody::Upstream(inner) => Pin::new(inner).poll_frame(cx),
             ProxyBody::Local(bytes) => Poll::Ready(bytes.take().map(|b| Ok(Frame::data(b)))),
@@ -131,6 +178,12 @@ pub enum RequestBodyError {
 }
 
 impl RequestBody {
+    /// Whether the request has no body at all (one that tollgate's own HTTP/1.1 path read):
+    /// such a request may go on tollgate's own upstream client (`forward::direct`).
+    pub fn is_absent(&self) -> bool {
+        matches!(self.inner, ClientBody::Empty)
+    }
+
     /// The body as it is, without a limit.
     pub fn unlimited(inner: ClientBody) -> Self {
         RequestBody { inner, cap: None }

@@ -7,7 +7,9 @@
 //! connection goes back once the response body has been read to its end. hyper-util's
 //! general-purpose pooled client did the same with a shared, hashed, lock-per-request pool and
 //! several layers of futures: a quarter of tollgate's instructions per request in the
-//! benchmark (docs/performance.md).
+//! benchmark (docs/performance.md). A request without a body to a plain-HTTP origin goes on
+//! tollgate's own HTTP/1.1 client instead ([`direct`]): no task, channel or dispatcher per
+//! connection.
 //!
 //! With several origins (`urls`), requests go round robin; a connect that fails (refused,
 //! timed out, TLS) has sent nothing, so the request moves on to the next origin, and the
@@ -32,7 +34,6 @@ use std::time::Duration;
 use http::header::{self, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Method, Request, Response, StatusCode, Uri, Version};
-use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
 use hyper_rustls::{HttpsConnector, MaybeHttpsStream};
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -42,7 +43,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 use tower_service::Service;
 
-use crate::body::{ClientBody, RequestBody};
+use crate::body::{ClientBody, RequestBody, UpstreamBody};
 use crate::config::UpstreamConfig;
 use crate::deadline::Deadlines;
 use crate::error::{Detail, RequestError, StartupError};
@@ -59,6 +60,11 @@ const SURPLUS_GRACE: Duration = Duration::from_secs(1);
 /// How often idle connections are looked over: without it, an expired or surplus one would
 /// stay open until its worker next used that upstream.
 const TRIM_EVERY: Duration = Duration::from_secs(1);
+
+mod direct;
+
+pub use direct::DirectBody;
+use direct::{DirectConn, ExchangeError, Parking};
 
 type Connector = HttpsConnector<HttpConnector>;
 type UpstreamIo = MaybeHttpsStream<TokioIo<TcpStream>>;
@@ -96,25 +102,36 @@ struct Origin {
 /// One worker's connections to one upstream, by origin index.
 #[derive(Default)]
 struct Lane {
-    /// Idle HTTP/1.1 connections, the most recently used last.
-    idle: Vec<VecDeque<Idle>>,
+    /// Idle HTTP/1.1 connections of hyper's client, the most recently used last.
+    idle: Vec<VecDeque<Idle<http1::SendRequest<RequestBody>>>>,
+    /// Idle HTTP/1.1 connections of tollgate's own client ([`direct`]), likewise.
+    direct: Vec<VecDeque<Idle<DirectConn>>>,
     /// The HTTP/2 connection, shared by all of this worker's requests to the origin.
     h2: Vec<Option<http2::SendRequest<RequestBody>>>,
 }
 
-struct Idle {
-    sender: http1::SendRequest<RequestBody>,
+struct Idle<C> {
+    conn: C,
     since: Instant,
+}
+
+impl<C> Idle<C> {
+    fn new(conn: C) -> Self {
+        let since = Instant::now();
+        Idle { conn, since }
+    }
 }
 
 impl Lane {
     /// Puts a ready connection at the most-recently-used end of the origin's idle list.
     /// Expired and surplus connections are closed by `trim_idle`, not here.
     fn park(&mut self, origin: usize, sender: http1::SendRequest<RequestBody>) {
-        self.idle[origin].push_back(Idle {
-            sender,
-            since: Instant::now(),
-        });
+        self.idle[origin].push_back(Idle::new(sender));
+    }
+
+    /// The same for a connection of tollgate's own client, once its response was read whole.
+    fn park_direct(&mut self, origin: usize, conn: DirectConn) {
+        self.direct[origin].push_back(Idle::new(conn));
     }
 }
 
@@ -216,6 +233,7 @@ impl UpstreamPool {
             .map(|_| {
                 Mutex::new(Lane {
                     idle: origins.iter().map(|_| VecDeque::new()).collect(),
+                    direct: origins.iter().map(|_| VecDeque::new()).collect(),
                     h2: origins.iter().map(|_| None).collect(),
                 })
             })
@@ -253,7 +271,7 @@ impl UpstreamPool {
         &'a self,
         mut req: Request<ClientBody>,
         fwd: ForwardRequest<'a>,
-    ) -> impl Future<Output = Result<Response<Incoming>, RequestError>> + 'a {
+    ) -> impl Future<Output = Result<Response<UpstreamBody>, RequestError>> + 'a {
         async move {
             let path_and_query = PathAndQuery::try_from(fwd.target)
                 .map_err(|_| RequestError::BadRequest("unusable request target"))?;
@@ -414,7 +432,7 @@ impl UpstreamPool {
         mut req: Request<RequestBody>,
         host: &'a HostHeader,
         metrics: &'a Metrics,
-    ) -> impl Future<Output = Result<Response<Incoming>, RequestError>> + 'a {
+    ) -> impl Future<Output = Result<Response<UpstreamBody>, RequestError>> + 'a {
         async move {
             let count = self.origins.len();
             let start = self.pick();
@@ -544,12 +562,16 @@ impl UpstreamPool {
         worker: usize,
         origin: usize,
         mut req: Request<RequestBody>,
-    ) -> Result<Response<Incoming>, Failure> {
+    ) -> Result<Response<UpstreamBody>, Failure> {
+        // A request without a body to a plain-HTTP origin goes on tollgate's own client.
+        if req.body().is_absent() && self.origins[origin].scheme == Scheme::HTTP {
+            return self.send_direct(worker, origin, req).await;
+        }
         if let Some(mut sender) = self.idle_h1(worker, origin) {
             match sender.try_send_request(req).await {
                 Ok(response) => {
                     self.recycle_h1(worker, origin, sender);
-                    return Ok(response);
+                    return Ok(response.map(UpstreamBody::Hyper));
                 }
                 Err(mut err) => match err.take_message() {
                     Some(unsent) => req = unsent,
@@ -569,7 +591,59 @@ impl UpstreamPool {
             .await
             .map_err(|e| Failure::Sent(unreachable(&e)))?;
         self.recycle_h1(worker, origin, sender);
-        Ok(response)
+        Ok(response.map(UpstreamBody::Hyper))
+    }
+
+    /// HTTP/1.1 on tollgate's own client ([`direct`]), with the same rules as [`Self::send_h1`]:
+    /// an idle connection of this worker if one is still open, once more on a new connection
+    /// when not a byte of the request could be written to it, and the request given back only
+    /// when no new connection can be made.
+    async fn send_direct(
+        &self,
+        worker: usize,
+        origin: usize,
+        req: Request<RequestBody>,
+    ) -> Result<Response<UpstreamBody>, Failure> {
+        let parking = || Parking {
+            lanes: self.lanes.clone(),
+            worker,
+            origin,
+        };
+        if let Some(conn) = self.idle_direct(worker, origin) {
+            match direct::exchange(conn, &req, parking()).await {
+                Ok(response) => return Ok(response.map(UpstreamBody::Direct)),
+                Err(ExchangeError::Unsent(_)) => {}
+                Err(ExchangeError::Sent(err)) => return Err(Failure::Sent(err)),
+            }
+        }
+        let authority = &self.origins[origin].authority;
+        let connect = DirectConn::connect(authority, self.config.connect_timeout);
+        // Boxed, as in `send_h1`: connecting is the rare path.
+        let conn = match Box::pin(connect).await {
+            Ok(conn) => conn,
+            Err(err) => return Err(Failure::Connect(Box::new(req), err)),
+        };
+        match direct::exchange(conn, &req, parking()).await {
+            Ok(response) => Ok(response.map(UpstreamBody::Direct)),
+            Err(ExchangeError::Unsent(err) | ExchangeError::Sent(err)) => Err(Failure::Sent(err)),
+        }
+    }
+
+    /// The most recently used idle connection of tollgate's own client that is still open,
+    /// as [`Self::idle_h1`].
+    fn idle_direct(&self, worker: usize, origin: usize) -> Option<DirectConn> {
+        let mut lane = self.lane(worker);
+        let idle = &mut lane.direct[origin];
+        while let Some(candidate) = idle.pop_back() {
+            if candidate.since.elapsed() > POOL_IDLE_TIMEOUT {
+                idle.clear();
+                return None;
+            }
+            if candidate.conn.is_reusable() {
+                return Some(candidate.conn);
+            }
+        }
+        None
     }
 
     /// A new HTTP/1.1 connection, driven by a task on this worker.
@@ -601,8 +675,8 @@ impl UpstreamPool {
                 idle.clear();
                 return None;
             }
-            if candidate.sender.is_ready() {
-                return Some(candidate.sender);
+            if candidate.conn.is_ready() {
+                return Some(candidate.conn);
             }
         }
         None
@@ -639,7 +713,7 @@ impl UpstreamPool {
         worker: usize,
         origin: usize,
         req: Request<RequestBody>,
-    ) -> Result<Response<Incoming>, Failure> {
+    ) -> Result<Response<UpstreamBody>, Failure> {
         let open = self.lane(worker).h2[origin]
             .clone()
             .filter(|sender| !sender.is_closed());
@@ -658,7 +732,9 @@ impl UpstreamPool {
             sender.ready().await?;
             sender.send_request(req).await
         };
-        sent.await.map_err(|e| Failure::Sent(unreachable(&e)))
+        sent.await
+            .map(|response| response.map(UpstreamBody::Hyper))
+            .map_err(|e| Failure::Sent(unreachable(&e)))
     }
 
     /// A new HTTP/2 connection, driven by a task on this worker.
@@ -708,14 +784,51 @@ async fn trim_idle(lanes: Weak<[Mutex<Lane>]>, keep: usize) {
         };
         let now = Instant::now();
         for lane in lanes.iter() {
-            for idle in lock(lane).idle.iter_mut() {
-                while idle.front().is_some_and(|oldest| {
-                    let quiet = now.duration_since(oldest.since);
-                    quiet > POOL_IDLE_TIMEOUT || (idle.len() > keep && quiet >= SURPLUS_GRACE)
-                }) {
-                    idle.pop_front();
-                }
+            let lane = &mut *lock(lane);
+            for (hyper, direct) in lane.idle.iter_mut().zip(lane.direct.iter_mut()) {
+                trim(hyper, direct, now, keep);
             }
+        }
+    }
+}
+
+/// One origin's idle connections of a lane, hyper's and tollgate's own client's: closes those
+/// past [`POOL_IDLE_TIMEOUT`], then the oldest of either kind while there are more than `keep`
+/// of both together, once idle for [`SURPLUS_GRACE`]. `max_idle_connections` bounds them
+/// together.
+fn trim<A, B>(
+    hyper: &mut VecDeque<Idle<A>>,
+    direct: &mut VecDeque<Idle<B>>,
+    now: Instant,
+    keep: usize,
+) {
+    let expired = |idle: Option<&Instant>| {
+        idle.is_some_and(|since| now.duration_since(*since) > POOL_IDLE_TIMEOUT)
+    };
+    while expired(hyper.front().map(|i| &i.since)) {
+        hyper.pop_front();
+    }
+    while expired(direct.front().map(|i| &i.since)) {
+        direct.pop_front();
+    }
+    while hyper.len() + direct.len() > keep {
+        let oldest_is_hyper = match (hyper.front(), direct.front()) {
+            (Some(h), Some(d)) => h.since <= d.since,
+            (Some(_), None) => true,
+            _ => false,
+        };
+        let since = if oldest_is_hyper {
+            hyper.front().map(|i| i.since)
+        } else {
+            direct.front().map(|i| i.since)
+        };
+        if since.is_none_or(|since| now.duration_since(since) < SURPLUS_GRACE) {
+            return;
+        }
+        if oldest_is_hyper {
+            hyper.pop_front();
+        } else {
+            direct.pop_front();
         }
     }
 }
@@ -791,6 +904,47 @@ fn unreachable(err: &(dyn std::error::Error + 'static)) -> RequestError {
 mod tests {
     use super::*;
     use std::path::PathBuf;
+
+    /// Idle lists of hyper's and the own client's connections, each entry named and idle for
+    /// the given seconds (oldest first), trimmed at `keep`: the names left.
+    fn trimmed(
+        hyper: &[(&'static str, u64)],
+        direct: &[(&'static str, u64)],
+        keep: usize,
+    ) -> Vec<&'static str> {
+        let now = Instant::now() + Duration::from_secs(1000);
+        let list = |entries: &[(&'static str, u64)]| -> VecDeque<Idle<&'static str>> {
+            entries
+                .iter()
+                .map(|&(conn, idle)| Idle {
+                    conn,
+                    since: now - Duration::from_secs(idle),
+                })
+                .collect()
+        };
+        let (mut hyper, mut direct) = (list(hyper), list(direct));
+        trim(&mut hyper, &mut direct, now, keep);
+        hyper.iter().chain(direct.iter()).map(|i| i.conn).collect()
+    }
+
+    #[test]
+    fn max_idle_connections_bounds_both_clients_connections_together() {
+        // The oldest go first, whichever client they belong to.
+        let left = trimmed(
+            &[("h-old", 30), ("h-new", 2)],
+            &[("d-old", 20), ("d-new", 5)],
+            2,
+        );
+        assert_eq!(left, ["h-new", "d-new"]);
+        // Connections idle for less than the grace are kept, even past the bound.
+        assert_eq!(trimmed(&[("h", 0)], &[("d", 0)], 0), ["h", "d"]);
+        // Past the idle timeout, a connection goes whatever the bound.
+        let expired = POOL_IDLE_TIMEOUT.as_secs() + 1;
+        assert_eq!(
+            trimmed(&[("h", expired)], &[("d", expired), ("d2", 3)], 10),
+            ["d2"]
+        );
+    }
 
     fn upstream_with_ca(ca_file: PathBuf) -> UpstreamConfig {
         UpstreamConfig {

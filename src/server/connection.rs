@@ -22,7 +22,7 @@ use tokio::sync::watch;
 use super::coarse_clock::CoarseClock;
 use super::streams::{NewStreams, StreamExecutor, StreamProgress};
 use super::Phase;
-use crate::body::{ClientBody, ProxyBody};
+use crate::body::{BodyError, ClientBody, ProxyBody};
 use crate::forward::Splice;
 use crate::framing::FramingGuard;
 use crate::proxy::{ConnInfo, Proxy};
@@ -469,12 +469,12 @@ struct CountedBody {
 
 impl http_body::Body for CountedBody {
     type Data = bytes::Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, BodyError>>> {
         let this = self.get_mut();
         match &mut this.progress {
             Some(progress) => progress.poll_frame(Pin::new(&mut this.body), cx),

@@ -46,7 +46,7 @@ use http_body::{Body, Frame};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::{Activity, ClientStream, InFlight};
-use crate::body::{ClientBody, ProxyBody};
+use crate::body::{BodyError, ClientBody, ProxyBody};
 use crate::framing::{self, HeadScan};
 use crate::proxy::{ConnInfo, Proxy};
 
@@ -585,7 +585,7 @@ impl<S: ClientStream> Simple<'_, S> {
 
 /// One wait of [`Simple::send_body`].
 enum Step {
-    Frame(Option<Result<Frame<Bytes>, hyper::Error>>),
+    Frame(Option<Result<Frame<Bytes>, BodyError>>),
     /// The body has nothing ready: write what is buffered first.
     Flush,
     /// The client went away.

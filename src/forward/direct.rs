@@ -1,0 +1,925 @@
+//! tollgate's own HTTP/1.1 client, for requests without a body to plain-HTTP upstreams
+//! (issue 16, the upstream half of the simple path).
+//!
+//! hyper's connection-level client drives each upstream connection from a task of its own:
+//! the request goes to it through a channel, the response head comes back through another,
+//! and the body through a third, with a dispatcher, an encoder and a decoder around them. A
+//! request that tollgate's own server path took (`server::connection::simple_h1`: no body, no
+//! upgrade) needs none of that: here the request's own task writes the head to an idle
+//! connection of its worker, reads the response head, parses it once, and hands the body on as
+//! a [`DirectBody`] that reads the rest from the connection as the client takes it. When the
+//! body has been read to its end and the upstream keeps the connection alive, the body puts
+//! the connection back on the worker's idle list.
+//!
+//! What it does is what hyper 1.x's client does (`proto/h1/role.rs`, `Client`): the request
+//! line and lower-case fields as given, no length for an empty body; a response head of at most
+//! 100 fields (larger ones, or malformed ones, are errors: 502); 1xx heads before the response
+//! skipped (a 101 ends the connection); no body for HEAD, 204 and 304; chunked when
+//! `Transfer-Encoding` ends in `chunked`, else read to the close, `Content-Length` otherwise
+//! (several must agree); the reason phrase kept when it is not the usual one; keep-alive by
+//! the version and `Connection`. An idle connection the upstream closed is noticed without a
+//! system call (its socket is readable) and not used. TLS and HTTP/2 upstreams, and every
+//! request with a body, stay on hyper.
+
+use std::future::Future;
+use std::io;
+use std::mem::MaybeUninit;
+use std::ops::Range;
+use std::pin::{pin, Pin};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::uri::Authority;
+use http::{Method, Request, Response, StatusCode, Version};
+use http_body::{Body, Frame, SizeHint};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::{lock, Lane};
+use crate::body::RequestBody;
+use crate::error::RequestError;
+
+/// hyper's limit on a response head's fields.
+const MAX_FIELDS: usize = 100;
+/// hyper's default read buffer limit: a response head larger than this is an error.
+const MAX_HEAD: usize = 8192 + 4096 * 100;
+/// What a connection's read buffer grows by.
+const READ_CHUNK: usize = 8 * 1024;
+/// hyper's limits on a chunked response body: chunk extensions, counted over the whole body,
+/// and the trailer section.
+const MAX_EXTENSIONS: u64 = 16 * 1024;
+const MAX_TRAILERS: usize = 16 * 1024;
+/// A chunk-size line still without its LF past this is refused (its extensions alone would be
+/// over [`MAX_EXTENSIONS`]).
+const MAX_CHUNK_LINE: usize = MAX_EXTENSIONS as usize + 1024;
+/// hyper's largest body length (`DecodedLength::MAX`): two values above are its own markers.
+const MAX_LENGTH: u64 = u64::MAX - 2;
+/// Room left in a response's field map for what the proxy adds (rate-limit fields and
+/// `X-Request-Id`), so it is not grown (rehashed) on the way.
+const PROXY_FIELDS: usize = 5;
+
+/// One plain-TCP connection to an upstream origin.
+pub(super) struct DirectConn {
+    stream: TcpStream,
+    /// Bytes read and not used yet.
+    buf: BytesMut,
+    /// The request head being written; kept from request to request.
+    out: Vec<u8>,
+    /// Where a response head's fields are (name, value), from its one parse; kept likewise.
+    fields: Vec<(Range<usize>, Range<usize>)>,
+}
+
+/// Why an exchange gave no response.
+pub(super) enum ExchangeError {
+    /// Not a byte of the request was written: it may go on another connection.
+    Unsent(RequestError),
+    /// The request had started to go: answered as it is (502), never sent again.
+    Sent(RequestError),
+}
+
+/// Where a connection goes back to once its response has been read: its worker's lane.
+pub(super) struct Parking {
+    pub(super) lanes: Arc<[Mutex<Lane>]>,
+    pub(super) worker: usize,
+    pub(super) origin: usize,
+}
+
+impl DirectConn {
+    /// A new connection to `authority` (port 80 when it names none), within `timeout`.
+    pub(super) async fn connect(
+        authority: &Authority,
+        timeout: Duration,
+    ) -> Result<DirectConn, RequestError> {
+        let host = authority.host();
+        // An IPv6 literal keeps its brackets in an authority, not in a socket address.
+        let host = host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(host);
+        let port = authority.port_u16().unwrap_or(80);
+        let stream = match tokio::time::timeout(timeout, TcpStream::connect((host, port))).await {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(err)) => return Err(unreachable(format!("tcp connect error: {err}"))),
+            Err(_) => return Err(unreachable("tcp connect error: connect timed out".into())),
+        };
+        let _ = stream.set_nodelay(true);
+        Ok(DirectConn {
+            stream,
+            buf: BytesMut::with_capacity(READ_CHUNK),
+            out: Vec::with_capacity(512),
+            fields: Vec::with_capacity(16),
+        })
+    }
+
+    /// Whether an idle connection can carry a request: the upstream has not closed it and
+    /// sent nothing since its last response. Its socket turns readable when anything arrives;
+    /// until then this costs no system call.
+    pub(super) fn is_reusable(&self) -> bool {
+        let mut cx = Context::from_waker(Waker::noop());
+        match self.stream.poll_read_ready(&mut cx) {
+            Poll::Pending => true,
+            Poll::Ready(Err(_)) => false,
+            // Readable may be stale (a last read that did not drain the socket); a read
+            // tells: anything but "nothing yet" ends the connection.
+            Poll::Ready(Ok(())) => {
+                let mut byte = [0u8; 1];
+                matches!(self.stream.try_read(&mut byte), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+            }
+        }
+    }
+}
+
+/// Sends `req` (whose body is empty) on `conn` and reads the response head; the body reads
+/// the rest and puts the connection back at `parking` when it may be used again.
+pub(super) async fn exchange(
+    mut conn: DirectConn,
+    req: &Request<RequestBody>,
+    parking: Parking,
+) -> Result<Response<DirectBody>, ExchangeError> {
+    encode_request(req, &mut conn.out);
+    let out = std::mem::take(&mut conn.out);
+    let written = write_head(&mut conn.stream, &out).await;
+    conn.out = out;
+    if let Err((sent, err)) = written {
+        let err = unreachable(format!("error writing a request: {err}"));
+        return Err(if sent {
+            ExchangeError::Sent(err)
+        } else {
+            ExchangeError::Unsent(err)
+        });
+    }
+    let head_only = req.method() == Method::HEAD;
+    loop {
+        match read_head(&mut conn, head_only).await {
+            Ok(Head::Informational) => continue,
+            Ok(Head::Response {
+                response,
+                framing,
+                keep_alive,
+            }) => {
+                let mut body = DirectBody {
+                    conn: Some(conn),
+                    framing,
+                    keep_alive,
+                    parking: Some(parking),
+                };
+                body.finish_if_done();
+                return Ok(response.map(|()| body));
+            }
+            Err(err) => return Err(ExchangeError::Sent(err)),
+        }
+    }
+}
+
+/// The request line and fields, as hyper's client writes them for a request without a body.
+fn encode_request(req: &Request<RequestBody>, out: &mut Vec<u8>) {
+    out.clear();
+    out.extend_from_slice(req.method().as_str().as_bytes());
+    out.push(b' ');
+    let target = req.uri().path_and_query().map_or("/", |pq| pq.as_str());
+    out.extend_from_slice(if target.is_empty() {
+        b"/"
+    } else {
+        target.as_bytes()
+    });
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    for (name, value) in req.headers() {
+        // Framing is the body's (there is none); hyper drops a `Transfer-Encoding` for it.
+        if name == header::TRANSFER_ENCODING {
+            continue;
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Writes the whole head; on failure, whether any of it was written.
+async fn write_head(stream: &mut TcpStream, head: &[u8]) -> Result<(), (bool, io::Error)> {
+    let mut written = 0;
+    while written < head.len() {
+        match stream.write(&head[written..]).await {
+            Ok(0) => {
+                let err = io::Error::new(io::ErrorKind::WriteZero, "connection closed");
+                return Err((written > 0, err));
+            }
+            Ok(n) => written += n,
+            Err(err) => return Err((written > 0, err)),
+        }
+    }
+    Ok(())
+}
+
+/// One response head read from the connection.
+enum Head {
+    /// A 1xx other than 101: skipped, the response follows.
+    Informational,
+    Response {
+        response: Response<()>,
+        framing: Framing,
+        keep_alive: bool,
+    },
+}
+
+/// Reads and parses the next response head.
+async fn read_head(conn: &mut DirectConn, head_only: bool) -> Result<Head, RequestError> {
+    loop {
+        if !conn.buf.is_empty() {
+            if let Some(head) = parse_head(&mut conn.buf, &mut conn.fields, head_only)? {
+                return Ok(head);
+            }
+            if conn.buf.len() > MAX_HEAD {
+                return Err(unreachable("response head too large".into()));
+            }
+        }
+        conn.buf.reserve(READ_CHUNK);
+        match conn.stream.read_buf(&mut conn.buf).await {
+            Ok(0) => {
+                let what = if conn.buf.is_empty() {
+                    "connection closed before message completed"
+                } else {
+                    "connection closed in the middle of a response head"
+                };
+                return Err(unreachable(what.into()));
+            }
+            Ok(_) => {}
+            Err(err) => return Err(unreachable(format!("error reading a response: {err}"))),
+        }
+    }
+}
+
+/// The head at the start of `buf`, taken out of it; None when it has not all come yet.
+/// `head_only`: it answers a HEAD request (no body follows, whatever its fields say).
+fn parse_head(
+    buf: &mut BytesMut,
+    fields: &mut Vec<(Range<usize>, Range<usize>)>,
+    head_only: bool,
+) -> Result<Option<Head>, RequestError> {
+    let mut slots = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_FIELDS];
+    let mut parsed = httparse::Response::new(&mut []);
+    // hyper's client parses with httparse's default (strict) configuration too.
+    let config = httparse::ParserConfig::default();
+    let len = match config.parse_response_with_uninit_headers(&mut parsed, buf, &mut slots) {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(err) => return Err(unreachable(format!("invalid response head: {err}"))),
+    };
+    let invalid = |what: &str| unreachable(format!("invalid response head: {what}"));
+    let status = parsed
+        .code
+        .and_then(|code| StatusCode::from_u16(code).ok())
+        .ok_or_else(|| invalid("status"))?;
+    let version = if parsed.version == Some(1) {
+        Version::HTTP_11
+    } else {
+        Version::HTTP_10
+    };
+    let place = |part: &[u8]| range_in(buf, part).ok_or_else(|| invalid("field"));
+    // httparse gives an empty reason that is not in the buffer for a status line without one,
+    // or with obs-text in it: hyper keeps it as an empty reason phrase.
+    let reason = parsed.reason.unwrap_or("");
+    let reason = match range_in(buf, reason.as_bytes()) {
+        _ if Some(reason) == status.canonical_reason() => None,
+        Some(place) if !reason.is_empty() => Some(place),
+        _ => Some(0..0),
+    };
+    fields.clear();
+    for field in parsed.headers.iter() {
+        fields.push((place(field.name.as_bytes())?, place(field.value)?));
+    }
+    let head = buf.split_to(len).freeze();
+    if status.is_informational() && status != StatusCode::SWITCHING_PROTOCOLS {
+        return Ok(Some(Head::Informational));
+    }
+    let mut headers = HeaderMap::with_capacity(fields.len() + PROXY_FIELDS);
+    let mut keep_alive = version == Version::HTTP_11;
+    let mut said_close = false;
+    for (name, value) in fields.iter() {
+        let name =
+            HeaderName::from_bytes(&head[name.clone()]).map_err(|_| invalid("field name"))?;
+        let value = HeaderValue::from_maybe_shared(head.slice(value.clone()))
+            .map_err(|_| invalid("field value"))?;
+        if name == header::CONNECTION {
+            if said_close || has_token(&value, b"close") {
+                said_close = true;
+                keep_alive = false;
+            } else if !keep_alive {
+                keep_alive = has_token(&value, b"keep-alive");
+            }
+        }
+        headers.append(name, value);
+    }
+    let framing = if head_only {
+        // hyper decides this before it looks at the length fields.
+        Framing::Length(0)
+    } else {
+        framing_of(status, version, &headers)?
+    };
+    let mut response = Response::new(());
+    *response.status_mut() = status;
+    *response.version_mut() = version;
+    if let Some(reason) = reason {
+        let reason = if reason.is_empty() {
+            hyper::ext::ReasonPhrase::from_static(b"")
+        } else {
+            hyper::ext::ReasonPhrase::try_from(head.slice(reason))
+                .map_err(|_| invalid("reason phrase"))?
+        };
+        response.extensions_mut().insert(reason);
+    }
+    *response.headers_mut() = headers;
+    // A 101 (there was no upgrade to ask for one) ends the connection: the forwarder answers
+    // it 502.
+    let keep_alive = keep_alive && status != StatusCode::SWITCHING_PROTOCOLS;
+    let framing = match framing {
+        _ if status == StatusCode::SWITCHING_PROTOCOLS => Framing::Length(0),
+        framing => framing,
+    };
+    Ok(Some(Head::Response {
+        response,
+        framing,
+        keep_alive,
+    }))
+}
+
+/// How a response's body is delimited (hyper's `Client::decoder`, RFC 9112 6.3).
+fn framing_of(
+    status: StatusCode,
+    version: Version,
+    headers: &HeaderMap,
+) -> Result<Framing, RequestError> {
+    if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+        return Ok(Framing::Length(0));
+    }
+    let invalid = |what: &str| unreachable(format!("invalid response head: {what}"));
+    if headers.contains_key(header::TRANSFER_ENCODING) {
+        if version == Version::HTTP_10 {
+            return Err(invalid("Transfer-Encoding in HTTP/1.0"));
+        }
+        let last = headers
+            .get_all(header::TRANSFER_ENCODING)
+            .iter()
+            .next_back()
+            .and_then(|v| v.as_bytes().rsplit(|&b| b == b',').next())
+            .map(<[u8]>::trim_ascii);
+        return Ok(match last {
+            Some(coding) if coding.eq_ignore_ascii_case(b"chunked") => {
+                Framing::Chunked(Chunked::Size(0))
+            }
+            _ => Framing::UntilClose,
+        });
+    }
+    let mut length: Option<u64> = None;
+    for value in headers.get_all(header::CONTENT_LENGTH) {
+        for part in value.as_bytes().split(|&b| b == b',') {
+            let part = part.trim_ascii();
+            let n = std::str::from_utf8(part)
+                .ok()
+                .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|p| p.parse::<u64>().ok());
+            match (n, length) {
+                (Some(n), None) => length = Some(n),
+                (Some(n), Some(first)) if n == first => {}
+                _ => return Err(invalid("Content-Length")),
+            }
+        }
+    }
+    Ok(match length {
+        Some(n) if n > MAX_LENGTH => return Err(invalid("Content-Length")),
+        Some(n) => Framing::Length(n),
+        None => Framing::UntilClose,
+    })
+}
+
+/// Where `part` lies in `within`, when it does.
+fn range_in(within: &[u8], part: &[u8]) -> Option<Range<usize>> {
+    let start = (part.as_ptr() as usize).checked_sub(within.as_ptr() as usize)?;
+    let end = start.checked_add(part.len())?;
+    (end <= within.len()).then_some(start..end)
+}
+
+fn has_token(value: &HeaderValue, token: &[u8]) -> bool {
+    value
+        .as_bytes()
+        .split(|&b| b == b',')
+        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
+}
+
+fn unreachable(text: String) -> RequestError {
+    RequestError::UpstreamUnreachable(text.into())
+}
+
+/// How the rest of a response body is read.
+enum Framing {
+    /// Bytes still to come.
+    Length(u64),
+    Chunked(Chunked),
+    /// Until the upstream closes the connection (which then cannot be used again).
+    UntilClose,
+    /// Read to its end.
+    Done,
+}
+
+enum Chunked {
+    /// A chunk-size line; the chunk extensions' bytes so far in this body.
+    Size(u64),
+    /// Data bytes still to come in this chunk, then CRLF (and the extensions so far).
+    Data(u64, u64),
+    /// The CRLF after a chunk's data.
+    DataEnd(u64),
+    /// After the last chunk: the trailer section.
+    Trailers,
+}
+
+/// A response body read from its upstream connection as it is polled.
+pub struct DirectBody {
+    /// None once the body has ended (the connection went back, or was closed).
+    conn: Option<DirectConn>,
+    framing: Framing,
+    keep_alive: bool,
+    parking: Option<Parking>,
+}
+
+/// What one step of reading a body found.
+enum Step {
+    Frame(Frame<Bytes>),
+    /// The body's last frame (its trailers).
+    Last(Frame<Bytes>),
+    /// More bytes are needed.
+    Read,
+    End,
+}
+
+impl DirectBody {
+    /// Once the body has been read whole: the connection goes back to its lane when the
+    /// upstream keeps it alive and nothing unexpected followed the response; else it closes.
+    fn finish_if_done(&mut self) {
+        if matches!(self.framing, Framing::Length(0)) {
+            self.framing = Framing::Done;
+        }
+        if !matches!(self.framing, Framing::Done) {
+            return;
+        }
+        let conn = self.conn.take();
+        if let (Some(conn), Some(parking), true) = (conn, self.parking.take(), self.keep_alive) {
+            if conn.buf.is_empty() {
+                lock(&parking.lanes[parking.worker]).park_direct(parking.origin, conn);
+            }
+        }
+    }
+
+    /// Takes the next frame from what has been read, if it is there.
+    fn step(&mut self) -> io::Result<Step> {
+        let Some(conn) = &mut self.conn else {
+            return Ok(Step::End);
+        };
+        let buf = &mut conn.buf;
+        match &mut self.framing {
+            Framing::Done | Framing::Length(0) => Ok(Step::End),
+            Framing::Length(left) => {
+                if buf.is_empty() {
+                    return Ok(Step::Read);
+                }
+                let take = usize::try_from(*left).unwrap_or(usize::MAX).min(buf.len());
+                *left -= take as u64;
+                Ok(Step::Frame(Frame::data(buf.split_to(take).freeze())))
+            }
+            Framing::UntilClose => {
+                if buf.is_empty() {
+                    return Ok(Step::Read);
+                }
+                Ok(Step::Frame(Frame::data(buf.split().freeze())))
+            }
+            Framing::Chunked(chunk) => chunk_step(chunk, buf),
+        }
+    }
+}
+
+/// One step of a chunked body.
+fn chunk_step(chunk: &mut Chunked, buf: &mut BytesMut) -> io::Result<Step> {
+    loop {
+        match chunk {
+            Chunked::Size(extensions) => {
+                let Some(end) = memchr::memchr(b'\n', buf) else {
+                    if buf.len() > MAX_CHUNK_LINE {
+                        return Err(invalid_body("chunk extensions over limit"));
+                    }
+                    return Ok(Step::Read);
+                };
+                let line = buf.split_to(end + 1);
+                let (size, extension) = parse_chunk_line(&line)?;
+                *extensions += extension;
+                if *extensions >= MAX_EXTENSIONS {
+                    return Err(invalid_body("chunk extensions over limit"));
+                }
+                let extensions = *extensions;
+                *chunk = if size == 0 {
+                    Chunked::Trailers
+                } else {
+                    Chunked::Data(size, extensions)
+                };
+            }
+            Chunked::Data(left, extensions) => {
+                if buf.is_empty() {
+                    return Ok(Step::Read);
+                }
+                let take = usize::try_from(*left).unwrap_or(usize::MAX).min(buf.len());
+                *left -= take as u64;
+                let data = buf.split_to(take).freeze();
+                if *left == 0 {
+                    *chunk = Chunked::DataEnd(*extensions);
+                }
+                return Ok(Step::Frame(Frame::data(data)));
+            }
+            Chunked::DataEnd(extensions) => {
+                if buf.len() < 2 {
+                    return Ok(Step::Read);
+                }
+                if &buf[..2] != b"\r\n" {
+                    return Err(invalid_body("chunk data not followed by CRLF"));
+                }
+                buf.advance(2);
+                *chunk = Chunked::Size(*extensions);
+            }
+            Chunked::Trailers => {
+                if buf.starts_with(b"\r\n") {
+                    buf.advance(2);
+                    return Ok(Step::End);
+                }
+                let Some(end) = find(buf, b"\r\n\r\n") else {
+                    if buf.len() > MAX_TRAILERS {
+                        return Err(invalid_body("invalid trailer section"));
+                    }
+                    return Ok(Step::Read);
+                };
+                let section = buf.split_to(end + 4).freeze();
+                let trailers = parse_trailers(&section)?;
+                return Ok(Step::Last(Frame::trailers(trailers)));
+            }
+        }
+    }
+}
+
+/// A chunk-size line (with its LF) as hyper's decoder reads one: hex digits (as many as fit in
+/// 64 bits), optional spaces or tabs, optional `;` extensions without CR, then CRLF. The size,
+/// and how many bytes of extensions it had.
+fn parse_chunk_line(line: &[u8]) -> io::Result<(u64, u64)> {
+    let bad = || invalid_body("invalid chunk-size line");
+    let line = line.strip_suffix(b"\r\n").ok_or_else(bad)?;
+    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+    if digits == 0 {
+        return Err(bad());
+    }
+    let mut size: u64 = 0;
+    for &b in &line[..digits] {
+        let digit = char::from(b).to_digit(16).ok_or_else(bad)?;
+        size = size
+            .checked_mul(16)
+            .and_then(|s| s.checked_add(u64::from(digit)))
+            .ok_or_else(|| invalid_body("chunk size overflows"))?;
+    }
+    let rest = &line[digits..];
+    let spaces = rest
+        .iter()
+        .take_while(|&&b| b == b' ' || b == b'\t')
+        .count();
+    let extension = match &rest[spaces..] {
+        [] => 0,
+        [b';', ext @ ..] if !ext.contains(&b'\r') => ext.len() as u64,
+        _ => return Err(bad()),
+    };
+    Ok((size, extension))
+}
+
+/// The trailer fields of a chunked body (the section with its final empty line).
+fn parse_trailers(section: &Bytes) -> io::Result<HeaderMap> {
+    let mut slots = [httparse::EMPTY_HEADER; MAX_FIELDS];
+    let fields = match httparse::parse_headers(section, &mut slots) {
+        Ok(httparse::Status::Complete((_, fields))) => fields,
+        _ => return Err(invalid_body("invalid trailer section")),
+    };
+    let mut trailers = HeaderMap::with_capacity(fields.len());
+    for field in fields.iter() {
+        let name = HeaderName::from_bytes(field.name.as_bytes())
+            .map_err(|_| invalid_body("invalid trailer field name"))?;
+        let value = HeaderValue::from_maybe_shared(section.slice_ref(field.value))
+            .map_err(|_| invalid_body("invalid trailer field value"))?;
+        trailers.append(name, value);
+    }
+    Ok(trailers)
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+fn invalid_body(what: &'static str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, what)
+}
+
+impl Body for DirectBody {
+    type Data = Bytes;
+    type Error = io::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
+        let this = self.get_mut();
+        loop {
+            match this.step() {
+                Ok(Step::Frame(frame)) => {
+                    this.finish_if_done();
+                    return Poll::Ready(Some(Ok(frame)));
+                }
+                Ok(Step::Last(frame)) => {
+                    this.framing = Framing::Done;
+                    this.finish_if_done();
+                    return Poll::Ready(Some(Ok(frame)));
+                }
+                Ok(Step::End) => {
+                    this.framing = Framing::Done;
+                    this.finish_if_done();
+                    return Poll::Ready(None);
+                }
+                Ok(Step::Read) => {}
+                Err(err) => {
+                    this.conn = None;
+                    return Poll::Ready(Some(Err(err)));
+                }
+            }
+            let Some(conn) = &mut this.conn else {
+                return Poll::Ready(None);
+            };
+            conn.buf.reserve(READ_CHUNK);
+            let read = pin!(conn.stream.read_buf(&mut conn.buf)).poll(cx);
+            match read {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok(0)) if matches!(this.framing, Framing::UntilClose) => {
+                    // The close is the end of this body; the connection cannot be used again.
+                    this.framing = Framing::Done;
+                    this.conn = None;
+                    return Poll::Ready(None);
+                }
+                Poll::Ready(Ok(0)) => {
+                    this.conn = None;
+                    let err = io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "upstream closed the connection in the middle of a response body",
+                    );
+                    return Poll::Ready(Some(Err(err)));
+                }
+                Poll::Ready(Ok(_)) => {}
+                Poll::Ready(Err(err)) => {
+                    this.conn = None;
+                    return Poll::Ready(Some(Err(err)));
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self.framing, Framing::Done | Framing::Length(0))
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self.framing {
+            Framing::Length(n) => SizeHint::with_exact(n),
+            Framing::Done => SizeHint::with_exact(0),
+            _ => SizeHint::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The parse of `text` as a response head: its framing and keep-alive, or the error.
+    fn parsed(text: &str, head_only: bool) -> Result<Option<(u16, Framing, bool)>, String> {
+        let mut buf = BytesMut::from(text.as_bytes());
+        let head = parse_head(&mut buf, &mut Vec::new(), head_only).map_err(|e| e.to_string())?;
+        Ok(head.map(|head| match head {
+            Head::Informational => (100, Framing::Done, false),
+            Head::Response {
+                response,
+                framing,
+                keep_alive,
+            } => (response.status().as_u16(), framing, keep_alive),
+        }))
+    }
+
+    fn framing(text: &str) -> String {
+        match parsed(text, false) {
+            Ok(Some((_, Framing::Length(n), _))) => format!("length {n}"),
+            Ok(Some((_, Framing::Chunked(_), _))) => "chunked".into(),
+            Ok(Some((_, Framing::UntilClose, _))) => "until close".into(),
+            Ok(Some((_, Framing::Done, _))) => "informational".into(),
+            Ok(None) => "partial".into(),
+            Err(_) => "error".into(),
+        }
+    }
+
+    #[test]
+    fn response_bodies_are_framed_as_hyper_frames_them() {
+        let cases = [
+            ("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n", "length 5"),
+            (
+                "HTTP/1.1 200 OK\r\nContent-Length: 5, 5\r\n\r\n",
+                "length 5",
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n",
+                "length 5",
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+                "error",
+            ),
+            ("HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n", "error"),
+            (
+                "HTTP/1.1 200 OK\r\nContent-Length: 18446744073709551613\r\n\r\n",
+                "length 18446744073709551613",
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nContent-Length: 18446744073709551614\r\n\r\n",
+                "error",
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+                "chunked",
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+                "chunked",
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n",
+                "until close",
+            ),
+            (
+                "HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+                "error",
+            ),
+            ("HTTP/1.1 200 OK\r\n\r\n", "until close"),
+            (
+                "HTTP/1.1 204 No Content\r\nContent-Length: 9\r\n\r\n",
+                "length 0",
+            ),
+            ("HTTP/1.1 304 Not Modified\r\n\r\n", "length 0"),
+            ("HTTP/1.1 100 Continue\r\n\r\n", "informational"),
+            (
+                "HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n",
+                "informational",
+            ),
+            ("HTTP/1.1 101 Switching Protocols\r\n\r\n", "length 0"),
+            ("HTTP/1.1 200 OK\r\nContent-Length: 5\r\n", "partial"),
+            ("HTTP/1.1 200 OK\r\nBad Field: x\r\n\r\n", "error"),
+        ];
+        for (text, expected) in cases {
+            assert_eq!(framing(text), expected, "{text:?}");
+        }
+        let many: String = (0..=MAX_FIELDS).map(|i| format!("x-{i}: v\r\n")).collect();
+        assert_eq!(framing(&format!("HTTP/1.1 200 OK\r\n{many}\r\n")), "error");
+    }
+
+    #[test]
+    fn a_response_to_head_has_no_body_whatever_its_length_fields_say() {
+        let text = "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n";
+        let parsed = parsed(text, true).expect("parsed").expect("whole");
+        assert!(matches!(parsed.1, Framing::Length(0)));
+    }
+
+    #[test]
+    fn keep_alive_follows_the_version_and_connection() {
+        let keep = |text: &str| parsed(text, false).expect("parsed").expect("whole").2;
+        assert!(keep("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"));
+        assert!(!keep("HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n"));
+        assert!(!keep(
+            "HTTP/1.1 200 OK\r\nConnection: close\r\nConnection: keep-alive\r\n\r\n"
+        ));
+        assert!(!keep("HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n"));
+        assert!(keep(
+            "HTTP/1.0 200 OK\r\nConnection: Keep-Alive\r\nContent-Length: 0\r\n\r\n"
+        ));
+        assert!(!keep("HTTP/1.1 101 Switching Protocols\r\n\r\n"));
+    }
+
+    #[test]
+    fn an_unusual_reason_phrase_is_kept_and_the_usual_one_is_not() {
+        let reason = |text: &str| {
+            let mut buf = BytesMut::from(text.as_bytes());
+            match parse_head(&mut buf, &mut Vec::new(), false) {
+                Ok(Some(Head::Response { response, .. })) => response
+                    .extensions()
+                    .get::<hyper::ext::ReasonPhrase>()
+                    .map(|r| String::from_utf8_lossy(r.as_bytes()).into_owned()),
+                _ => panic!("{text:?} did not parse"),
+            }
+        };
+        assert_eq!(reason("HTTP/1.1 200 OK\r\n\r\n"), None);
+        assert_eq!(reason("HTTP/1.1 200 Fine\r\n\r\n").as_deref(), Some("Fine"));
+        // No reason, or one with obs-text (which httparse gives as an empty one that is not in
+        // the buffer): an empty reason, as hyper keeps it.
+        assert_eq!(reason("HTTP/1.1 200\r\n\r\n").as_deref(), Some(""));
+        assert_eq!(reason("HTTP/1.1 404 \r\n\r\n").as_deref(), Some(""));
+        assert_eq!(reason("HTTP/1.1 200 X\u{ff}Z\r\n\r\n").as_deref(), Some(""));
+    }
+
+    /// Runs the chunked decoder over `wire` fed in pieces of `step` bytes: the data, the
+    /// trailers, and whether it ended.
+    fn dechunk(wire: &[u8], step: usize) -> io::Result<(Vec<u8>, Option<HeaderMap>, bool)> {
+        let mut chunk = Chunked::Size(0);
+        let mut buf = BytesMut::new();
+        let (mut data, mut trailers) = (Vec::new(), None);
+        let mut pieces = wire.chunks(step);
+        loop {
+            match chunk_step(&mut chunk, &mut buf)? {
+                Step::Frame(frame) => data.extend_from_slice(&frame.into_data().expect("data")),
+                Step::Last(frame) => {
+                    trailers = frame.into_trailers().ok();
+                    return Ok((data, trailers, true));
+                }
+                Step::End => return Ok((data, trailers, true)),
+                Step::Read => match pieces.next() {
+                    Some(piece) => buf.extend_from_slice(piece),
+                    None => return Ok((data, trailers, false)),
+                },
+            }
+        }
+    }
+
+    #[test]
+    fn chunked_bodies_are_read_whatever_the_pieces() {
+        let wire = b"5;ext=1\r\nhello\r\nA\r\n0123456789\r\n0\r\nx-sum: 7\r\n\r\n";
+        for step in [1, 2, 3, 7, wire.len()] {
+            let (data, trailers, ended) = dechunk(wire, step).expect("valid");
+            assert_eq!(data, b"hello0123456789", "step {step}");
+            assert!(ended);
+            let trailers = trailers.expect("trailers");
+            assert_eq!(trailers.get("x-sum").map(|v| v.as_bytes()), Some(&b"7"[..]));
+        }
+        let wire = b"00000000000000003 \t;x\r\nabc\r\n0\r\n\r\n";
+        let (data, _, ended) = dechunk(wire, 1).expect("leading zeros and spaces are fine");
+        assert_eq!((data.as_slice(), ended), (&b"abc"[..], true));
+        let (data, trailers, ended) = dechunk(b"3\r\nabc\r\n0\r\n\r\n", 1).expect("valid");
+        assert_eq!(
+            (data.as_slice(), trailers.is_none(), ended),
+            (&b"abc"[..], true, true)
+        );
+    }
+
+    #[test]
+    fn malformed_chunked_bodies_are_errors() {
+        for wire in [
+            &b"zz\r\nabc\r\n0\r\n\r\n"[..],
+            b"3\r\nabcX\r\n0\r\n\r\n",
+            b"3\nabc\r\n0\r\n\r\n",
+            b" 3\r\nabc\r\n0\r\n\r\n",
+            b"3 x\r\nabc\r\n0\r\n\r\n",
+            b"3;a\rb\r\nabc\r\n0\r\n\r\n",
+            b"11111111111111111\r\n",
+        ] {
+            assert!(
+                dechunk(wire, 1).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(wire)
+            );
+        }
+        let long_line = vec![b'1'; MAX_CHUNK_LINE + 1];
+        assert!(dechunk(&long_line, long_line.len()).is_err());
+        // hyper's limit on extensions counts over the whole body, however the bytes come.
+        let ext = "e".repeat(9000);
+        let body = format!("1;{ext}\r\na\r\n1;{ext}\r\nb\r\n0\r\n\r\n");
+        for step in [1000, body.len()] {
+            assert!(dechunk(body.as_bytes(), step).is_err(), "step {step}");
+        }
+        let body = format!("1;{}\r\na\r\n0\r\n\r\n", "e".repeat(5000));
+        for step in [1000, body.len()] {
+            assert!(dechunk(body.as_bytes(), step).is_ok(), "step {step}");
+        }
+    }
+
+    #[test]
+    fn the_request_head_is_written_as_hyper_writes_it() {
+        let mut req = Request::new(RequestBody::unlimited(crate::body::ClientBody::Empty));
+        *req.uri_mut() = "/a/b?c=d".parse().expect("uri");
+        req.headers_mut()
+            .insert(header::HOST, HeaderValue::from_static("up:80"));
+        req.headers_mut()
+            .append("x-two", HeaderValue::from_static("1"));
+        req.headers_mut()
+            .append("x-two", HeaderValue::from_static("2"));
+        let mut out = Vec::new();
+        encode_request(&req, &mut out);
+        assert_eq!(
+            String::from_utf8_lossy(&out),
+            "GET /a/b?c=d HTTP/1.1\r\nhost: up:80\r\nx-two: 1\r\nx-two: 2\r\n\r\n"
+        );
+    }
+}
