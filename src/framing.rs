@@ -33,6 +33,7 @@ use std::mem::MaybeUninit;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// Largest request head accepted (request line and headers), like nginx's default of four 8k
@@ -103,6 +104,9 @@ enum Chunk {
 
 pub struct FramingGuard<S> {
     inner: S,
+    /// Bytes read from `inner` before the guard took over (by tollgate's simple HTTP/1.1
+    /// path), read first and judged like any others.
+    prefix: Bytes,
     state: State,
     /// The head, chunk-size line or trailer section being collected.
     pending: Vec<u8>,
@@ -117,6 +121,7 @@ impl<S> FramingGuard<S> {
     pub fn new(inner: S) -> Self {
         FramingGuard {
             inner,
+            prefix: Bytes::new(),
             state: State::Start,
             pending: Vec::new(),
             heads_seen: 0,
@@ -125,12 +130,13 @@ impl<S> FramingGuard<S> {
         }
     }
 
-    /// A guard for a connection on which `requests` requests have been read whole already
-    /// (by tollgate's simple HTTP/1.1 path): the next byte starts a head, HTTP/2's preface is
-    /// no longer possible, and a refused head only closes the connection (a response went
-    /// out before it).
-    pub fn after_requests(inner: S, requests: u64) -> Self {
+    /// A guard for a connection from which tollgate's simple HTTP/1.1 path has read
+    /// `requests` requests whole, and `unread` bytes after them: those are read first. After a
+    /// request, the next byte starts a head, HTTP/2's preface is no longer possible, and a
+    /// refused head only closes the connection (a response went out before it).
+    pub fn after_requests(inner: S, requests: u64, unread: Bytes) -> Self {
         let mut guard = FramingGuard::new(inner);
+        guard.prefix = unread;
         if requests > 0 {
             guard.state = State::Head;
             guard.heads_seen = requests;
@@ -142,6 +148,12 @@ impl<S> FramingGuard<S> {
     /// The stream the guard reads from, for a look that takes no bytes (a peek).
     pub fn get_ref(&self) -> &S {
         &self.inner
+    }
+
+    /// Whether bytes read before the guard took over are still to be read: a look at the
+    /// stream would not see them.
+    pub fn has_unread(&self) -> bool {
+        !self.prefix.is_empty()
     }
 
     /// Whether every request so far has been read whole (head and body) and the next byte
@@ -589,6 +601,18 @@ fn trim(mut v: &[u8]) -> &[u8] {
     v
 }
 
+impl<S: AsyncRead + Unpin> FramingGuard<S> {
+    /// A read from the stream, the unread prefix first.
+    fn read_inner(&mut self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        if self.prefix.is_empty() {
+            return Pin::new(&mut self.inner).poll_read(cx, buf);
+        }
+        let n = self.prefix.len().min(buf.remaining());
+        buf.put_slice(&self.prefix.split_to(n));
+        Poll::Ready(Ok(()))
+    }
+}
+
 impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for FramingGuard<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
@@ -615,12 +639,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for FramingGuard<S> {
                     }
                 }
                 State::Closed => return Poll::Ready(Ok(())),
-                State::PassThrough => return Pin::new(&mut self.inner).poll_read(cx, buf),
+                State::PassThrough => return self.read_inner(cx, buf),
                 _ => break,
             }
         }
         let before = buf.filled().len();
-        let result = Pin::new(&mut self.inner).poll_read(cx, buf);
+        let result = self.read_inner(cx, buf);
         if let Poll::Ready(Ok(())) = result {
             let verdict = self.inspect(&buf.filled()[before..]);
             if let Err(why) = verdict {
@@ -686,6 +710,52 @@ mod tests {
             assert_eq!(run(input, step).err(), whole, "split by {step}");
         }
         whole
+    }
+
+    /// Reads a guard to its end: what it handed on.
+    fn drain<S: AsyncRead + AsyncWrite + Unpin>(guard: &mut FramingGuard<S>) -> Vec<u8> {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let mut out = Vec::new();
+        let mut buffer = [0u8; 64];
+        loop {
+            let mut buf = ReadBuf::new(&mut buffer);
+            match Pin::new(&mut *guard).poll_read(&mut cx, &mut buf) {
+                Poll::Ready(Ok(())) if buf.filled().is_empty() => return out,
+                Poll::Ready(Ok(())) => out.extend_from_slice(buf.filled()),
+                other => panic!("a stream in memory answered {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_guard_after_requests_reads_the_unread_bytes_first_and_judges_them() {
+        // A body that starts in the bytes the simple path read and ends in the stream.
+        let unread = Bytes::from_static(b"POST /x HTTP/1.1\r\nContent-Length: 5\r\n\r\nhe");
+        let rest: &[u8] = b"lloGET / HTTP/1.1\r\n\r\n";
+        let stream = std::io::Cursor::new(rest.to_vec());
+        let mut guard = FramingGuard::after_requests(stream, 1, unread.clone());
+        assert!(guard.has_unread());
+        assert_eq!(drain(&mut guard), [&unread[..], rest].concat());
+        assert!(!guard.has_unread());
+        // A refused head after a served request: nothing handed on, nothing written (no 400:
+        // a response went out before), and HTTP/2's preface is a refused head there.
+        for refused in [&b"GET / HTTP/1.1\nHost: a\r\n\r\n"[..], H2_PREFACE] {
+            let unread = Bytes::copy_from_slice(refused);
+            let mut guard =
+                FramingGuard::after_requests(std::io::Cursor::new(Vec::new()), 1, unread);
+            assert_eq!(
+                drain(&mut guard),
+                b"",
+                "{:?}",
+                String::from_utf8_lossy(refused)
+            );
+            assert!(guard.get_ref().get_ref().is_empty(), "wrote an answer");
+        }
+        // Before any request, the same head gets the guard's 400.
+        let unread = Bytes::from_static(b"GET / HTTP/1.1\nHost: a\r\n\r\n");
+        let mut guard = FramingGuard::after_requests(std::io::Cursor::new(Vec::new()), 0, unread);
+        assert_eq!(drain(&mut guard), b"");
+        assert!(guard.get_ref().get_ref().starts_with(b"HTTP/1.1 400 "));
     }
 
     #[test]

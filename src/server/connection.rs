@@ -121,7 +121,7 @@ pub(super) async fn serve_connection<S>(
     };
     // The guard goes on from where the simple path stopped: after `served` requests, with the
     // bytes it read and did not use read first.
-    let stream = FramingGuard::after_requests(Prefixed::new(buffered, stream), served);
+    let stream = FramingGuard::after_requests(stream, served, buffered);
     let io = TokioIo::new(Tracked {
         inner: stream,
         activity: activity.clone(),
@@ -520,76 +520,6 @@ impl Drop for InFlight {
     }
 }
 
-/// A client stream with bytes already read from it in front: what the simple HTTP/1.1 path
-/// read and did not use, handed to the framing guard and hyper.
-struct Prefixed<S> {
-    prefix: bytes::Bytes,
-    inner: S,
-}
-
-impl<S> Prefixed<S> {
-    fn new(prefix: bytes::Bytes, inner: S) -> Self {
-        Prefixed { prefix, inner }
-    }
-}
-
-impl<S: ClientStream> ClientStream for Prefixed<S> {
-    const SEES_CLOSE: bool = S::SEES_CLOSE;
-
-    fn poll_peer_closed(&self, cx: &mut Context<'_>) -> Poll<bool> {
-        if self.prefix.is_empty() {
-            self.inner.poll_peer_closed(cx)
-        } else {
-            Poll::Ready(false)
-        }
-    }
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        if self.prefix.is_empty() {
-            return Pin::new(&mut self.inner).poll_read(cx, buf);
-        }
-        let n = self.prefix.len().min(buf.remaining());
-        buf.put_slice(&self.prefix.split_to(n));
-        Poll::Ready(Ok(()))
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-}
-
 /// A socket that records its activity for the idle watchdog, including whether its framing
 /// guard still expects HTTP/1 heads, and that tells the guard when the connection has
 /// switched to WebSocket (the only way the guard learns it).
@@ -598,7 +528,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
 /// ([`ClientStream`]), and fails the connection when it sees one, so that the request and its
 /// upstream exchange are dropped as hyper's own check would drop them.
 struct Tracked<S> {
-    inner: FramingGuard<Prefixed<S>>,
+    inner: FramingGuard<S>,
     activity: Arc<Activity>,
     /// The watch saw bytes waiting in the socket (a pipelined request). A close behind them
     /// is not looked for until hyper has read them (and dispatched them: see
@@ -614,6 +544,7 @@ impl<S: ClientStream> Tracked<S> {
     fn client_went_away(&mut self, cx: &mut Context<'_>) -> bool {
         if !S::SEES_CLOSE
             || self.bytes_waiting
+            || self.inner.has_unread()
             || self.activity.in_flight.load(Ordering::Acquire) == 0
             || !self.inner.between_requests()
             || self.activity.switched.load(Ordering::Acquire)
