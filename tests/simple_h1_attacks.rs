@@ -12,224 +12,16 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
+use common::wire::*;
 use common::*;
-
-/// The longest any single wait for tollgate lasts.
-const WAIT: Duration = Duration::from_secs(5);
-
-/// `/limited` allows two requests a minute per client address; everything else is served only
-/// for the host `wire.test`.
-const ROUTES: &str = r#"
-[[routes]]
-name = "limited"
-path_prefix = "/limited"
-upstream = "app"
-
-  [[routes.limits]]
-  key = "ip"
-  requests = 2
-  window = "1m"
-
-[[routes]]
-name = "wire"
-host = "wire.test"
-upstream = "app"
-"#;
-
-async fn proxy_for(upstream: SocketAddr) -> Proxy {
-    Proxy::start(config_from(&format!("{BASE}{ROUTES}"), upstream, &[])).await
-}
-
-fn lossy(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
-}
-
-/// Waits until `count()` reaches `n`, or fails after 5 s.
-async fn until(what: &str, n: usize, count: impl Fn() -> usize) {
-    let deadline = Instant::now() + WAIT;
-    while count() < n {
-        assert!(Instant::now() < deadline, "{what}: {} of {n}", count());
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// A raw-TCP upstream that answers with fixed bytes.
-
-#[derive(Clone)]
-struct Reply {
-    bytes: Vec<u8>,
-    /// Waited before anything is written.
-    delay: Duration,
-    /// The connection is closed after the bytes.
-    close: bool,
-}
-
-impl Reply {
-    fn new(bytes: impl Into<Vec<u8>>) -> Reply {
-        Reply {
-            bytes: bytes.into(),
-            delay: Duration::ZERO,
-            close: false,
-        }
-    }
-
-    fn ok(body: &str) -> Reply {
-        Reply::new(format!(
-            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        ))
-    }
-
-    fn closing(mut self) -> Reply {
-        self.close = true;
-        self
-    }
-
-    fn after(mut self, delay: Duration) -> Reply {
-        self.delay = delay;
-        self
-    }
-}
-
-type Script = Arc<dyn Fn(&str, &str) -> Reply + Send + Sync>;
-
-/// An HTTP/1.1 upstream on raw TCP: reads request heads (no bodies), records them, answers
-/// each with `script(method, target)`. It counts open connections, so a test can see an
-/// upstream exchange being dropped.
-struct RawUpstream {
-    addr: SocketAddr,
-    heads: Arc<Mutex<Vec<String>>>,
-    open: Arc<std::sync::atomic::AtomicUsize>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for RawUpstream {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-struct Open(Arc<std::sync::atomic::AtomicUsize>);
-
-impl Drop for Open {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-    }
-}
-
-impl RawUpstream {
-    async fn start(script: impl Fn(&str, &str) -> Reply + Send + Sync + 'static) -> RawUpstream {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind raw upstream");
-        let addr = listener.local_addr().expect("raw upstream addr");
-        let heads: Arc<Mutex<Vec<String>>> = Arc::default();
-        let open: Arc<std::sync::atomic::AtomicUsize> = Arc::default();
-        let script: Script = Arc::new(script);
-        let (seen, counter) = (heads.clone(), open.clone());
-        let task = tokio::spawn(async move {
-            let mut connections = tokio::task::JoinSet::new();
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                while connections.try_join_next().is_some() {}
-                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                let open = Open(counter.clone());
-                connections.spawn(raw_connection(stream, script.clone(), seen.clone(), open));
-            }
-        });
-        RawUpstream {
-            addr,
-            heads,
-            open,
-            task,
-        }
-    }
-
-    fn heads(&self) -> Vec<String> {
-        self.heads.lock().expect("lock").clone()
-    }
-
-    fn open_connections(&self) -> usize {
-        self.open.load(std::sync::atomic::Ordering::SeqCst)
-    }
-}
-
-async fn raw_connection(
-    mut stream: TcpStream,
-    script: Script,
-    seen: Arc<Mutex<Vec<String>>>,
-    _open: Open,
-) {
-    let mut buf = Vec::new();
-    loop {
-        let end = loop {
-            if let Some(at) = find(&buf, b"\r\n\r\n") {
-                break at + 4;
-            }
-            let mut chunk = [0u8; 8192];
-            match stream.read(&mut chunk).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            }
-        };
-        let head = lossy(&buf[..end]);
-        buf.drain(..end);
-        let mut words = head.split(' ');
-        let method = words.next().unwrap_or("").to_string();
-        let target = words.next().unwrap_or("").to_string();
-        seen.lock().expect("lock").push(head);
-        let reply = script(&method, &target);
-        if !reply.delay.is_zero() {
-            // Waits, but sees the proxy drop the exchange meanwhile (a read of 0).
-            let mut probe = [0u8; 1];
-            tokio::select! {
-                _ = tokio::time::sleep(reply.delay) => {}
-                read = stream.read(&mut probe) => {
-                    if matches!(read, Ok(0) | Err(_)) {
-                        return;
-                    }
-                    buf.push(probe[0]);
-                }
-            }
-        }
-        if stream.write_all(&reply.bytes).await.is_err() || stream.flush().await.is_err() {
-            return;
-        }
-        if reply.close {
-            let _ = stream.shutdown().await;
-            return;
-        }
-    }
-}
 
 // ---------------------------------------------------------------------------------------------
 // Raw client helpers.
-
-/// Replaces the values that change from run to run (`date`, `x-request-id`).
-fn masked(text: &str) -> String {
-    text.split_inclusive("\r\n")
-        .map(|line| match line.split_once(':') {
-            Some((name, _)) if name.eq_ignore_ascii_case("date") => format!("{name}: <date>\r\n"),
-            Some((name, _)) if name.eq_ignore_ascii_case("x-request-id") => {
-                format!("{name}: <id>\r\n")
-            }
-            _ => line.to_string(),
-        })
-        .collect()
-}
 
 /// What came back on one connection: the bytes, and whether tollgate closed it.
 struct Transcript {
@@ -526,7 +318,7 @@ async fn differences(proxy: SocketAddr, requests: &[String]) -> Vec<String> {
 
 #[tokio::test]
 async fn every_upstream_answer_shape_reaches_a_get_as_hyper_sends_it() {
-    let upstream = RawUpstream::start(shapes).await;
+    let upstream = RawUpstream::answering(shapes).await;
     let proxy = proxy_for(upstream.addr).await;
     let requests: Vec<String> = SHAPES
         .iter()
@@ -538,7 +330,7 @@ async fn every_upstream_answer_shape_reaches_a_get_as_hyper_sends_it() {
 
 #[tokio::test]
 async fn every_upstream_answer_shape_reaches_a_head_as_hyper_sends_it() {
-    let upstream = RawUpstream::start(shapes).await;
+    let upstream = RawUpstream::answering(shapes).await;
     let proxy = proxy_for(upstream.addr).await;
     let mut targets = SHAPES.to_vec();
     targets.push("/no-length-head");
@@ -552,7 +344,7 @@ async fn every_upstream_answer_shape_reaches_a_head_as_hyper_sends_it() {
 
 #[tokio::test]
 async fn every_upstream_answer_shape_reaches_a_closing_get_without_trailers_as_hyper_sends_it() {
-    let upstream = RawUpstream::start(shapes).await;
+    let upstream = RawUpstream::answering(shapes).await;
     let proxy = proxy_for(upstream.addr).await;
     let requests: Vec<String> = SHAPES
         .iter()
@@ -564,7 +356,7 @@ async fn every_upstream_answer_shape_reaches_a_closing_get_without_trailers_as_h
 
 #[tokio::test]
 async fn tollgate_own_answers_reach_the_client_as_hyper_sends_them() {
-    let upstream = RawUpstream::start(shapes).await;
+    let upstream = RawUpstream::answering(shapes).await;
     let proxy = proxy_for(upstream.addr).await;
     let requests: Vec<String> = [
         // No route (404), for GET and HEAD.
@@ -601,7 +393,7 @@ async fn tollgate_own_answers_reach_the_client_as_hyper_sends_them() {
 /// and closes: the client gets no answer at all, not even a 502.
 #[tokio::test]
 async fn an_upstream_body_longer_than_its_length_field_still_gets_the_client_an_answer() {
-    let upstream = RawUpstream::start(shapes).await;
+    let upstream = RawUpstream::answering(shapes).await;
     let proxy = proxy_for(upstream.addr).await;
     let request = "GET /te-and-cl HTTP/1.1\r\nHost: wire.test\r\n\r\n".to_string();
     let found = differences(proxy.addr, &[request]).await;
@@ -613,7 +405,7 @@ async fn an_upstream_body_longer_than_its_length_field_still_gets_the_client_an_
 /// but not the byte-for-byte copy the module promises.
 #[tokio::test]
 async fn chunk_sizes_are_written_as_hyper_writes_them() {
-    let upstream = RawUpstream::start(shapes).await;
+    let upstream = RawUpstream::answering(shapes).await;
     let proxy = proxy_for(upstream.addr).await;
     let request = b"GET /close-delimited HTTP/1.1\r\nHost: wire.test\r\n\r\n";
     let quiet = Duration::from_secs(1);
@@ -924,7 +716,7 @@ async fn requests_on_both_sides_of_the_hand_over_share_the_limit() {
 /// with 64 MiB, anything else at once.
 fn slow_or_big(_method: &str, target: &str) -> Reply {
     match target {
-        "/slow" => Reply::ok("late").after(Duration::from_secs(5)),
+        "/slow" => Reply::ok("late").delayed(Duration::from_secs(5)),
         "/big" => {
             let n = 64 << 20;
             let mut bytes = format!("HTTP/1.1 200 OK\r\nContent-Length: {n}\r\n\r\n").into_bytes();
@@ -938,7 +730,7 @@ fn slow_or_big(_method: &str, target: &str) -> Reply {
 /// Whether the upstream connection tollgate opened is closed within `within`.
 async fn upstream_released(upstream: &RawUpstream, within: Duration) -> bool {
     let deadline = Instant::now() + within;
-    while upstream.open_connections() > 0 {
+    while upstream.open() > 0 {
         if Instant::now() > deadline {
             return false;
         }
@@ -948,7 +740,7 @@ async fn upstream_released(upstream: &RawUpstream, within: Duration) -> bool {
 }
 
 async fn client_leaves_while_upstream_is_slow(lead: &[u8]) -> bool {
-    let upstream = RawUpstream::start(slow_or_big).await;
+    let upstream = RawUpstream::answering(slow_or_big).await;
     let proxy = proxy_for(upstream.addr).await;
     let mut client = TcpStream::connect(proxy.addr).await.expect("connect");
     let request = [lead, b"GET /slow HTTP/1.1\r\nHost: wire.test\r\n\r\n"].concat();
@@ -972,7 +764,7 @@ async fn a_client_that_leaves_cancels_its_upstream_request() {
 }
 
 async fn client_leaves_without_reading(lead: &[u8]) -> bool {
-    let upstream = RawUpstream::start(slow_or_big).await;
+    let upstream = RawUpstream::answering(slow_or_big).await;
     let proxy = proxy_for(upstream.addr).await;
     let mut client = TcpStream::connect(proxy.addr).await.expect("connect");
     let request = [lead, b"GET /big HTTP/1.1\r\nHost: wire.test\r\n\r\n"].concat();
@@ -1010,7 +802,7 @@ fn timeouts_config(upstream: SocketAddr) -> tollgate::config::Config {
 /// simple request on the connection, and also past the size where the simple path hands over.
 #[tokio::test]
 async fn a_trickled_head_is_cut_off_at_the_header_read_timeout() {
-    let upstream = RawUpstream::start(slow_or_big).await;
+    let upstream = RawUpstream::answering(slow_or_big).await;
     let proxy = Proxy::start(timeouts_config(upstream.addr)).await;
     for (before, piece) in [
         (&b""[..], 1),
@@ -1061,7 +853,7 @@ async fn a_trickled_head_is_cut_off_at_the_header_read_timeout() {
 /// An idle keep-alive connection after a simple request is closed at `header_read_timeout`.
 #[tokio::test]
 async fn an_idle_connection_after_a_simple_request_is_closed_at_the_header_read_timeout() {
-    let upstream = RawUpstream::start(slow_or_big).await;
+    let upstream = RawUpstream::answering(slow_or_big).await;
     let proxy = Proxy::start(timeouts_config(upstream.addr)).await;
     let mut client = TcpStream::connect(proxy.addr).await.expect("connect");
     client

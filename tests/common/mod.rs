@@ -12,6 +12,7 @@ pub mod pgbouncer;
 pub mod ratelimit;
 pub mod tls;
 pub mod wait;
+pub mod wire;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
