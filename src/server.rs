@@ -46,6 +46,7 @@ mod reload;
 mod streams;
 mod worker;
 
+pub use connection::simple_request;
 pub use open_files::{raise_open_file_limit, OpenFileLimit};
 pub use worker::Worker;
 

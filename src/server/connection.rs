@@ -29,6 +29,8 @@ use crate::proxy::{ConnInfo, Proxy};
 
 mod simple_h1;
 
+pub use simple_h1::simple_request;
+
 /// HTTP/2 keep-alive pings: a peer that stops answering is dropped.
 const H2_KEEPALIVE: Duration = Duration::from_secs(20);
 /// HTTP/2 streams in flight per connection (SPEC 5): with a stalled stream reset after

@@ -108,6 +108,22 @@ pub(super) async fn serve<S: ClientStream>(
     }
 }
 
+/// The simple path's verdict on the bytes at the start of a connection (or after a served
+/// request): the head's length, the request it builds and whether the client asked to close,
+/// or None when it would hand the bytes to the framing guard and hyper. For the differential
+/// fuzz target (`fuzz/fuzz_targets/simple_head.rs`), which checks every head taken here
+/// against the guard and httparse as hyper calls it.
+pub fn simple_request(bytes: &[u8]) -> Option<(usize, Request<()>, bool)> {
+    let HeadScan::Whole { end, folded: false } = framing::scan_head(bytes) else {
+        return None;
+    };
+    let mut fields = Vec::new();
+    let head = parse_head(&bytes[..end], &mut fields)?;
+    let frozen = Bytes::copy_from_slice(&bytes[..head.len]);
+    let request = request_from(&frozen, &head, &fields)?;
+    Some((head.len, request.map(|_| ()), head.asks.close))
+}
+
 /// Why the wait for a head ended without one.
 enum Stop {
     Close,
