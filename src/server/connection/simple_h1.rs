@@ -24,7 +24,8 @@
 //! What it does, it does as hyper 1.x's HTTP/1.1 server does (`proto/h1/role.rs`): the same
 //! status line and lower-case field names; `content-length` from the body's known length or
 //! `transfer-encoding: chunked` when it is unknown; no body for `HEAD`, 1xx, 204 and 304;
-//! trailers only those announced in the response's `Trailer` field and allowed in one; a
+//! trailers only to a client that sent `TE: trailers`, only those announced in the
+//! response's `Trailer` field and allowed in one; data past an announced length cut; a
 //! `date` field when the response has none; `connection: close` when the client asked for it
 //! or the server is draining, and then a close. A client that goes away while its request is
 //! in flight is seen with a one-byte peek ([`ClientStream::poll_peer_closed`]), and the request
