@@ -63,7 +63,7 @@ const TRIM_EVERY: Duration = Duration::from_secs(1);
 
 mod direct;
 
-pub use direct::DirectBody;
+pub use direct::{read_response, DirectBody, ReadResponse};
 use direct::{DirectConn, ExchangeError, Parking};
 
 type Connector = HttpsConnector<HttpConnector>;

@@ -365,10 +365,12 @@ fn framing_of(
             .get_all(header::TRANSFER_ENCODING)
             .iter()
             .next_back()
-            .and_then(|v| v.as_bytes().rsplit(|&b| b == b',').next())
-            .map(<[u8]>::trim_ascii);
+            // As hyper reads it: a value that is not visible ASCII names no coding.
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.rsplit(',').next())
+            .map(str::trim);
         return Ok(match last {
-            Some(coding) if coding.eq_ignore_ascii_case(b"chunked") => {
+            Some(coding) if coding.eq_ignore_ascii_case("chunked") => {
                 Framing::Chunked(Chunked::Size(0))
             }
             _ => Framing::UntilClose,
@@ -475,29 +477,72 @@ impl DirectBody {
 
     /// Takes the next frame from what has been read, if it is there.
     fn step(&mut self) -> io::Result<Step> {
-        let Some(conn) = &mut self.conn else {
-            return Ok(Step::End);
-        };
-        let buf = &mut conn.buf;
-        match &mut self.framing {
-            Framing::Done | Framing::Length(0) => Ok(Step::End),
-            Framing::Length(left) => {
-                if buf.is_empty() {
-                    return Ok(Step::Read);
-                }
-                let take = usize::try_from(*left).unwrap_or(usize::MAX).min(buf.len());
-                *left -= take as u64;
-                Ok(Step::Frame(Frame::data(buf.split_to(take).freeze())))
-            }
-            Framing::UntilClose => {
-                if buf.is_empty() {
-                    return Ok(Step::Read);
-                }
-                Ok(Step::Frame(Frame::data(buf.split().freeze())))
-            }
-            Framing::Chunked(chunk) => chunk_step(chunk, buf),
+        match &mut self.conn {
+            Some(conn) => body_step(&mut self.framing, &mut conn.buf),
+            None => Ok(Step::End),
         }
     }
+}
+
+/// The next frame of a body framed as `framing`, from what `buf` holds.
+fn body_step(framing: &mut Framing, buf: &mut BytesMut) -> io::Result<Step> {
+    match framing {
+        Framing::Done | Framing::Length(0) => Ok(Step::End),
+        Framing::Length(left) => {
+            if buf.is_empty() {
+                return Ok(Step::Read);
+            }
+            let take = usize::try_from(*left).unwrap_or(usize::MAX).min(buf.len());
+            *left -= take as u64;
+            Ok(Step::Frame(Frame::data(buf.split_to(take).freeze())))
+        }
+        Framing::UntilClose => {
+            if buf.is_empty() {
+                return Ok(Step::Read);
+            }
+            Ok(Step::Frame(Frame::data(buf.split().freeze())))
+        }
+        Framing::Chunked(chunk) => chunk_step(chunk, buf),
+    }
+}
+
+/// A whole response, as tollgate's own client reads it.
+pub type ReadResponse = (Response<()>, Vec<u8>, Option<HeaderMap>);
+
+/// How tollgate's own client reads `wire`, all an upstream sent on a connection before it
+/// closed, as the answer to a GET (or a HEAD): the response with its body and trailers, or why
+/// it failed. For the differential fuzz target (`fuzz/fuzz_targets/upstream_response.rs`),
+/// which reads the same bytes with hyper's client.
+pub fn read_response(wire: &[u8], head_request: bool) -> Result<ReadResponse, String> {
+    let mut buf = BytesMut::from(wire);
+    let mut fields = Vec::new();
+    let (response, mut framing) = loop {
+        match parse_head(&mut buf, &mut fields, head_request).map_err(|e| e.to_string())? {
+            Some(Head::Informational) => continue,
+            Some(Head::Response {
+                response, framing, ..
+            }) => break (response, framing),
+            None => return Err("connection closed before message completed".into()),
+        }
+    };
+    let (mut body, mut trailers) = (Vec::new(), None);
+    loop {
+        match body_step(&mut framing, &mut buf).map_err(|e| e.to_string())? {
+            Step::Frame(frame) => {
+                if let Ok(data) = frame.into_data() {
+                    body.extend_from_slice(&data);
+                }
+            }
+            Step::Last(frame) => {
+                trailers = frame.into_trailers().ok();
+                break;
+            }
+            Step::End => break,
+            Step::Read if matches!(framing, Framing::UntilClose) => break,
+            Step::Read => return Err("connection closed in the middle of a body".into()),
+        }
+    }
+    Ok((response, body, trailers))
 }
 
 /// One step of a chunked body.
@@ -558,6 +603,15 @@ fn chunk_step(chunk: &mut Chunked, buf: &mut BytesMut) -> io::Result<Step> {
                     return Ok(Step::Read);
                 };
                 let section = buf.split_to(end + 4).freeze();
+                // Every line ends in CRLF, as hyper's decoder insists (httparse alone would
+                // take a bare LF).
+                let bare = section
+                    .windows(2)
+                    .any(|w| (w[1] == b'\n' && w[0] != b'\r') || (w[0] == b'\r' && w[1] != b'\n'))
+                    || section.first() == Some(&b'\n');
+                if bare {
+                    return Err(invalid_body("trailer line not ended by CRLF"));
+                }
                 let trailers = parse_trailers(&section)?;
                 return Ok(Step::Last(Frame::trailers(trailers)));
             }
@@ -762,6 +816,11 @@ mod tests {
                 "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n",
                 "until close",
             ),
+            // hyper reads a value that is not visible ASCII as naming no coding.
+            (
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: \u{e9}, chunked\r\n\r\n",
+                "until close",
+            ),
             (
                 "HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
                 "error",
@@ -883,6 +942,7 @@ mod tests {
             b" 3\r\nabc\r\n0\r\n\r\n",
             b"3 x\r\nabc\r\n0\r\n\r\n",
             b"3;a\rb\r\nabc\r\n0\r\n\r\n",
+            b"3\r\nabc\r\n0\r\nx-a: 1\nx-b: 2\r\n\r\n",
             b"11111111111111111\r\n",
         ] {
             assert!(
