@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Bounded fuzzing runs of the framing guard, the normaliser (issue 14), the configuration
-# loader and the simple HTTP/1.1 path's differential against the guard (issue 16), not part of CI.
+# loader, and the simple HTTP/1.1 path's differentials against the guard and hyper's client
+# (issue 16), not part of CI.
 #
 #   fuzz/run.sh                 # each target for 60 s
 #   SECONDS_EACH=600 fuzz/run.sh
@@ -14,7 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 SECONDS_EACH=${SECONDS_EACH:-60}
-TARGETS=${TARGETS:-"framing normalise config simple_head"}
+TARGETS=${TARGETS:-"framing normalise config simple_head upstream_response"}
 if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
   cargo install cargo-fuzz
 fi
