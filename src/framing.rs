@@ -465,6 +465,14 @@ pub fn scan_head(bytes: &[u8]) -> HeadScan {
     HeadScan::Unfinished
 }
 
+/// Where `part` (a slice httparse gave of a head) lies in `head`; None when it does not lie in
+/// it (httparse gives a static empty reason phrase, for one).
+pub fn place_in(head: &[u8], part: &[u8]) -> Option<std::ops::Range<usize>> {
+    let start = (part.as_ptr() as usize).checked_sub(head.as_ptr() as usize)?;
+    let end = start.checked_add(part.len())?;
+    (end <= head.len()).then_some(start..end)
+}
+
 /// Most header fields in a head ([`judge_head`]); hyper's own limit is lower (100), and a head
 /// past it is hyper's to answer (431).
 const MAX_HEADERS: usize = 128;

@@ -71,6 +71,42 @@ fn value_tokens<'a>(
         .filter(|t| !t.is_empty())
 }
 
+/// The comma-separated tokens of one field value, trimmed, as hyper reads them: a value that
+/// is not visible ASCII (`HeaderValue::to_str` fails) has none. For tollgate's own HTTP/1.1
+/// path, which reads fields hyper would have read (`server::connection::simple_h1`,
+/// `forward::direct`).
+pub fn raw_tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let visible = value
+        .iter()
+        .all(|&b| b == b'\t' || (b' '..0x7f).contains(&b));
+    let parts = value.split(|&b| b == b',').filter(move |_| visible);
+    parts.map(<[u8]>::trim_ascii)
+}
+
+/// Whether a field value lists `token` (any case), as hyper's `connection_has` reads it.
+pub fn lists_token(value: &[u8], token: &str) -> bool {
+    raw_tokens(value).any(|t| t.eq_ignore_ascii_case(token.as_bytes()))
+}
+
+/// The body length that `Content-Length` fields give, as hyper reads them
+/// (`content_length_parse_all`): every comma-separated part digits, all of them the same
+/// number. None when there is no such field, or any part is not digits, or two disagree.
+pub fn content_length<'a>(values: impl Iterator<Item = &'a HeaderValue>) -> Option<u64> {
+    let mut length = None;
+    for part in values.flat_map(|v| v.as_bytes().split(|&b| b == b',')) {
+        let part = part.trim_ascii();
+        if part.is_empty() || !part.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        let n: u64 = std::str::from_utf8(part).ok()?.parse().ok()?;
+        if length.is_some_and(|first| first != n) {
+            return None;
+        }
+        length = Some(n);
+    }
+    length
+}
+
 /// The one upgrade tollgate forwards.
 const WEBSOCKET: &str = "websocket";
 
@@ -559,6 +595,33 @@ fn insert(headers: &mut HeaderMap, name: &HeaderName, value: Vec<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lengths_are_read_as_hyper_reads_them() {
+        let length = |values: &[&'static str]| {
+            let values: Vec<HeaderValue> =
+                values.iter().map(|v| HeaderValue::from_static(v)).collect();
+            content_length(values.iter())
+        };
+        assert_eq!(length(&["12"]), Some(12));
+        assert_eq!(length(&["12, 12"]), Some(12));
+        assert_eq!(length(&["12", "12"]), Some(12));
+        assert_eq!(length(&["12, 13"]), None);
+        assert_eq!(length(&["12", "13"]), None);
+        assert_eq!(length(&["-1"]), None);
+        assert_eq!(length(&[""]), None);
+        assert_eq!(length(&[]), None);
+    }
+
+    #[test]
+    fn tokens_are_read_as_hyper_reads_them() {
+        assert!(lists_token(b"keep-alive, Close", "close"));
+        assert!(!lists_token(b"closed", "close"));
+        // A value that is not visible ASCII lists nothing (`HeaderValue::to_str` fails).
+        assert!(!lists_token(b"close, caf\xc3\xa9", "close"));
+        let tokens: Vec<&[u8]> = raw_tokens(b" a ,\tb,, c").collect();
+        assert_eq!(tokens, [&b"a"[..], b"b", b"", b"c"]);
+    }
 
     /// [`strip_hop_by_hop`] after its scan, as the forwarder runs it.
     fn strip(h: &mut HeaderMap) {

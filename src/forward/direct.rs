@@ -41,6 +41,7 @@ use tokio::net::TcpStream;
 use super::{lock, Lane};
 use crate::body::RequestBody;
 use crate::error::RequestError;
+use crate::{framing, headers};
 
 /// hyper's limit on a response head's fields.
 const MAX_FIELDS: usize = 100;
@@ -279,11 +280,11 @@ fn parse_head(
     } else {
         Version::HTTP_10
     };
-    let place = |part: &[u8]| range_in(buf, part).ok_or_else(|| invalid("field"));
+    let place = |part: &[u8]| framing::place_in(buf, part).ok_or_else(|| invalid("field"));
     // httparse gives an empty reason that is not in the buffer for a status line without one,
     // or with obs-text in it: hyper keeps it as an empty reason phrase.
     let reason = parsed.reason.unwrap_or("");
-    let reason = match range_in(buf, reason.as_bytes()) {
+    let reason = match framing::place_in(buf, reason.as_bytes()) {
         _ if Some(reason) == status.canonical_reason() => None,
         Some(place) if !reason.is_empty() => Some(place),
         _ => Some(0..0),
@@ -305,11 +306,11 @@ fn parse_head(
         let value = HeaderValue::from_maybe_shared(head.slice(value.clone()))
             .map_err(|_| invalid("field value"))?;
         if name == header::CONNECTION {
-            if said_close || has_token(&value, b"close") {
+            if said_close || headers::lists_token(value.as_bytes(), "close") {
                 said_close = true;
                 keep_alive = false;
             } else if !keep_alive {
-                keep_alive = has_token(&value, b"keep-alive");
+                keep_alive = headers::lists_token(value.as_bytes(), "keep-alive");
             }
         }
         headers.append(name, value);
@@ -376,40 +377,13 @@ fn framing_of(
             _ => Framing::UntilClose,
         });
     }
-    let mut length: Option<u64> = None;
-    for value in headers.get_all(header::CONTENT_LENGTH) {
-        for part in value.as_bytes().split(|&b| b == b',') {
-            let part = part.trim_ascii();
-            let n = std::str::from_utf8(part)
-                .ok()
-                .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
-                .and_then(|p| p.parse::<u64>().ok());
-            match (n, length) {
-                (Some(n), None) => length = Some(n),
-                (Some(n), Some(first)) if n == first => {}
-                _ => return Err(invalid("Content-Length")),
-            }
-        }
+    if !headers.contains_key(header::CONTENT_LENGTH) {
+        return Ok(Framing::UntilClose);
     }
-    Ok(match length {
-        Some(n) if n > MAX_LENGTH => return Err(invalid("Content-Length")),
-        Some(n) => Framing::Length(n),
-        None => Framing::UntilClose,
-    })
-}
-
-/// Where `part` lies in `within`, when it does.
-fn range_in(within: &[u8], part: &[u8]) -> Option<Range<usize>> {
-    let start = (part.as_ptr() as usize).checked_sub(within.as_ptr() as usize)?;
-    let end = start.checked_add(part.len())?;
-    (end <= within.len()).then_some(start..end)
-}
-
-fn has_token(value: &HeaderValue, token: &[u8]) -> bool {
-    value
-        .as_bytes()
-        .split(|&b| b == b',')
-        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
+    match crate::headers::content_length(headers.get_all(header::CONTENT_LENGTH).iter()) {
+        Some(n) if n <= MAX_LENGTH => Ok(Framing::Length(n)),
+        _ => Err(invalid("Content-Length")),
+    }
 }
 
 fn unreachable(text: String) -> RequestError {
@@ -596,7 +570,7 @@ fn chunk_step(chunk: &mut Chunked, buf: &mut BytesMut) -> io::Result<Step> {
                     buf.advance(2);
                     return Ok(Step::End);
                 }
-                let Some(end) = find(buf, b"\r\n\r\n") else {
+                let Some(end) = memchr::memmem::find(buf, b"\r\n\r\n") else {
                     if buf.len() > MAX_TRAILERS {
                         return Err(invalid_body("invalid trailer section"));
                     }
@@ -666,10 +640,6 @@ fn parse_trailers(section: &Bytes) -> io::Result<HeaderMap> {
         trailers.append(name, value);
     }
     Ok(trailers)
-}
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
 }
 
 fn invalid_body(what: &'static str) -> io::Error {

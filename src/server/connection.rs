@@ -115,7 +115,9 @@ pub(super) async fn serve_connection<S>(
         tokio::pin!(simple);
         let begin_drain = |_: Pin<&mut _>| activity.begin_drain();
         match supervise(simple, &activity, settings, &mut phase, begin_drain).await {
-            Some(simple_h1::Ending::HandOver { buffered, served }) => (buffered, served),
+            Some(simple_h1::Ending::HandOver { buffered }) => {
+                (buffered, activity.started.load(Ordering::Relaxed))
+            }
             Some(simple_h1::Ending::Closed) | None => return,
         }
     } else {

@@ -49,6 +49,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use super::{Activity, ClientStream, InFlight};
 use crate::body::{BodyError, ClientBody, ProxyBody};
 use crate::framing::{self, HeadScan};
+use crate::headers;
 use crate::proxy::{ConnInfo, Proxy};
 
 /// The largest head this path waits for; a larger one (rare) is hyper's, under the guard's
@@ -72,8 +73,9 @@ pub(super) enum Ending {
     /// failed.
     Closed,
     /// A request this path does not take: hyper serves the rest of the connection, starting
-    /// with `buffered` (the bytes read and not used), after `served` requests served here.
-    HandOver { buffered: Bytes, served: u64 },
+    /// with `buffered` (the bytes read and not used), after the requests served here (as many
+    /// as the connection's `Activity` has started).
+    HandOver { buffered: Bytes },
 }
 
 /// Serves simple requests on `stream` until the connection ends or a request is not simple.
@@ -90,7 +92,6 @@ pub(super) async fn serve<S: ClientStream>(
         out: Vec::with_capacity(1024),
         fields: Vec::with_capacity(16),
         date: DateField::default(),
-        served: 0,
         watch: CloseWatch { on: false },
     };
     loop {
@@ -142,7 +143,6 @@ struct Simple<'a, S> {
     /// Where the head's fields are (name, value), from its one parse; kept likewise.
     fields: Vec<(Range<usize>, Range<usize>)>,
     date: DateField,
-    served: u64,
     watch: CloseWatch,
 }
 
@@ -196,7 +196,6 @@ impl<S: ClientStream> Simple<'_, S> {
     fn hand_over(&mut self) -> Ending {
         Ending::HandOver {
             buffered: std::mem::take(&mut self.buf).freeze(),
-            served: self.served,
         }
     }
 
@@ -256,7 +255,6 @@ impl<S: ClientStream> Simple<'_, S> {
     ) -> bool {
         let head_request = request.method() == Method::HEAD;
         let _in_flight = InFlight::start(self.activity.clone());
-        self.served += 1;
         self.watch.start::<S>(&self.buf);
         let handling = pin!(proxy.handle(request, info.clone()));
         let Some(response) = self.unless_client_goes(handling).await else {
@@ -352,17 +350,23 @@ impl<S: ClientStream> Simple<'_, S> {
         let mut wrote_date = false;
         let mut close_said = false;
         let mut trailer_names: Option<Vec<HeaderName>> = None;
+        // An unknown length takes the fields' own (hyper trusts a known one); fields that
+        // disagree or do not read as a length: hyper refuses to send the response.
+        let mut length_fields = None;
+        if matches!(known, Length::Unknown) && parts.headers.contains_key(header::CONTENT_LENGTH) {
+            let fields = parts.headers.get_all(header::CONTENT_LENGTH).iter();
+            match headers::content_length(fields) {
+                Some(n) => length_fields = Some(n),
+                None => return self.refused_response(),
+            }
+        }
         for (name, value) in parts.headers.iter() {
             match *name {
                 header::CONTENT_LENGTH => match known {
                     // The first is written; the body's own length frames it.
                     Length::Known(n) if length.is_none() => length = Some(n),
-                    Length::Unknown => match (length, parse_length(value)) {
-                        (None, Some(n)) => length = Some(n),
-                        (Some(first), Some(n)) if first == n => continue,
-                        // Differing or unreadable: hyper refuses to send the response.
-                        _ => return self.refused_response(),
-                    },
+                    // Read once for all of them (below the loop's start): they agree.
+                    Length::Unknown if length.is_none() => length = length_fields,
                     Length::Nothing if head_request => {}
                     // hyper drops a length for an empty body (and writes its own below).
                     _ => continue,
@@ -370,7 +374,7 @@ impl<S: ClientStream> Simple<'_, S> {
                 // Never on tollgate's responses (hop-by-hop, removed from upstream ones):
                 // the body's own framing below is the only one written.
                 header::TRANSFER_ENCODING => continue,
-                header::CONNECTION if connection_says_close(value) => {
+                header::CONNECTION if headers::lists_token(value.as_bytes(), "close") => {
                     last = true;
                     close_said = true;
                 }
@@ -680,11 +684,7 @@ fn parse_head(bytes: &[u8], fields: &mut Vec<(Range<usize>, Range<usize>)>) -> O
     }
     // Every part httparse gives of a request is a slice of `bytes`; one that were not would
     // be hyper's to read.
-    let offset = |part: &[u8]| {
-        let start = (part.as_ptr() as usize).checked_sub(bytes.as_ptr() as usize)?;
-        let end = start.checked_add(part.len())?;
-        (end <= bytes.len()).then_some(start..end)
-    };
+    let offset = |part: &[u8]| framing::place_in(bytes, part);
     let mut head = ParsedHead {
         len,
         method,
@@ -699,7 +699,7 @@ fn parse_head(bytes: &[u8], fields: &mut Vec<(Range<usize>, Range<usize>)>) -> O
         if name.eq_ignore_ascii_case("connection") {
             head.asks.close |= simple_connection_field(field.value)?;
         } else if name.eq_ignore_ascii_case("te") {
-            head.asks.trailers |= has_token(field.value, b"trailers");
+            head.asks.trailers |= headers::lists_token(field.value, "trailers");
         }
         fields.push((offset(name.as_bytes())?, offset(field.value)?));
     }
@@ -710,8 +710,7 @@ fn parse_head(bytes: &[u8], fields: &mut Vec<(Range<usize>, Range<usize>)>) -> O
 /// (others name hop-by-hop fields, or an upgrade, for hyper's path). Some(true): it says close.
 fn simple_connection_field(value: &[u8]) -> Option<bool> {
     let mut closes = false;
-    for token in value.split(|&b| b == b',') {
-        let token = token.trim_ascii();
+    for token in headers::raw_tokens(value) {
         if token.eq_ignore_ascii_case(b"close") {
             closes = true;
         } else if !token.eq_ignore_ascii_case(b"keep-alive") && !token.is_empty() {
@@ -719,35 +718,6 @@ fn simple_connection_field(value: &[u8]) -> Option<bool> {
         }
     }
     Some(closes)
-}
-
-/// Whether a response `Connection` field says close (hyper's `connection_close`).
-fn connection_says_close(value: &HeaderValue) -> bool {
-    has_token(value.as_bytes(), b"close")
-}
-
-/// Whether a comma-separated field value lists `token` (any case).
-fn has_token(value: &[u8], token: &[u8]) -> bool {
-    value
-        .split(|&b| b == b',')
-        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
-}
-
-/// A `Content-Length` value as hyper reads one: digits, or the same digits listed again.
-fn parse_length(value: &HeaderValue) -> Option<u64> {
-    let mut length = None;
-    for part in value.as_bytes().split(|&b| b == b',') {
-        let part = part.trim_ascii();
-        if part.is_empty() || !part.iter().all(u8::is_ascii_digit) {
-            return None;
-        }
-        let n: u64 = std::str::from_utf8(part).ok()?.parse().ok()?;
-        if length.is_some_and(|l| l != n) {
-            return None;
-        }
-        length = Some(n);
-    }
-    length
 }
 
 /// Whether a response can carry a body (hyper's `can_chunked`): not to HEAD, and not 1xx, 204
@@ -886,16 +856,6 @@ mod tests {
         assert_eq!(hex(255, &mut buf), b"FF");
         assert_eq!(hex(0x1000, &mut buf), b"1000");
         assert_eq!(hex(usize::MAX, &mut buf).len(), usize::BITS as usize / 4);
-    }
-
-    #[test]
-    fn response_lengths_are_read_as_hyper_reads_them() {
-        let value = |s: &'static str| HeaderValue::from_static(s);
-        assert_eq!(parse_length(&value("12")), Some(12));
-        assert_eq!(parse_length(&value("12, 12")), Some(12));
-        assert_eq!(parse_length(&value("12, 13")), None);
-        assert_eq!(parse_length(&value("-1")), None);
-        assert_eq!(parse_length(&value("")), None);
     }
 
     #[test]
