@@ -300,18 +300,28 @@ fn parse_head(
     let mut headers = HeaderMap::with_capacity(fields.len() + PROXY_FIELDS);
     let mut keep_alive = version == Version::HTTP_11;
     let mut said_close = false;
+    // The framing fields are noted on the way, so that the framing is not looked up again in
+    // the map (two hashed look-ups each).
+    let mut framing_fields = FramingFields::default();
     for (name, value) in fields.iter() {
         let name =
             HeaderName::from_bytes(&head[name.clone()]).map_err(|_| invalid("field name"))?;
         let value = HeaderValue::from_maybe_shared(head.slice(value.clone()))
             .map_err(|_| invalid("field value"))?;
         if name == header::CONNECTION {
-            if said_close || headers::lists_token(value.as_bytes(), "close") {
+            // The usual value, without the token scan.
+            if value.as_bytes().eq_ignore_ascii_case(b"keep-alive") {
+                keep_alive |= !said_close;
+            } else if said_close || headers::lists_token(value.as_bytes(), "close") {
                 said_close = true;
                 keep_alive = false;
             } else if !keep_alive {
                 keep_alive = headers::lists_token(value.as_bytes(), "keep-alive");
             }
+        } else if name == header::TRANSFER_ENCODING {
+            framing_fields.transfer_encoding = Some(value.clone());
+        } else if name == header::CONTENT_LENGTH {
+            framing_fields.lengths.push(value.clone());
         }
         headers.append(name, value);
     }
@@ -319,7 +329,7 @@ fn parse_head(
         // hyper decides this before it looks at the length fields.
         Framing::Length(0)
     } else {
-        framing_of(status, version, &headers)?
+        framing_of(status, version, &framing_fields)?
     };
     let mut response = Response::new(());
     *response.status_mut() = status;
@@ -352,22 +362,20 @@ fn parse_head(
 fn framing_of(
     status: StatusCode,
     version: Version,
-    headers: &HeaderMap,
+    fields: &FramingFields,
 ) -> Result<Framing, RequestError> {
     if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
         return Ok(Framing::Length(0));
     }
     let invalid = |what: &str| unreachable(format!("invalid response head: {what}"));
-    if headers.contains_key(header::TRANSFER_ENCODING) {
+    if let Some(last) = &fields.transfer_encoding {
         if version == Version::HTTP_10 {
             return Err(invalid("Transfer-Encoding in HTTP/1.0"));
         }
-        let last = headers
-            .get_all(header::TRANSFER_ENCODING)
-            .iter()
-            .next_back()
-            // As hyper reads it: a value that is not visible ASCII names no coding.
-            .and_then(|v| v.to_str().ok())
+        // As hyper reads it: a value that is not visible ASCII names no coding.
+        let last = last
+            .to_str()
+            .ok()
             .and_then(|v| v.rsplit(',').next())
             .map(str::trim);
         return Ok(match last {
@@ -377,13 +385,22 @@ fn framing_of(
             _ => Framing::UntilClose,
         });
     }
-    if !headers.contains_key(header::CONTENT_LENGTH) {
+    if fields.lengths.is_empty() {
         return Ok(Framing::UntilClose);
     }
-    match crate::headers::content_length(headers.get_all(header::CONTENT_LENGTH).iter()) {
+    match crate::headers::content_length(fields.lengths.iter()) {
         Some(n) if n <= MAX_LENGTH => Ok(Framing::Length(n)),
         _ => Err(invalid("Content-Length")),
     }
+}
+
+/// The fields of a response head that frame its body, as [`parse_head`] met them.
+#[derive(Default)]
+struct FramingFields {
+    /// The last `Transfer-Encoding` line: hyper reads the last coding of the last line.
+    transfer_encoding: Option<HeaderValue>,
+    /// Every `Content-Length` line, in order; nearly always one.
+    lengths: smallvec::SmallVec<[HeaderValue; 1]>,
 }
 
 fn unreachable(text: String) -> RequestError {
