@@ -557,75 +557,85 @@ impl UpstreamPool {
     /// request that an idle connection could not even start to send (the upstream closed it
     /// a moment ago) goes once more, on a new connection. Only a new connection that cannot
     /// be made gives the request back ([`Failure::Connect`]).
-    async fn send_h1(
+    // Not an `async fn`, for the reason given on `forward`.
+    #[allow(clippy::manual_async_fn)]
+    fn send_h1(
         &self,
         worker: usize,
         origin: usize,
         mut req: Request<RequestBody>,
-    ) -> Result<Response<UpstreamBody>, Failure> {
-        // A request without a body to a plain-HTTP origin goes on tollgate's own client.
-        if req.body().is_absent() && self.origins[origin].scheme == Scheme::HTTP {
-            return self.send_direct(worker, origin, req).await;
-        }
-        if let Some(mut sender) = self.idle_h1(worker, origin) {
-            match sender.try_send_request(req).await {
-                Ok(response) => {
-                    self.recycle_h1(worker, origin, sender);
-                    return Ok(response.map(UpstreamBody::Hyper));
-                }
-                Err(mut err) => match err.take_message() {
-                    Some(unsent) => req = unsent,
-                    None => return Err(Failure::Sent(unreachable(&err.into_error()))),
-                },
+    ) -> impl Future<Output = Result<Response<UpstreamBody>, Failure>> + '_ {
+        async move {
+            // A request without a body to a plain-HTTP origin goes on tollgate's own client.
+            if req.body().is_absent() && self.origins[origin].scheme == Scheme::HTTP {
+                return self.send_direct(worker, origin, req).await;
             }
+            if let Some(mut sender) = self.idle_h1(worker, origin) {
+                match sender.try_send_request(req).await {
+                    Ok(response) => {
+                        self.recycle_h1(worker, origin, sender);
+                        return Ok(response.map(UpstreamBody::Hyper));
+                    }
+                    Err(mut err) => match err.take_message() {
+                        Some(unsent) => req = unsent,
+                        None => return Err(Failure::Sent(unreachable(&err.into_error()))),
+                    },
+                }
+            }
+            // Boxed: connecting is the rare path, and its futures (TCP, TLS, handshake) would
+            // otherwise make every request's future several times larger, and every move of it
+            // a large copy.
+            let mut sender = match Box::pin(self.open_h1(origin)).await {
+                Ok(sender) => sender,
+                Err(err) => return Err(Failure::Connect(Box::new(req), err)),
+            };
+            let response = sender
+                .send_request(req)
+                .await
+                .map_err(|e| Failure::Sent(unreachable(&e)))?;
+            self.recycle_h1(worker, origin, sender);
+            Ok(response.map(UpstreamBody::Hyper))
         }
-        // Boxed: connecting is the rare path, and its futures (TCP, TLS, handshake) would
-        // otherwise make every request's future several times larger, and every move of it
-        // a large copy.
-        let mut sender = match Box::pin(self.open_h1(origin)).await {
-            Ok(sender) => sender,
-            Err(err) => return Err(Failure::Connect(Box::new(req), err)),
-        };
-        let response = sender
-            .send_request(req)
-            .await
-            .map_err(|e| Failure::Sent(unreachable(&e)))?;
-        self.recycle_h1(worker, origin, sender);
-        Ok(response.map(UpstreamBody::Hyper))
     }
 
     /// HTTP/1.1 on tollgate's own client ([`direct`]), with the same rules as [`Self::send_h1`]:
     /// an idle connection of this worker if one is still open, once more on a new connection
     /// when not a byte of the request could be written to it, and the request given back only
     /// when no new connection can be made.
-    async fn send_direct(
+    // Not an `async fn`, for the reason given on `forward`.
+    #[allow(clippy::manual_async_fn)]
+    fn send_direct(
         &self,
         worker: usize,
         origin: usize,
         req: Request<RequestBody>,
-    ) -> Result<Response<UpstreamBody>, Failure> {
-        let parking = || Parking {
-            lanes: self.lanes.clone(),
-            worker,
-            origin,
-        };
-        if let Some(conn) = self.idle_direct(worker, origin) {
-            match direct::exchange(conn, &req, parking()).await {
-                Ok(response) => return Ok(response.map(UpstreamBody::Direct)),
-                Err(ExchangeError::Unsent(_)) => {}
-                Err(ExchangeError::Sent(err)) => return Err(Failure::Sent(err)),
+    ) -> impl Future<Output = Result<Response<UpstreamBody>, Failure>> + '_ {
+        async move {
+            let parking = || Parking {
+                lanes: self.lanes.clone(),
+                worker,
+                origin,
+            };
+            if let Some(conn) = self.idle_direct(worker, origin) {
+                match direct::exchange(conn, &req, parking()).await {
+                    Ok(response) => return Ok(response.map(UpstreamBody::Direct)),
+                    Err(ExchangeError::Unsent(_)) => {}
+                    Err(ExchangeError::Sent(err)) => return Err(Failure::Sent(err)),
+                }
             }
-        }
-        let authority = &self.origins[origin].authority;
-        let connect = DirectConn::connect(authority, self.config.connect_timeout);
-        // Boxed, as in `send_h1`: connecting is the rare path.
-        let conn = match Box::pin(connect).await {
-            Ok(conn) => conn,
-            Err(err) => return Err(Failure::Connect(Box::new(req), err)),
-        };
-        match direct::exchange(conn, &req, parking()).await {
-            Ok(response) => Ok(response.map(UpstreamBody::Direct)),
-            Err(ExchangeError::Unsent(err) | ExchangeError::Sent(err)) => Err(Failure::Sent(err)),
+            let authority = &self.origins[origin].authority;
+            let connect = DirectConn::connect(authority, self.config.connect_timeout);
+            // Boxed, as in `send_h1`: connecting is the rare path.
+            let conn = match Box::pin(connect).await {
+                Ok(conn) => conn,
+                Err(err) => return Err(Failure::Connect(Box::new(req), err)),
+            };
+            match direct::exchange(conn, &req, parking()).await {
+                Ok(response) => Ok(response.map(UpstreamBody::Direct)),
+                Err(ExchangeError::Unsent(err) | ExchangeError::Sent(err)) => {
+                    Err(Failure::Sent(err))
+                }
+            }
         }
     }
 

@@ -192,52 +192,56 @@ impl Proxy {
         self.runtime.store(Arc::new(runtime));
     }
 
-    pub async fn handle(
+    // Not an `async fn`, for the reason given on `pipeline`.
+    #[allow(clippy::manual_async_fn)]
+    pub fn handle(
         &self,
         mut req: Request<ClientBody>,
         conn: ConnInfo,
-    ) -> Response<ProxyBody> {
-        let started = Instant::now();
-        let runtime = self.runtime.load_full();
-        // Decided first, so that every answer (tollgate's own included) and the log carry it.
-        let trusted_proxies = &runtime.config.server.trusted_proxies;
-        let request_id = headers::request_id(req.headers_mut(), || {
-            key::is_trusted(key::canonical(conn.peer.ip()), trusted_proxies)
-        });
-        let method = req.method().clone();
-        // Logged without its query: queries can carry credentials. (A Uri clone shares its
-        // bytes; nothing is copied.)
-        let uri = req.uri().clone();
-        let mut handled = self.pipeline(&runtime, req, conn).await;
-        handled
-            .response
-            .headers_mut()
-            .insert(headers::X_REQUEST_ID.clone(), request_id.clone());
-        let status = handled.response.status().as_u16();
-        let route = handled.route.map(|i| &runtime.routes[i]);
-        let route_name = match route {
-            Some(route) => {
-                route.metrics.response(&self.metrics, status);
-                &*route.name
-            }
-            None => {
-                self.metrics.response(&Arc::from(NO_ROUTE), status);
-                NO_ROUTE
-            }
-        };
-        log_format::access(&AccessLine {
-            method: &method,
-            path: uri.path(),
-            route: route_name,
-            decision: handled.decision,
-            violated: &handled.violated,
-            status,
-            duration_ms: &|| log_format::log_ms(started.elapsed()),
-            upstream: handled.upstream.as_deref().unwrap_or(""),
-            grpc_status: handled.grpc_status.map(GrpcCode::as_str),
-            request_id: &request_id,
-        });
-        handled.response
+    ) -> impl Future<Output = Response<ProxyBody>> + '_ {
+        async move {
+            let started = Instant::now();
+            let runtime = self.runtime.load_full();
+            // Decided first, so that every answer (tollgate's own included) and the log carry it.
+            let trusted_proxies = &runtime.config.server.trusted_proxies;
+            let request_id = headers::request_id(req.headers_mut(), || {
+                key::is_trusted(key::canonical(conn.peer.ip()), trusted_proxies)
+            });
+            let method = req.method().clone();
+            // Logged without its query: queries can carry credentials. (A Uri clone shares its
+            // bytes; nothing is copied.)
+            let uri = req.uri().clone();
+            let mut handled = self.pipeline(&runtime, req, conn).await;
+            handled
+                .response
+                .headers_mut()
+                .insert(headers::X_REQUEST_ID.clone(), request_id.clone());
+            let status = handled.response.status().as_u16();
+            let route = handled.route.map(|i| &runtime.routes[i]);
+            let route_name = match route {
+                Some(route) => {
+                    route.metrics.response(&self.metrics, status);
+                    &*route.name
+                }
+                None => {
+                    self.metrics.response(&Arc::from(NO_ROUTE), status);
+                    NO_ROUTE
+                }
+            };
+            log_format::access(&AccessLine {
+                method: &method,
+                path: uri.path(),
+                route: route_name,
+                decision: handled.decision,
+                violated: &handled.violated,
+                status,
+                duration_ms: &|| log_format::log_ms(started.elapsed()),
+                upstream: handled.upstream.as_deref().unwrap_or(""),
+                grpc_status: handled.grpc_status.map(GrpcCode::as_str),
+                request_id: &request_id,
+            });
+            handled.response
+        }
     }
 
     // Not an `async fn`: that would keep `req` and `conn` twice, as arguments and as locals of

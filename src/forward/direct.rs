@@ -135,42 +135,47 @@ impl DirectConn {
 
 /// Sends `req` (whose body is empty) on `conn` and reads the response head; the body reads
 /// the rest and puts the connection back at `parking` when it may be used again.
-pub(super) async fn exchange(
+// Not an `async fn`: that would keep `conn` twice, as its argument and as a local of its
+// body (rust-lang/rust#62958).
+#[allow(clippy::manual_async_fn)]
+pub(super) fn exchange(
     mut conn: DirectConn,
     req: &Request<RequestBody>,
     parking: Parking,
-) -> Result<Response<DirectBody>, ExchangeError> {
-    encode_request(req, &mut conn.out);
-    let out = std::mem::take(&mut conn.out);
-    let written = write_head(&mut conn.stream, &out).await;
-    conn.out = out;
-    if let Err((sent, err)) = written {
-        let err = unreachable(format!("error writing a request: {err}"));
-        return Err(if sent {
-            ExchangeError::Sent(err)
-        } else {
-            ExchangeError::Unsent(err)
-        });
-    }
-    let head_only = req.method() == Method::HEAD;
-    loop {
-        match read_head(&mut conn, head_only).await {
-            Ok(Head::Informational) => continue,
-            Ok(Head::Response {
-                response,
-                framing,
-                keep_alive,
-            }) => {
-                let mut body = DirectBody {
-                    conn: Some(conn),
+) -> impl Future<Output = Result<Response<DirectBody>, ExchangeError>> + '_ {
+    async move {
+        encode_request(req, &mut conn.out);
+        let out = std::mem::take(&mut conn.out);
+        let written = write_head(&mut conn.stream, &out).await;
+        conn.out = out;
+        if let Err((sent, err)) = written {
+            let err = unreachable(format!("error writing a request: {err}"));
+            return Err(if sent {
+                ExchangeError::Sent(err)
+            } else {
+                ExchangeError::Unsent(err)
+            });
+        }
+        let head_only = req.method() == Method::HEAD;
+        loop {
+            match read_head(&mut conn, head_only).await {
+                Ok(Head::Informational) => continue,
+                Ok(Head::Response {
+                    response,
                     framing,
                     keep_alive,
-                    parking: Some(parking),
-                };
-                body.finish_if_done();
-                return Ok(response.map(|()| body));
+                }) => {
+                    let mut body = DirectBody {
+                        conn: Some(conn),
+                        framing,
+                        keep_alive,
+                        parking: Some(parking),
+                    };
+                    body.finish_if_done();
+                    return Ok(response.map(|()| body));
+                }
+                Err(err) => return Err(ExchangeError::Sent(err)),
             }
-            Err(err) => return Err(ExchangeError::Sent(err)),
         }
     }
 }

@@ -192,7 +192,7 @@ struct Asks {
     trailers: bool,
 }
 
-impl<S: ClientStream> Simple<'_, S> {
+impl<'a, S: ClientStream> Simple<'a, S> {
     fn hand_over(&mut self) -> Ending {
         Ending::HandOver {
             buffered: std::mem::take(&mut self.buf).freeze(),
@@ -246,41 +246,46 @@ impl<S: ClientStream> Simple<'_, S> {
     }
 
     /// Runs one request and writes its response; false when the connection must end.
-    async fn exchange(
-        &mut self,
+    // Not an `async fn`: that would keep `request` twice, as its argument and as a local of its
+    // body (rust-lang/rust#62958).
+    #[allow(clippy::manual_async_fn)]
+    fn exchange<'f>(
+        &'f mut self,
         request: Request<ClientBody>,
         asks: Asks,
-        info: &ConnInfo,
-        proxy: &Proxy,
-    ) -> bool {
-        let head_request = request.method() == Method::HEAD;
-        let _in_flight = InFlight::start(self.activity.clone());
-        self.watch.start::<S>(&self.buf);
-        let handling = pin!(proxy.handle(request, info.clone()));
-        let Some(response) = self.unless_client_goes(handling).await else {
-            return false;
-        };
-        let closing = asks.close || self.activity.draining();
-        let (parts, mut body) = response.into_parts();
-        let mut framing = self.encode_head(&parts, &body, head_request, closing);
-        if !asks.trailers {
-            if let Some(BodyFraming::Chunked(names)) = &mut framing.body {
-                *names = None;
+        info: &'f ConnInfo,
+        proxy: &'f Proxy,
+    ) -> impl Future<Output = bool> + use<'f, 'a, S> {
+        async move {
+            let head_request = request.method() == Method::HEAD;
+            let _in_flight = InFlight::start(self.activity.clone());
+            self.watch.start::<S>(&self.buf);
+            let handling = pin!(proxy.handle(request, info.clone()));
+            let Some(response) = self.unless_client_goes(handling).await else {
+                return false;
+            };
+            let closing = asks.close || self.activity.draining();
+            let (parts, mut body) = response.into_parts();
+            let mut framing = self.encode_head(&parts, &body, head_request, closing);
+            if !asks.trailers {
+                if let Some(BodyFraming::Chunked(names)) = &mut framing.body {
+                    *names = None;
+                }
             }
+            if framing.body.is_none() {
+                // Nothing of the body goes out (HEAD, 204, 304...): dropped unread, as hyper does.
+                drop(body);
+            } else if !self.send_body(&mut body, &mut framing.body).await {
+                // What was ready goes out, as hyper writes it before it closes: the client sees a
+                // cut response, not none.
+                let _ = self.flush_out().await;
+                return false;
+            }
+            if !self.flush_out().await {
+                return false;
+            }
+            !framing.last
         }
-        if framing.body.is_none() {
-            // Nothing of the body goes out (HEAD, 204, 304...): dropped unread, as hyper does.
-            drop(body);
-        } else if !self.send_body(&mut body, &mut framing.body).await {
-            // What was ready goes out, as hyper writes it before it closes: the client sees a
-            // cut response, not none.
-            let _ = self.flush_out().await;
-            return false;
-        }
-        if !self.flush_out().await {
-            return false;
-        }
-        !framing.last
     }
 
     /// Waits for `work`, watching for the client's close while it runs: None when the client
