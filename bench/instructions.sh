@@ -11,12 +11,18 @@
 #             `ip` limit on the memory store; pg-hot: the same limit on the PostgreSQL store,
 #             a fresh database, decision budget 5 s so that valgrind's pace fails nothing;
 #             only tollgate's side is counted, bench/pg_instructions.sh counts the database's)
+#   ceiling   bench/ceiling, the plainest HTTP/1.1 proxy hyper makes (one thread, the upstream
+#             connection polled by the client connection's task; see bench/run.sh): what hyper
+#             itself costs per request, so that tollgate's figure can be read against it
+#             (issue 16). CEILING=0 leaves it out.
 # all in front of the same upstream (nginx `return 200`). tollgate's heaviest functions
 # (inclusive) go to OUT/tollgate-<mode>.top.txt, the full callgrind files next to them.
 #
 # Usage: [KNOB=value ...] bench/instructions.sh
 # Knobs: MODES ["nolimit memory"] REQUESTS [20000] WARM_REQUESTS [3000] CONNS [8]
-#        BASE_PORT [19400] BUILD [1] TOLLGATE_BIN [target/release/tollgate]
+#        BASE_PORT [19400] BUILD [1] (cargo build --release of tollgate, and of bench/ceiling
+#        when CEILING=1) TOLLGATE_BIN [target/release/tollgate] CEILING [1]
+#        CEILING_BIN [bench/ceiling/target/release/tollgate-bench-ceiling]
 #        PG_URL [postgres://postgres@127.0.0.1:5432] (pg-hot; creates and drops the database
 #        tollgate_instructions) PG_SSLMODE [disable] (bench/lib/pg.sh)
 #        OUT [bench/results/instructions-<UTC timestamp>]
@@ -37,6 +43,8 @@ CONNS=${CONNS:-8}
 BASE_PORT=${BASE_PORT:-19400}
 BUILD=${BUILD:-1}
 TOLLGATE_BIN=${TOLLGATE_BIN:-$ROOT/target/release/tollgate}
+CEILING=${CEILING:-1}
+CEILING_BIN=${CEILING_BIN:-$HERE/ceiling/target/release/tollgate-bench-ceiling}
 OUT=${OUT:-$HERE/results/instructions-$(date -u +%Y%m%dT%H%M%SZ)}
 PG_URL=${PG_URL:-postgres://postgres@127.0.0.1:5432}
 ACCESS_LOG=${ACCESS_LOG:-0}
@@ -56,7 +64,11 @@ source "$HERE/lib/procs.sh"
 source "$HERE/lib/pg.sh"
 cleanup_on_exit
 
-if [[ $BUILD == 1 ]]; then (cd "$ROOT" && cargo build --release --quiet); fi
+if [[ $BUILD == 1 ]]; then
+  (cd "$ROOT" && cargo build --release --quiet)
+  if [[ $CEILING == 1 ]]; then cargo build --release --quiet --manifest-path "$HERE/ceiling/Cargo.toml"; fi
+fi
+[[ $CEILING != 1 || -x $CEILING_BIN ]] || { echo "no ceiling binary at $CEILING_BIN (BUILD=1 builds it, CEILING=0 skips it)" >&2; exit 1; }
 render "$HERE/conf/upstream.nginx.conf" "$UP" >"$RUN/upstream.conf"
 nginx -p "$RUN/" -c "$RUN/upstream.conf" >"$RUN/upstream.out" 2>&1 &
 PIDS+=("$!")
@@ -97,6 +109,9 @@ measure() {
 render "$HERE/conf/proxy.nginx.conf" "$PX" | sed -e 's/^worker_processes 1;/worker_processes 1;\nmaster_process off;/' >"$RUN/nginx.conf"
 results=()
 results+=("$(measure nginx nginx -p "$RUN/" -c "$RUN/nginx.conf")")
+if [[ $CEILING == 1 ]]; then
+  results+=("$(measure ceiling "$CEILING_BIN" "127.0.0.1:$PX" "127.0.0.1:$UP")")
+fi
 for mode in $MODES; do
   if [[ $mode == pg-* ]]; then
     require_loopback_pg_url
