@@ -48,7 +48,7 @@ use crate::config::CertConfig;
 /// during the handshake.
 const PROTOCOL_VERSIONS: &[&SupportedProtocolVersion] = &[&TLS13, &TLS12];
 
-const ALPN_H2: &[u8] = b"h2";
+pub(crate) const ALPN_H2: &[u8] = b"h2";
 const ALPN_HTTP11: &[u8] = b"http/1.1";
 
 /// A leaf certificate expiring sooner than this is logged as a warning when loaded.

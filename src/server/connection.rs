@@ -72,6 +72,10 @@ pub(super) trait ClientStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
     /// are waiting to be read, so a close cannot be seen behind them; `Pending`: neither, and
     /// the task is woken when that changes. Never consumes a byte.
     fn poll_peer_closed(&self, cx: &mut Context<'_>) -> Poll<bool>;
+
+    /// Whether HTTP/1.1 may be spoken on the connection, so that its first requests go to the
+    /// simple path ([`simple_h1`]): false only for TLS that agreed on HTTP/2 by ALPN.
+    fn may_speak_h1(&self) -> bool;
 }
 
 impl ClientStream for tokio::net::TcpStream {
@@ -86,6 +90,10 @@ impl ClientStream for tokio::net::TcpStream {
             Poll::Pending => Poll::Pending,
         }
     }
+
+    fn may_speak_h1(&self) -> bool {
+        true
+    }
 }
 
 impl ClientStream for tokio_rustls::server::TlsStream<tokio::net::TcpStream> {
@@ -94,11 +102,15 @@ impl ClientStream for tokio_rustls::server::TlsStream<tokio::net::TcpStream> {
     fn poll_peer_closed(&self, _: &mut Context<'_>) -> Poll<bool> {
         Poll::Pending
     }
+
+    fn may_speak_h1(&self) -> bool {
+        self.get_ref().1.alpn_protocol() != Some(crate::tls::ALPN_H2)
+    }
 }
 
 /// Serves one client connection: simple HTTP/1.1 requests on tollgate's own path while they
-/// last (plain TCP only: [`simple_h1`]), then everything else through the framing guard and
-/// hyper.
+/// last ([`simple_h1`], plain TCP or TLS), then everything else through the framing guard and
+/// hyper (HTTP/2 from the start when TLS agreed on it by ALPN).
 pub(super) async fn serve_connection<S>(
     mut stream: S,
     info: ConnInfo,
@@ -110,7 +122,7 @@ pub(super) async fn serve_connection<S>(
     S: ClientStream,
 {
     let activity = Arc::new(Activity::new(clock));
-    let (buffered, served) = if S::SEES_CLOSE {
+    let (buffered, served) = if stream.may_speak_h1() {
         let simple = simple_h1::serve(&mut stream, &info, &proxy, &activity);
         tokio::pin!(simple);
         let begin_drain = |_: Pin<&mut _>| activity.begin_drain();

@@ -1,4 +1,4 @@
-//! tollgate's own HTTP/1.1 path for simple requests, on plain-TCP connections (issue 16).
+//! tollgate's own HTTP/1.1 path for simple requests, on plain-TCP and TLS connections (issue 16).
 //!
 //! Most requests a rate-limiting proxy sees are HTTP/1.1 requests without a body (`GET`,
 //! `HEAD`, `DELETE`...). For those, hyper's server parsed each head a second time after the
@@ -28,11 +28,13 @@
 //! response's `Trailer` field and allowed in one; data past an announced length cut; a
 //! `date` field when the response has none; `connection: close` when the client asked for it
 //! or the server is draining, and then a close. A client that goes away while its request is
-//! in flight is seen with a one-byte peek ([`ClientStream::poll_peer_closed`]), and the request
-//! (with its upstream exchange) is dropped, as on hyper's path.
+//! in flight is seen with a one-byte peek on a plain socket ([`ClientStream::poll_peer_closed`])
+//! and by reading ahead through TLS (as hyper reads), and the request (with its upstream
+//! exchange) is dropped, as on hyper's path. A TLS connection that agreed on HTTP/2 by ALPN
+//! never comes here ([`ClientStream::may_speak_h1`]).
 
 use std::future::Future;
-use std::io::IoSlice;
+use std::io::{self, IoSlice};
 use std::mem::MaybeUninit;
 use std::ops::Range;
 use std::pin::{pin, Pin};
@@ -44,7 +46,7 @@ use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, StatusCode, Uri, Version};
 use http_body::{Body, Frame};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
 
 use super::{Activity, ClientStream, InFlight};
 use crate::body::{BodyError, ClientBody, ProxyBody};
@@ -154,23 +156,57 @@ struct CloseWatch {
 }
 
 impl CloseWatch {
-    fn start<S: ClientStream>(&mut self, buffered: &BytesMut) {
-        self.on = S::SEES_CLOSE && buffered.is_empty();
+    fn start(&mut self, buffered: &BytesMut) {
+        self.on = buffered.is_empty();
     }
 
-    /// Whether the client has gone; when it has not, the task is woken if it does.
-    fn client_gone<S: ClientStream>(&mut self, stream: &S, cx: &mut Context<'_>) -> bool {
+    /// Whether the client has gone; when it has not, the task is woken if it does. A plain
+    /// socket is peeked at ([`ClientStream::poll_peer_closed`]). Through TLS a peek would see
+    /// the encrypted `close_notify` rather than the close, so the stream is read instead, as
+    /// hyper reads it: what arrives is the next request's, and goes to `buffered`.
+    fn client_gone<S: ClientStream>(
+        &mut self,
+        stream: &mut S,
+        buffered: &mut BytesMut,
+        cx: &mut Context<'_>,
+    ) -> bool {
         if !self.on {
             return false;
         }
-        match stream.poll_peer_closed(cx) {
+        let seen = if S::SEES_CLOSE {
+            stream.poll_peer_closed(cx)
+        } else {
+            poll_read_ahead(stream, buffered, cx)
+        };
+        match seen {
             Poll::Ready(true) => true,
+            // Bytes are waiting: a close cannot be seen behind them.
             Poll::Ready(false) => {
                 self.on = false;
                 false
             }
             Poll::Pending => false,
         }
+    }
+}
+
+/// One read into `buffered` while a request is in flight: `Ready(true)` when the stream ended
+/// or failed, `Ready(false)` when bytes arrived.
+fn poll_read_ahead<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    buffered: &mut BytesMut,
+    cx: &mut Context<'_>,
+) -> Poll<bool> {
+    let mut bytes = [0u8; 4096];
+    let mut read = ReadBuf::new(&mut bytes);
+    match Pin::new(stream).poll_read(cx, &mut read) {
+        Poll::Ready(Ok(())) if read.filled().is_empty() => Poll::Ready(true),
+        Poll::Ready(Ok(())) => {
+            buffered.extend_from_slice(read.filled());
+            Poll::Ready(false)
+        }
+        Poll::Ready(Err(_)) => Poll::Ready(true),
+        Poll::Pending => Poll::Pending,
     }
 }
 
@@ -259,7 +295,7 @@ impl<'a, S: ClientStream> Simple<'a, S> {
         async move {
             let head_request = request.method() == Method::HEAD;
             let _in_flight = InFlight::start(self.activity.clone());
-            self.watch.start::<S>(&self.buf);
+            self.watch.start(&self.buf);
             let handling = pin!(proxy.handle(request, info.clone()));
             let Some(response) = self.unless_client_goes(handling).await else {
                 return false;
@@ -294,12 +330,12 @@ impl<'a, S: ClientStream> Simple<'a, S> {
         &mut self,
         mut work: Pin<&mut impl Future<Output = T>>,
     ) -> Option<T> {
-        let (stream, watch) = (&*self.stream, &mut self.watch);
+        let (stream, buf, watch) = (&mut *self.stream, &mut self.buf, &mut self.watch);
         std::future::poll_fn(|cx| {
             if let Poll::Ready(output) = work.as_mut().poll(cx) {
                 return Poll::Ready(Some(output));
             }
-            if watch.client_gone(stream, cx) {
+            if watch.client_gone(stream, buf, cx) {
                 return Poll::Ready(None);
             }
             Poll::Pending
@@ -457,13 +493,13 @@ impl<'a, S: ClientStream> Simple<'a, S> {
     /// connection must end (the body failed, its length was wrong, the client went away).
     async fn send_body(&mut self, body: &mut ProxyBody, framing: &mut Option<BodyFraming>) -> bool {
         loop {
-            let (stream, watch) = (&*self.stream, &mut self.watch);
+            let (stream, buf, watch) = (&mut *self.stream, &mut self.buf, &mut self.watch);
             let has_output = !self.out.is_empty();
             let step = std::future::poll_fn(|cx| match Pin::new(&mut *body).poll_frame(cx) {
                 Poll::Ready(frame) => Poll::Ready(Step::Frame(frame)),
                 // Whatever is ready goes out in one write before waiting for more.
                 Poll::Pending if has_output => Poll::Ready(Step::Flush),
-                Poll::Pending if watch.client_gone(stream, cx) => Poll::Ready(Step::Gone),
+                Poll::Pending if watch.client_gone(stream, buf, cx) => Poll::Ready(Step::Gone),
                 Poll::Pending => Poll::Pending,
             })
             .await;
@@ -590,10 +626,10 @@ impl<'a, S: ClientStream> Simple<'a, S> {
         }
         let mut slices = &mut storage[..count];
         while !slices.is_empty() {
-            let (stream, watch) = (&mut *self.stream, &mut self.watch);
+            let (stream, buf, watch) = (&mut *self.stream, &mut self.buf, &mut self.watch);
             let written = std::future::poll_fn(|cx| {
                 match Pin::new(&mut *stream).poll_write_vectored(cx, slices) {
-                    Poll::Pending if watch.client_gone(&*stream, cx) => Poll::Ready(Ok(0)),
+                    Poll::Pending if watch.client_gone(stream, buf, cx) => Poll::Ready(Ok(0)),
                     written => written,
                 }
             });
@@ -605,7 +641,15 @@ impl<'a, S: ClientStream> Simple<'a, S> {
                 }
             }
         }
-        true
+        // TLS keeps what it could not send yet (a socket's flush does nothing).
+        let (stream, buf, watch) = (&mut *self.stream, &mut self.buf, &mut self.watch);
+        let flushed = std::future::poll_fn(|cx| match Pin::new(&mut *stream).poll_flush(cx) {
+            Poll::Pending if watch.client_gone(stream, buf, cx) => {
+                Poll::Ready(Err(io::ErrorKind::ConnectionAborted.into()))
+            }
+            flushed => flushed,
+        });
+        flushed.await.is_ok()
     }
 }
 
