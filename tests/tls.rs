@@ -599,3 +599,41 @@ async fn a_large_response_over_tls_arrives_whole_on_a_kept_connection() {
         "the body's bytes differ from what the upstream sent"
     );
 }
+
+/// A graceful stop closes an idle keep-alive TLS connection as TLS should close: with
+/// `close_notify`, which the client reads as a clean end, not as a cut connection (hyper's path
+/// shuts its stream down the same way).
+#[tokio::test]
+async fn a_drain_closes_an_idle_tls_connection_with_close_notify() {
+    use tokio::io::AsyncReadExt;
+    let mut s = setup().await;
+    let mut client = raw_tls_client(&s).await;
+    client
+        .write_all(b"GET /rest/before HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .await
+        .expect("request");
+    let mut bytes = Vec::new();
+    let mut piece = [0u8; 4096];
+    let answered = tokio::time::timeout(wire::WAIT, async {
+        while wire::parse_response(&bytes, false, false).is_none() {
+            match client.read(&mut piece).await {
+                Ok(0) | Err(_) => panic!("closed before the answer"),
+                Ok(n) => bytes.extend_from_slice(&piece[..n]),
+            }
+        }
+    })
+    .await;
+    assert!(answered.is_ok(), "no answer within {:?}", wire::WAIT);
+    let stopping = tokio::spawn(async move { s.proxy.shutdown().await });
+    let end = tokio::time::timeout(Duration::from_secs(2), client.read(&mut piece))
+        .await
+        .expect("the idle connection was not closed at the drain");
+    assert!(
+        matches!(end, Ok(0)),
+        "the idle connection ended without close_notify: {end:?}"
+    );
+    tokio::time::timeout(wire::WAIT, stopping)
+        .await
+        .expect("shutdown within 5 s")
+        .expect("shutdown task");
+}

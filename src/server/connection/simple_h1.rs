@@ -99,7 +99,14 @@ pub(super) async fn serve<S: ClientStream>(
     loop {
         let head = match conn.next_head().await {
             Ok(head) => head,
-            Err(Stop::Close) => return Ending::Closed,
+            Err(Stop::Close) => {
+                // A drain ends an idle connection with a close of tollgate's own: through TLS,
+                // a `close_notify` (hyper's path shuts its stream down too).
+                if activity.draining() {
+                    let _ = conn.stream.shutdown().await;
+                }
+                return Ending::Closed;
+            }
             Err(Stop::HandOver) => return conn.hand_over(),
         };
         let Some((request, asks)) = conn.build(head) else {
