@@ -10,7 +10,10 @@
 #   tollgate  one worker, in each MODE given (nolimit: a route without limits; memory: one
 #             `ip` limit on the memory store; pg-hot: the same limit on the PostgreSQL store,
 #             a fresh database, decision budget 5 s so that valgrind's pace fails nothing;
-#             only tollgate's side is counted, bench/pg_instructions.sh counts the database's)
+#             only tollgate's side is counted, bench/pg_instructions.sh counts the database's;
+#             memory-tls: the memory mode's route with the requests sent over TLS (HTTP/1.1,
+#             a self-signed certificate made with openssl, one TLS connection per CONNS); its
+#             "x nginx" is against nginx over plain HTTP)
 #   ceiling   bench/ceiling, the plainest HTTP/1.1 proxy hyper makes (one thread, the upstream
 #             connection polled by the client connection's task; see bench/run.sh): what hyper
 #             itself costs per request, so that tollgate's figure can be read against it
@@ -53,9 +56,10 @@ CACHE_SIM=${CACHE_SIM:-0}
 if [[ $ACCESS_LOG == 1 ]]; then export RUST_LOG=info; else export RUST_LOG=warn; fi
 unset TOLLGATE_DATABASE_URL TOLLGATE_CONFIG
 UP=$BASE_PORT; PX=$((BASE_PORT + 1)); PX_H2=$((BASE_PORT + 2)); ADM=$((BASE_PORT + 3))
+PX_TLS=$((BASE_PORT + 4))
 
-for tool in valgrind callgrind_control callgrind_annotate nginx h2load curl; do
-  command -v "$tool" >/dev/null || { echo "missing $tool (apt-get install -y valgrind nginx nghttp2-client curl)" >&2; exit 1; }
+for tool in valgrind callgrind_control callgrind_annotate nginx h2load curl openssl; do
+  command -v "$tool" >/dev/null || { echo "missing $tool (apt-get install -y valgrind nginx nghttp2-client curl openssl)" >&2; exit 1; }
 done
 
 RUN=$(mktemp -d /tmp/tollgate-instructions.XXXXXX); chmod 755 "$RUN"
@@ -74,18 +78,19 @@ nginx -p "$RUN/" -c "$RUN/upstream.conf" >"$RUN/upstream.out" 2>&1 &
 PIDS+=("$!")
 wait_200 "http://127.0.0.1:$UP/" 10
 
-# measure NAME COMMAND...: runs COMMAND under callgrind, loads it, prints instructions/request.
+# measure NAME URL COMMAND...: runs COMMAND under callgrind, loads URL, prints
+# instructions/request.
 measure() {
-  local name=$1; shift
+  local name=$1 url=$2; shift 2
   local cg=$OUT/$name.callgrind
   local sim=(); [[ $CACHE_SIM == 1 ]] && sim=(--cache-sim=yes)
   valgrind --tool=callgrind "${sim[@]}" --callgrind-out-file="$cg" "$@" >"$OUT/$name.log" 2>&1 &
   local vpid=$!
   PIDS+=("$vpid")
-  wait_200 "http://127.0.0.1:$PX/" 60
-  h2load --h1 -n "$WARM_REQUESTS" -c "$CONNS" "http://127.0.0.1:$PX/" >/dev/null
+  wait_200 "$url" 60
+  h2load --h1 -n "$WARM_REQUESTS" -c "$CONNS" "$url" >/dev/null
   callgrind_control -z "$vpid" >/dev/null 2>&1
-  h2load --h1 -n "$REQUESTS" -c "$CONNS" "http://127.0.0.1:$PX/" >"$OUT/$name.h2load.txt"
+  h2load --h1 -n "$REQUESTS" -c "$CONNS" "$url" >"$OUT/$name.h2load.txt"
   grep -q "$REQUESTS succeeded" "$OUT/$name.h2load.txt" && grep -q "status codes: $REQUESTS 2xx" "$OUT/$name.h2load.txt" || { echo "$name: not every request succeeded" >&2; cat "$OUT/$name.h2load.txt" >&2; exit 1; }
   callgrind_control -d "$vpid" >/dev/null 2>&1
   sleep 1
@@ -108,28 +113,37 @@ measure() {
 
 render "$HERE/conf/proxy.nginx.conf" "$PX" | sed -e 's/^worker_processes 1;/worker_processes 1;\nmaster_process off;/' >"$RUN/nginx.conf"
 results=()
-results+=("$(measure nginx nginx -p "$RUN/" -c "$RUN/nginx.conf")")
+results+=("$(measure nginx "http://127.0.0.1:$PX/" nginx -p "$RUN/" -c "$RUN/nginx.conf")")
 if [[ $CEILING == 1 ]]; then
-  results+=("$(measure ceiling "$CEILING_BIN" "127.0.0.1:$PX" "127.0.0.1:$UP")")
+  results+=("$(measure ceiling "http://127.0.0.1:$PX/" "$CEILING_BIN" "127.0.0.1:$PX" "127.0.0.1:$UP")")
 fi
 for mode in $MODES; do
   if [[ $mode == pg-* ]]; then
     require_loopback_pg_url
     psql_admin -c "DROP DATABASE IF EXISTS tollgate_instructions WITH (FORCE)" -c "CREATE DATABASE tollgate_instructions" >/dev/null
   fi
+  url=http://127.0.0.1:$PX/
   {
-    tollgate_config_head "$PX"
+    if [[ $mode == *-tls ]]; then
+      [[ -f $RUN/cert.pem ]] || openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj /CN=localhost \
+        -addext subjectAltName=DNS:localhost,IP:127.0.0.1 -keyout "$RUN/key.pem" -out "$RUN/cert.pem" 2>/dev/null
+      url=https://127.0.0.1:$PX_TLS/
+      tollgate_config_head "$PX" | sed "s|^listen = .*|&\ntls_listen = [\"127.0.0.1:$PX_TLS\"]|"
+      printf '[[server.certs]]\ncert = "%s"\nkey = "%s"\n\n' "$RUN/cert.pem" "$RUN/key.pem"
+    else
+      tollgate_config_head "$PX"
+    fi
     if [[ $mode == pg-* ]]; then
       printf '[store]\nurl = "%s"\npool_size = 16\ntimeout = "5s"\non_error = "deny"\nmigrate = true\nsynchronous_commit = "off"\n\n' "$(store_url tollgate_instructions)"
     fi
     printf '[[routes]]\nname = "bench"\nupstream = "app"\n'
     case $mode in
       nolimit) ;;
-      memory | pg-hot) printf '  [[routes.limits]]\n  key = "ip"\n  requests = 2000000000\n  window = "1h"\n' ;;
+      memory | memory-tls | pg-hot) printf '  [[routes.limits]]\n  key = "ip"\n  requests = 2000000000\n  window = "1h"\n' ;;
       *) echo "unknown mode $mode" >&2; exit 1 ;;
     esac
   } >"$RUN/tollgate-$mode.toml"
-  results+=("$(measure "tollgate-$mode" "$TOLLGATE_BIN" --config "$RUN/tollgate-$mode.toml" run)")
+  results+=("$(measure "tollgate-$mode" "$url" "$TOLLGATE_BIN" --config "$RUN/tollgate-$mode.toml" run)")
   if [[ $mode == pg-* ]]; then
     psql_admin -c "DROP DATABASE IF EXISTS tollgate_instructions WITH (FORCE)" >/dev/null
   fi

@@ -3,7 +3,8 @@
 #
 # PIDS holds the servers a script started in the background, in start order; stop_started
 # ends them in reverse order (TERM, then wait), from the script's EXIT trap. wait_200 URL
-# TIMEOUT_S waits until URL answers 200, or exits the script. cleanup_on_exit sets the traps
+# TIMEOUT_S waits until URL answers 200, or exits the script (an https URL's certificate is
+# not checked: the bench makes its own). cleanup_on_exit sets the traps
 # that stop the servers and remove the script's $RUN folder however it ends. render TEMPLATE
 # PORT fills a bench/conf template (with $RUN, $PX_H2 and $UP, the upstream's port).
 # (bench/run.sh has richer versions of stop_started and wait_200: it checks targets stay alive and escalates to KILL.)
@@ -26,7 +27,7 @@ stop_started() {
 
 wait_200() {
   local deadline=$((SECONDS + $2))
-  until [[ $(curl -s -o /dev/null -w '%{http_code}' --max-time 1 "$1" || true) == 200 ]]; do
+  until [[ $(curl -sk -o /dev/null -w '%{http_code}' --max-time 1 "$1" || true) == 200 ]]; do
     ((SECONDS < deadline)) || { echo "no 200 from $1" >&2; exit 1; }
     sleep 0.2
   done
