@@ -100,11 +100,11 @@ pub(super) async fn serve<S: ClientStream>(
         let head = match conn.next_head().await {
             Ok(head) => head,
             Err(Stop::Close) => {
-                // A drain ends an idle connection with a close of tollgate's own: through TLS,
-                // a `close_notify` (hyper's path shuts its stream down too).
-                if activity.draining() {
-                    let _ = conn.stream.shutdown().await;
-                }
+                // The client's close or a drain: either way the connection ends with a close
+                // of tollgate's own, which through TLS is a `close_notify` (TLS 1.3 asks for
+                // one before the write side closes, TLS 1.2 for one in answer to the peer's),
+                // as hyper's path shuts its stream down.
+                let _ = conn.stream.shutdown().await;
                 return Ending::Closed;
             }
             Err(Stop::HandOver) => return conn.hand_over(),
