@@ -155,6 +155,33 @@ impl Setup {
         handshake(client_config(&self.pki, &[], false), stream).await
     }
 
+    /// A TLS connection on which `GET /slow/{ms}` has reached the upstream (which answers it
+    /// `ms` milliseconds later).
+    async fn slow_request_in_flight(&self, ms: u64) -> TlsStream<TcpStream> {
+        let mut tls = self.tls().await;
+        let request = format!("GET /slow/{ms} HTTP/1.1\r\nHost: a\r\n\r\n");
+        tls.write_all(request.as_bytes()).await.expect("write");
+        tls.flush().await.expect("flush");
+        wait::until("the slow request at the upstream", WAIT, || {
+            self.upstream.count() == 1
+        })
+        .await;
+        tls
+    }
+
+    /// A small-window TLS connection on which `GET /big/{size}` has reached the upstream.
+    async fn large_response_waiting(&self, size: usize) -> TlsStream<TcpStream> {
+        let mut tls = self.tls_small_window().await;
+        let request = format!("GET /big/{size} HTTP/1.1\r\nHost: a\r\n\r\n");
+        tls.write_all(request.as_bytes()).await.expect("write");
+        tls.flush().await.expect("flush");
+        wait::until("the large request at the upstream", WAIT, || {
+            self.upstream.count() == 1
+        })
+        .await;
+        tls
+    }
+
     fn uris(&self) -> Vec<String> {
         self.upstream
             .requests()
@@ -235,15 +262,16 @@ fn statuses(responses: &[Resp]) -> Vec<u16> {
     responses.iter().map(|r| r.status).collect()
 }
 
+/// Whether `body` is the upstream's `/big/{size}` body: `size` bytes of its pattern.
+fn is_big_body(body: &[u8], size: usize) -> bool {
+    body.len() == size && body.iter().enumerate().all(|(i, b)| *b == pattern_byte(i))
+}
+
 /// A response in one line: the head with `date` and `x-request-id` masked, then the body (a
 /// `/big/` body by its length and pattern), then the trailer fields.
 fn summary(response: &Resp) -> String {
     let body = if response.body.len() > 256 {
-        let pattern = response
-            .body
-            .iter()
-            .enumerate()
-            .all(|(i, b)| *b == pattern_byte(i));
+        let pattern = is_big_body(&response.body, response.body.len());
         format!("<{} bytes, pattern {pattern}>", response.body.len())
     } else {
         format!("{:?}", lossy(&response.body))
@@ -526,15 +554,7 @@ async fn a_pipeline_written_a_byte_per_tls_record_is_answered_in_order() {
 #[tokio::test]
 async fn a_large_post_read_ahead_behind_a_slow_get_reaches_the_upstream_whole_and_in_order() {
     let s = setup("", OPEN).await;
-    let mut tls = s.tls().await;
-    tls.write_all(b"GET /slow/300 HTTP/1.1\r\nHost: a\r\n\r\n")
-        .await
-        .expect("write");
-    tls.flush().await.expect("flush");
-    wait::until("the slow request at the upstream", WAIT, || {
-        s.upstream.count() == 1
-    })
-    .await;
+    let mut tls = s.slow_request_in_flight(300).await;
     let body = body_of(200_000);
     let mut rest = format!(
         "POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: {}\r\n\r\n",
@@ -562,15 +582,8 @@ async fn a_large_post_read_ahead_behind_a_slow_get_reaches_the_upstream_whole_an
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_sent_while_a_large_response_waits_are_answered_after_it() {
     let s = setup("", OPEN).await;
-    let mut tls = s.tls_small_window().await;
     let size = 6_000_000;
-    let first = format!("GET /big/{size} HTTP/1.1\r\nHost: a\r\n\r\n");
-    tls.write_all(first.as_bytes()).await.expect("write");
-    tls.flush().await.expect("flush");
-    wait::until("the large request at the upstream", WAIT, || {
-        s.upstream.count() == 1
-    })
-    .await;
+    let mut tls = s.large_response_waiting(size).await;
     // tollgate's write fills the small window and waits.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let rest: &[u8] = b"POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhello\
@@ -581,13 +594,8 @@ async fn requests_sent_while_a_large_response_waits_are_answered_after_it() {
     assert_eq!(end, End::Clean, "after {} bytes", read.len());
     let answers = responses(&read, false);
     assert_eq!(statuses(&answers), [200, 200, 200]);
-    assert_eq!(answers[0].body.len(), size);
     assert!(
-        answers[0]
-            .body
-            .iter()
-            .enumerate()
-            .all(|(i, b)| *b == pattern_byte(i)),
+        is_big_body(&answers[0].body, size),
         "the large body differs from the upstream's"
     );
     assert_eq!(answers[1].text(), "hello");
@@ -736,15 +744,7 @@ async fn a_tls_client_that_stops_reading_and_leaves_releases_the_upstream() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_update_mid_request_is_neither_a_close_nor_a_request() {
     let s = setup("", OPEN).await;
-    let mut tls = s.tls().await;
-    tls.write_all(b"GET /slow/300 HTTP/1.1\r\nHost: a\r\n\r\n")
-        .await
-        .expect("write");
-    tls.flush().await.expect("flush");
-    wait::until("the slow request at the upstream", WAIT, || {
-        s.upstream.count() == 1
-    })
-    .await;
+    let mut tls = s.slow_request_in_flight(300).await;
     tls.get_mut()
         .1
         .refresh_traffic_keys()
@@ -830,15 +830,7 @@ async fn pipelined_gets_then_close_notify_are_treated_as_over_plain_tcp() {
 #[tokio::test]
 async fn a_drain_answers_the_tls_request_in_flight_and_forwards_nothing_read_ahead() {
     let mut s = setup("", OPEN).await;
-    let mut tls = s.tls().await;
-    tls.write_all(b"GET /slow/500 HTTP/1.1\r\nHost: a\r\n\r\n")
-        .await
-        .expect("write");
-    tls.flush().await.expect("flush");
-    wait::until("the slow request at the upstream", WAIT, || {
-        s.upstream.count() == 1
-    })
-    .await;
+    let mut tls = s.slow_request_in_flight(500).await;
     tls.write_all(b"GET /after HTTP/1.1\r\nHost: a\r\n\r\n")
         .await
         .expect("write");
@@ -1035,15 +1027,7 @@ upstream = "app"
 #[tokio::test]
 async fn a_limit_holds_over_tls_across_read_ahead_and_the_hand_over() {
     let s = setup("", LIMITED).await;
-    let mut tls = s.tls().await;
-    tls.write_all(b"GET /slow/300 HTTP/1.1\r\nHost: a\r\n\r\n")
-        .await
-        .expect("write");
-    tls.flush().await.expect("flush");
-    wait::until("the slow request at the upstream", WAIT, || {
-        s.upstream.count() == 1
-    })
-    .await;
+    let mut tls = s.slow_request_in_flight(300).await;
     let rest: &[u8] = b"GET /slow/0 HTTP/1.1\r\nHost: a\r\n\r\n\
         POST /slow/1 HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nhi\
         GET /slow/0 HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n";
@@ -1096,15 +1080,7 @@ async fn a_limit_of_five_allows_five_over_concurrent_tls_connections() {
 #[tokio::test]
 async fn large_heads_read_ahead_in_part_reach_the_upstream_whole() {
     let s = setup("", OPEN).await;
-    let mut tls = s.tls().await;
-    tls.write_all(b"GET /slow/200 HTTP/1.1\r\nHost: a\r\n\r\n")
-        .await
-        .expect("write");
-    tls.flush().await.expect("flush");
-    wait::until("the slow request at the upstream", WAIT, || {
-        s.upstream.count() == 1
-    })
-    .await;
+    let mut tls = s.slow_request_in_flight(200).await;
     let rest = format!(
         "GET /pad1 HTTP/1.1\r\nHost: a\r\nX-Pad: {}\r\n\r\n\
          GET /pad2 HTTP/1.1\r\nHost: a\r\nX-Pad: {}\r\n\r\n\
@@ -1176,15 +1152,8 @@ async fn a_websocket_after_a_simple_request_on_one_tls_connection_echoes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_during_a_large_tls_response_finishes_it_and_closes_cleanly() {
     let mut s = setup("", OPEN).await;
-    let mut tls = s.tls_small_window().await;
     let size = 6_000_000;
-    let request = format!("GET /big/{size} HTTP/1.1\r\nHost: a\r\n\r\n");
-    tls.write_all(request.as_bytes()).await.expect("write");
-    tls.flush().await.expect("flush");
-    wait::until("the large request at the upstream", WAIT, || {
-        s.upstream.count() == 1
-    })
-    .await;
+    let mut tls = s.large_response_waiting(size).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let server = s.proxy.server.take().expect("running");
     let stopping = tokio::spawn(server.shutdown());
@@ -1192,13 +1161,8 @@ async fn a_drain_during_a_large_tls_response_finishes_it_and_closes_cleanly() {
     assert_eq!(end, End::Clean, "after {} bytes", read.len());
     let answers = responses(&read, false);
     assert_eq!(statuses(&answers), [200]);
-    assert_eq!(answers[0].body.len(), size);
     assert!(
-        answers[0]
-            .body
-            .iter()
-            .enumerate()
-            .all(|(i, b)| *b == pattern_byte(i)),
+        is_big_body(&answers[0].body, size),
         "the large body differs from the upstream's"
     );
     tokio::time::timeout(WAIT, stopping)
@@ -1277,15 +1241,8 @@ async fn raw_upstream_answers_reach_a_slow_tls_client_as_a_plain_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_post_read_ahead_during_a_large_response_is_answered_when_the_drain_begins() {
     let mut s = setup("", OPEN).await;
-    let mut tls = s.tls_small_window().await;
     let size = 6_000_000;
-    let request = format!("GET /big/{size} HTTP/1.1\r\nHost: a\r\n\r\n");
-    tls.write_all(request.as_bytes()).await.expect("write");
-    tls.flush().await.expect("flush");
-    wait::until("the large request at the upstream", WAIT, || {
-        s.upstream.count() == 1
-    })
-    .await;
+    let mut tls = s.large_response_waiting(size).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     tls.write_all(b"POST /echo HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nhi")
         .await
