@@ -87,6 +87,9 @@ enum State {
         response: &'static [u8],
         written: usize,
     },
+    /// The refusal's response is written: the write side is being closed (through TLS a
+    /// `close_notify`, after what TLS still held of the response).
+    ShuttingDown,
     Closed,
 }
 
@@ -182,7 +185,10 @@ impl<S> FramingGuard<S> {
     /// bytes are the new protocol's and pass untouched. A connection already refused stays
     /// refused.
     pub fn step_aside(&mut self) {
-        if !matches!(self.state, State::Refused { .. } | State::Closed) {
+        if !matches!(
+            self.state,
+            State::Refused { .. } | State::ShuttingDown | State::Closed
+        ) {
             self.pending = Vec::new();
             self.state = State::PassThrough;
         }
@@ -230,7 +236,10 @@ impl<S> FramingGuard<S> {
                     let consumed = self.chunk_bytes(&bytes[i..])?;
                     i += consumed;
                 }
-                State::PassThrough | State::Refused { .. } | State::Closed => return Ok(()),
+                State::PassThrough
+                | State::Refused { .. }
+                | State::ShuttingDown
+                | State::Closed => return Ok(()),
             }
         }
         Ok(())
@@ -638,13 +647,21 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for FramingGuard<S> {
                                 written: from + n,
                             };
                         }
-                        Poll::Ready(_) => {
-                            // Sent (or the client is gone): end of stream for hyper.
-                            let _ = Pin::new(&mut self.inner).poll_flush(cx);
-                            self.state = State::Closed;
-                        }
+                        // Sent (or the client is gone). No request reached hyper, so no
+                        // response of hyper's can follow: the write side is closed, so that
+                        // the response arrives whole and the connection ends as its transport
+                        // ends one (hyper, which may hold the head's first bytes, would only
+                        // drop it).
+                        Poll::Ready(_) => self.state = State::ShuttingDown,
                         Poll::Pending => return Poll::Pending,
                     }
+                }
+                State::ShuttingDown => {
+                    if Pin::new(&mut self.inner).poll_shutdown(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                    // Then end of stream for hyper.
+                    self.state = State::Closed;
                 }
                 State::Closed => return Poll::Ready(Ok(())),
                 State::PassThrough => return self.read_inner(cx, buf),

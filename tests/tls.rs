@@ -637,3 +637,47 @@ async fn a_drain_closes_an_idle_tls_connection_with_close_notify() {
         .expect("shutdown within 5 s")
         .expect("shutdown task");
 }
+
+/// A first request that the framing guard refuses over TLS (here `Content-Length` beside
+/// `Transfer-Encoding`) gets the guard's 400 whole, and the connection then ends as TLS ends a
+/// connection, with `close_notify`, not cut. Nothing reaches the upstream.
+#[tokio::test]
+async fn a_refused_first_request_over_tls_gets_its_400_then_close_notify() {
+    use tokio::io::AsyncReadExt;
+    let s = setup().await;
+    let mut client = raw_tls_client(&s).await;
+    client
+        .write_all(
+            b"POST /rest/x HTTP/1.1\r\nHost: localhost\r\nContent-Length: 3\r\n\
+              Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        )
+        .await
+        .expect("request");
+    client.flush().await.expect("flush");
+    let mut bytes = Vec::new();
+    let mut piece = [0u8; 4096];
+    let end = tokio::time::timeout(wire::WAIT, async {
+        loop {
+            match client.read(&mut piece).await {
+                Ok(0) => return Ok(()),
+                Ok(n) => bytes.extend_from_slice(&piece[..n]),
+                Err(e) => return Err(e),
+            }
+        }
+    })
+    .await
+    .expect("the connection was not closed within 5 s");
+    let (response, used) = wire::parse_response(&bytes, false, true).expect("a whole response");
+    assert_eq!(response.status, 400);
+    assert_eq!(
+        used,
+        bytes.len(),
+        "bytes after the 400: {:?}",
+        wire::lossy(&bytes)
+    );
+    assert!(
+        end.is_ok(),
+        "the connection ended without close_notify: {end:?}"
+    );
+    assert_eq!(s.upstream.count(), 0);
+}
