@@ -623,10 +623,9 @@ impl UpstreamPool {
                     Err(ExchangeError::Sent(err)) => return Err(Failure::Sent(err)),
                 }
             }
-            let authority = &self.origins[origin].authority;
-            let connect = DirectConn::connect(authority, self.config.connect_timeout);
             // Boxed, as in `send_h1`: connecting is the rare path.
-            let conn = match Box::pin(connect).await {
+            let connected = Box::pin(self.connect(origin)).await;
+            let conn = match connected.and_then(DirectConn::over) {
                 Ok(conn) => conn,
                 Err(err) => return Err(Failure::Connect(Box::new(req), err)),
             };

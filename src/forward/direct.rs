@@ -28,20 +28,19 @@ use std::ops::Range;
 use std::pin::{pin, Pin};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
-use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::uri::Authority;
 use http::{Method, Request, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::{lock, Lane};
+use super::{lock, Lane, UpstreamIo};
 use crate::body::RequestBody;
 use crate::error::RequestError;
 use crate::{framing, headers};
+use hyper_rustls::MaybeHttpsStream;
 
 /// hyper's limit on a response head's fields.
 const MAX_FIELDS: usize = 100;
@@ -89,26 +88,16 @@ pub(super) struct Parking {
 }
 
 impl DirectConn {
-    /// A new connection to `authority` (port 80 when it names none), within `timeout`.
-    pub(super) async fn connect(
-        authority: &Authority,
-        timeout: Duration,
-    ) -> Result<DirectConn, RequestError> {
-        let host = authority.host();
-        // An IPv6 literal keeps its brackets in an authority, not in a socket address.
-        let host = host
-            .strip_prefix('[')
-            .and_then(|h| h.strip_suffix(']'))
-            .unwrap_or(host);
-        let port = authority.port_u16().unwrap_or(80);
-        let stream = match tokio::time::timeout(timeout, TcpStream::connect((host, port))).await {
-            Ok(Ok(stream)) => stream,
-            Ok(Err(err)) => return Err(unreachable(format!("tcp connect error: {err}"))),
-            Err(_) => return Err(unreachable("tcp connect error: connect timed out".into())),
+    /// A connection the pool's connector made (`UpstreamPool::connect`: the same resolution,
+    /// `connect_timeout` and socket options as hyper's client gets) to a plain-HTTP origin.
+    pub(super) fn over(io: UpstreamIo) -> Result<DirectConn, RequestError> {
+        let MaybeHttpsStream::Http(io) = io else {
+            return Err(unreachable(
+                "TLS to an origin tollgate's own client does not serve".into(),
+            ));
         };
-        let _ = stream.set_nodelay(true);
         Ok(DirectConn {
-            stream,
+            stream: io.into_inner(),
             buf: BytesMut::with_capacity(READ_CHUNK),
             out: Vec::with_capacity(512),
             fields: Vec::with_capacity(16),
