@@ -641,18 +641,10 @@ impl UpstreamPool {
     /// The most recently used idle connection of tollgate's own client that is still open,
     /// as [`Self::idle_h1`].
     fn idle_direct(&self, worker: usize, origin: usize) -> Option<DirectConn> {
-        let mut lane = self.lane(worker);
-        let idle = &mut lane.direct[origin];
-        while let Some(candidate) = idle.pop_back() {
-            if candidate.since.elapsed() > POOL_IDLE_TIMEOUT {
-                idle.clear();
-                return None;
-            }
-            if candidate.conn.is_reusable() {
-                return Some(candidate.conn);
-            }
-        }
-        None
+        take_idle(
+            &mut self.lane(worker).direct[origin],
+            DirectConn::is_reusable,
+        )
     }
 
     /// A new HTTP/1.1 connection, driven by a task on this worker.
@@ -676,19 +668,10 @@ impl UpstreamPool {
     /// The most recently used idle connection that is still open; idle ones past
     /// [`POOL_IDLE_TIMEOUT`] (which `trim_idle` has not reached yet) are closed on the way.
     fn idle_h1(&self, worker: usize, origin: usize) -> Option<http1::SendRequest<RequestBody>> {
-        let mut lane = self.lane(worker);
-        let idle = &mut lane.idle[origin];
-        while let Some(candidate) = idle.pop_back() {
-            if candidate.since.elapsed() > POOL_IDLE_TIMEOUT {
-                // Everything older is older still.
-                idle.clear();
-                return None;
-            }
-            if candidate.conn.is_ready() {
-                return Some(candidate.conn);
-            }
-        }
-        None
+        take_idle(
+            &mut self.lane(worker).idle[origin],
+            http1::SendRequest::is_ready,
+        )
     }
 
     /// Returns the connection to the worker's idle list once its response has been read to
@@ -799,6 +782,22 @@ async fn trim_idle(lanes: Weak<[Mutex<Lane>]>, keep: usize) {
             }
         }
     }
+}
+
+/// The most recently used of `idle` that `usable` accepts; the unusable ones on the way are
+/// closed, and all of them once one is past [`POOL_IDLE_TIMEOUT`] (everything older is older
+/// still, and `trim_idle` has not reached them yet).
+fn take_idle<C>(idle: &mut VecDeque<Idle<C>>, usable: impl Fn(&C) -> bool) -> Option<C> {
+    while let Some(candidate) = idle.pop_back() {
+        if candidate.since.elapsed() > POOL_IDLE_TIMEOUT {
+            idle.clear();
+            return None;
+        }
+        if usable(&candidate.conn) {
+            return Some(candidate.conn);
+        }
+    }
+    None
 }
 
 /// One origin's idle connections of a lane, hyper's and tollgate's own client's: closes those
