@@ -60,15 +60,16 @@ fn tokens<'a>(headers: &'a HeaderMap, name: &HeaderName) -> impl Iterator<Item =
     value_tokens(headers.get_all(name).iter())
 }
 
-/// The tokens of the given field values, as [`tokens`] splits them.
+/// The tokens of the given field values, as [`tokens`] splits them: [`raw_tokens`] of each,
+/// empty ones skipped.
 fn value_tokens<'a>(
     values: impl Iterator<Item = &'a HeaderValue>,
 ) -> impl Iterator<Item = &'a str> {
     values
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
+        .flat_map(|v| raw_tokens(v.as_bytes()))
         .filter(|t| !t.is_empty())
+        // Visible ASCII, which `raw_tokens` alone yields, is always UTF-8.
+        .filter_map(|t| std::str::from_utf8(t).ok())
 }
 
 /// The comma-separated tokens of one field value, trimmed, as hyper reads them: a value that
