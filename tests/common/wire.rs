@@ -194,10 +194,7 @@ pub fn parse_response(buf: &[u8], no_body: bool, eof: bool) -> Option<(Resp, usi
         resp.body = body;
         resp.trailers = trailers;
         used
-    } else if let Some(length) = resp.header("content-length") {
-        // A list of equal values (`2, 2`) is passed on as the upstream wrote it.
-        let first = length.split(',').next().unwrap_or("");
-        let length: usize = first.trim().parse().expect("a numeric content-length");
+    } else if let Some(length) = content_length(&resp) {
         if rest.len() < length {
             return None;
         }
@@ -251,12 +248,32 @@ pub fn decode_chunked(buf: &[u8]) -> Option<(Vec<u8>, Fields, usize)> {
     }
 }
 
+/// The body length a response announces. A list of equal values (`2, 2`, in one field or in
+/// several) is passed on as the upstream wrote it; values that disagree, or one that is not a
+/// number, fail the test: a client could not know where such a response ends.
+fn content_length(resp: &Resp) -> Option<usize> {
+    let values = resp.headers.iter();
+    let values = values.filter(|(n, _)| n.eq_ignore_ascii_case("content-length"));
+    let lengths: Vec<usize> = values
+        .flat_map(|(_, v)| v.split(','))
+        .map(|v| v.trim().parse().expect("a numeric content-length"))
+        .collect();
+    let first = *lengths.first()?;
+    assert!(
+        lengths.iter().all(|&l| l == first),
+        "content-length values that disagree: {lengths:?}"
+    );
+    Some(first)
+}
+
 /// A client connection: a raw socket and what has been read from it but not parsed yet.
 pub struct Wire {
     pub stream: TcpStream,
     pub buf: Vec<u8>,
     /// The server has closed (EOF or reset).
     pub eof: bool,
+    /// The read error that ended the connection, when it did not end with a FIN (a reset).
+    pub reset: Option<std::io::ErrorKind>,
 }
 
 impl Wire {
@@ -269,6 +286,7 @@ impl Wire {
             stream,
             buf: Vec::new(),
             eof: false,
+            reset: None,
         }
     }
 
@@ -295,9 +313,18 @@ impl Wire {
                     lossy(&self.buf[..self.buf.len().min(600)])
                 )
             });
+        self.note(read.map(|n| (n, &chunk[..])));
+    }
+
+    /// Keeps what one read brought, or notes how the connection ended.
+    fn note(&mut self, read: std::io::Result<(usize, &[u8])>) {
         match read {
-            Ok(0) | Err(_) => self.eof = true,
-            Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+            Ok((0, _)) => self.eof = true,
+            Ok((n, chunk)) => self.buf.extend_from_slice(&chunk[..n]),
+            Err(e) => {
+                self.eof = true;
+                self.reset = Some(e.kind());
+            }
         }
     }
 
@@ -326,7 +353,8 @@ impl Wire {
             }
             assert!(
                 !self.eof,
-                "tollgate closed the connection mid-response: {:?}",
+                "tollgate closed the connection mid-response (reset: {:?}): {:?}",
+                self.reset,
                 lossy(&self.buf[..self.buf.len().min(600)])
             );
             if !pause.is_zero() {
@@ -344,20 +372,24 @@ impl Wire {
             let mut chunk = [0u8; 8192];
             match tokio::time::timeout(left, self.stream.read(&mut chunk)).await {
                 Err(_) => return false,
-                Ok(Ok(0) | Err(_)) => self.eof = true,
-                Ok(Ok(n)) => self.buf.extend_from_slice(&chunk[..n]),
+                Ok(read) => self.note(read.map(|n| (n, &chunk[..]))),
             }
         }
         true
     }
 
-    /// Asserts that tollgate closes the connection within `within`, sending nothing more.
-    /// Returns how long the close took.
+    /// Asserts that tollgate closes the connection within `within` with a FIN (not a reset,
+    /// which can discard what the client has not read yet), sending nothing more. Returns how
+    /// long the close took.
     pub async fn assert_closed(&mut self, within: Duration, what: &str) -> Duration {
         let started = Instant::now();
         if !self.read_to_close(within).await {
             panic!("{what}: the connection is still open after {within:?}");
         }
+        assert_eq!(
+            self.reset, None,
+            "{what}: the connection was reset, not closed"
+        );
         assert!(
             self.buf.is_empty(),
             "{what}: bytes after the last response: {:?}",
