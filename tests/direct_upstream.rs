@@ -88,12 +88,11 @@ impl Wire {
     }
 }
 
-/// Asserts that what a client read before its connection closed is not a whole response: the
-/// body was cut (or nothing at all came).
-fn assert_cut(bytes: &[u8], what: &str) {
-    if bytes.is_empty() {
-        return;
-    }
+/// Asserts that what a client read before its connection closed is the head of a `200` and
+/// `relayed`, the body bytes (as framed on the wire) that came before the upstream's fault, and
+/// not a whole response: the head goes out as soon as it is known, the body as it comes, and
+/// the cut shows as a close before the body's end.
+fn assert_cut(bytes: &[u8], what: &str, relayed: &str) {
     if let Some((resp, _)) = parse_response(bytes, false, false) {
         panic!(
             "{what}: the client got a complete response ({}), body {:?}",
@@ -101,6 +100,12 @@ fn assert_cut(bytes: &[u8], what: &str) {
             resp.text()
         );
     }
+    let text = lossy(bytes);
+    let Some((head, body)) = text.split_once("\r\n\r\n") else {
+        panic!("{what}: no whole head before the close: {text:?}");
+    };
+    assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{what}: {head:?}");
+    assert_eq!(body, relayed, "{what}: the body relayed before the cut");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -583,7 +588,7 @@ async fn invalid_chunk_size_cuts_the_response_and_the_upstream_connection_is_not
     .await;
     wire.send(get_req("/bad")).await;
     let read = wire.until_closed("after an invalid chunk size").await;
-    assert_cut(&read, "invalid chunk size");
+    assert_cut(&read, "invalid chunk size", "");
 
     let mut wire = Wire::connect(proxy.addr).await;
     let resp = wire.get("/after").await;
@@ -603,7 +608,7 @@ async fn chunk_data_not_followed_by_crlf_cuts_the_response() {
     .await;
     wire.send(get_req("/bad")).await;
     let read = wire.until_closed("after chunk data without CRLF").await;
-    assert_cut(&read, "chunk data without CRLF");
+    assert_cut(&read, "chunk data without CRLF", "2\r\nok\r\n");
     let mut wire = Wire::connect(proxy.addr).await;
     assert_eq!(wire.get("/after").await.text(), "/after");
     assert_eq!(upstream.conns(), [0, 1]);
@@ -621,7 +626,7 @@ async fn upstream_closing_mid_body_cuts_the_response_and_the_next_get_uses_a_new
     assert_eq!(wire.get("/first").await.text(), "/first");
     wire.send(get_req("/cut")).await;
     let read = wire.until_closed("after a body cut by the upstream").await;
-    assert_cut(&read, "body cut by the upstream");
+    assert_cut(&read, "body cut by the upstream", "0123456789");
 
     let mut wire = Wire::connect(proxy.addr).await;
     let resp = wire.get("/after").await;
@@ -642,7 +647,7 @@ async fn upstream_closing_mid_chunked_body_cuts_the_response() {
     let read = wire
         .until_closed("after a chunked body cut by the upstream")
         .await;
-    assert_cut(&read, "chunked body cut by the upstream");
+    assert_cut(&read, "chunked body cut by the upstream", "4\r\n0123\r\n");
     let mut wire = Wire::connect(proxy.addr).await;
     assert_eq!(wire.get("/after").await.status, 200);
 }
