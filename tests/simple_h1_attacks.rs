@@ -293,6 +293,16 @@ const SHAPES: &[&str] = &[
     "/big-chunked",
 ];
 
+/// Asserts that `simple` starts on tollgate's own path and `hyper`, the same request behind an
+/// empty line, is handed to the framing guard and hyper: the differentials below compare the
+/// two paths only if each request really takes the path it is sent for.
+fn assert_paths(simple: &[u8], hyper: &[u8]) {
+    let taken = tollgate::server::simple_request(simple).is_some();
+    assert!(taken, "not taken by the simple path: {:?}", lossy(simple));
+    let handed = tollgate::server::simple_request(hyper).is_none();
+    assert!(handed, "not handed to hyper: {:?}", lossy(hyper));
+}
+
 /// Sends `request` (then, after a pause, a closing GET) on two connections, simple and hyper's,
 /// and returns the differences.
 async fn differences(proxy: SocketAddr, requests: &[String]) -> Vec<String> {
@@ -305,6 +315,7 @@ async fn differences(proxy: SocketAddr, requests: &[String]) -> Vec<String> {
         let simple = transcript(proxy, &[request.as_bytes(), follow], pause, quiet).await;
         let simple = responses(&simple, head);
         let hyper_path = format!("\r\n{request}");
+        assert_paths(request.as_bytes(), hyper_path.as_bytes());
         let hyper = transcript(proxy, &[hyper_path.as_bytes(), follow], pause, quiet).await;
         let hyper = responses(&hyper, head);
         if simple != hyper {
@@ -459,6 +470,7 @@ async fn request_differences(
     let end = b"GET /end HTTP/1.1\r\nHost: wire.test\r\nConnection: close\r\n\r\n";
     let quiet = Duration::from_secs(2);
     let pause = Duration::from_millis(60);
+    assert_paths(&first, &[&b"\r\n"[..], &first].concat());
     let mut found = Vec::new();
     for case in cases {
         // A last request that closes the connection, when it gets that far.
@@ -946,7 +958,11 @@ async fn a_request_read_whole_during_the_drain_is_answered_whatever_its_kind() {
         assert!(read.is_ok(), "still open: {:?}", lossy(&out));
         answers.push(lossy(&out));
     }
-    let _ = tokio::time::timeout(WAIT, stopping).await;
+    let stopped = tokio::time::timeout(WAIT, stopping).await;
+    assert!(
+        matches!(stopped, Ok(Ok(()))),
+        "the server did not stop within 5 s: {stopped:?}"
+    );
     assert!(
         answers[0].starts_with("HTTP/1.1 200 OK"),
         "the simple request: {:?}",

@@ -447,8 +447,9 @@ async fn raw_tls_over(s: &Setup, stream: TcpStream) -> tokio_rustls::client::Tls
     connector.connect(name, stream).await.expect("handshake")
 }
 
-/// Everything the server sends on `client` until it closes the connection (a TLS close without
-/// `close_notify` counts as a close), parsed into responses.
+/// Everything the server sends on `client` until it closes the connection, parsed into
+/// responses. The close must be a clean one, with `close_notify`: without it the client cannot
+/// tell the server's close from a cut.
 async fn responses_until_closed(
     client: &mut tokio_rustls::client::TlsStream<TcpStream>,
 ) -> Vec<wire::Resp> {
@@ -458,17 +459,21 @@ async fn responses_until_closed(
         let mut piece = [0u8; 16 * 1024];
         loop {
             match client.read(&mut piece).await {
-                Ok(0) | Err(_) => break,
+                Ok(0) => return Ok(()),
                 Ok(n) => bytes.extend_from_slice(&piece[..n]),
+                Err(e) => return Err(e),
             }
         }
     })
     .await;
-    assert!(
-        read.is_ok(),
-        "the connection was not closed within {:?}",
-        wire::WAIT
-    );
+    match read {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => panic!(
+            "the connection ended with {e} (no close_notify) after {:?}",
+            String::from_utf8_lossy(&bytes)
+        ),
+        Err(_) => panic!("the connection was not closed within {:?}", wire::WAIT),
+    }
     let mut responses = Vec::new();
     let mut rest = &bytes[..];
     while !rest.is_empty() {
