@@ -46,7 +46,7 @@ use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, StatusCode, Uri, Version};
 use http_body::{Body, Frame};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
 use super::{Activity, ClientStream, InFlight};
 use crate::body::{BodyError, ClientBody, ProxyBody};
@@ -68,6 +68,8 @@ const COPY_LIMIT: usize = 8 * 1024;
 const FLUSH_AT: usize = 64 * 1024;
 /// What a connection's read buffer starts with, as hyper's.
 const READ_BUFFER: usize = 8 * 1024;
+/// Room kept for one read ahead while a request is in flight (TLS: [`poll_read_ahead`]).
+const READ_AHEAD: usize = 4 * 1024;
 
 /// How the simple path ended.
 pub(super) enum Ending {
@@ -198,20 +200,16 @@ impl CloseWatch {
 }
 
 /// One read into `buffered` while a request is in flight: `Ready(true)` when the stream ended
-/// or failed, `Ready(false)` when bytes arrived.
+/// or failed, `Ready(false)` when bytes arrived. It reads into the buffer's spare room, which
+/// is not zeroed first as an array on the stack would be at every poll.
 fn poll_read_ahead<S: AsyncRead + Unpin>(
     stream: &mut S,
     buffered: &mut BytesMut,
     cx: &mut Context<'_>,
 ) -> Poll<bool> {
-    let mut bytes = [0u8; 4096];
-    let mut read = ReadBuf::new(&mut bytes);
-    match Pin::new(stream).poll_read(cx, &mut read) {
-        Poll::Ready(Ok(())) if read.filled().is_empty() => Poll::Ready(true),
-        Poll::Ready(Ok(())) => {
-            buffered.extend_from_slice(read.filled());
-            Poll::Ready(false)
-        }
+    buffered.reserve(READ_AHEAD);
+    match pin!(stream.read_buf(buffered)).poll(cx) {
+        Poll::Ready(Ok(n)) => Poll::Ready(n == 0),
         Poll::Ready(Err(_)) => Poll::Ready(true),
         Poll::Pending => Poll::Pending,
     }
