@@ -13,7 +13,10 @@
 #             only tollgate's side is counted, bench/pg_instructions.sh counts the database's;
 #             memory-tls: the memory mode's route with the requests sent over TLS (HTTP/1.1,
 #             a self-signed certificate made with openssl, one TLS connection per CONNS); its
-#             "x nginx" is against nginx over plain HTTP)
+#             "x nginx" is against nginx over plain HTTP; memory-h2c and nolimit-h2c: those
+#             routes with the requests sent as h2c (prior knowledge, H2_STREAMS streams per
+#             connection), against nginx's h2c listener, measured as nginx-h2c when such a
+#             mode is asked for)
 #   ceiling   bench/ceiling, the plainest HTTP/1.1 proxy hyper makes (one thread, the upstream
 #             connection polled by the client connection's task; see bench/run.sh): what hyper
 #             itself costs per request, so that tollgate's figure can be read against it
@@ -23,6 +26,7 @@
 #
 # Usage: [KNOB=value ...] bench/instructions.sh
 # Knobs: MODES ["nolimit memory"] REQUESTS [20000] WARM_REQUESTS [3000] CONNS [8]
+#        H2_STREAMS [10] (h2load -m, the *-h2c modes)
 #        BASE_PORT [19400] BUILD [1] (cargo build --release of tollgate, and of bench/ceiling
 #        when CEILING=1) TOLLGATE_BIN [target/release/tollgate] CEILING [1]
 #        CEILING_BIN [bench/ceiling/target/release/tollgate-bench-ceiling]
@@ -43,6 +47,7 @@ MODES=${MODES:-nolimit memory}
 REQUESTS=${REQUESTS:-20000}
 WARM_REQUESTS=${WARM_REQUESTS:-3000}
 CONNS=${CONNS:-8}
+H2_STREAMS=${H2_STREAMS:-10}
 BASE_PORT=${BASE_PORT:-19400}
 BUILD=${BUILD:-1}
 TOLLGATE_BIN=${TOLLGATE_BIN:-$ROOT/target/release/tollgate}
@@ -79,18 +84,22 @@ PIDS+=("$!")
 wait_200 "http://127.0.0.1:$UP/" 10
 
 # measure NAME URL COMMAND...: runs COMMAND under callgrind, loads URL, prints
-# instructions/request.
+# instructions/request. Targets named *-h2c are loaded with h2c, the others with HTTP/1.1.
 measure() {
   local name=$1 url=$2; shift 2
+  local proto=(--h1) curl_proto=(); [[ $name == *-h2c ]] && proto=(-m "$H2_STREAMS") curl_proto=(--http2-prior-knowledge)
   local cg=$OUT/$name.callgrind
   local sim=(); [[ $CACHE_SIM == 1 ]] && sim=(--cache-sim=yes)
   valgrind --tool=callgrind "${sim[@]}" --callgrind-out-file="$cg" "$@" >"$OUT/$name.log" 2>&1 &
   local vpid=$!
   PIDS+=("$vpid")
-  wait_200 "$url" 60
-  h2load --h1 -n "$WARM_REQUESTS" -c "$CONNS" "$url" >/dev/null
+  # measure runs in a command substitution, a subshell that does not share the script's exit
+  # trap or PIDS: stop the target here too when a step fails, or it keeps its port.
+  trap "kill -TERM $vpid 2>/dev/null || true" EXIT
+  wait_200 "$url" 60 "${curl_proto[@]}"
+  h2load "${proto[@]}" -n "$WARM_REQUESTS" -c "$CONNS" "$url" >/dev/null
   callgrind_control -z "$vpid" >/dev/null 2>&1
-  h2load --h1 -n "$REQUESTS" -c "$CONNS" "$url" >"$OUT/$name.h2load.txt"
+  h2load "${proto[@]}" -n "$REQUESTS" -c "$CONNS" "$url" >"$OUT/$name.h2load.txt"
   grep -q "$REQUESTS succeeded" "$OUT/$name.h2load.txt" && grep -q "status codes: $REQUESTS 2xx" "$OUT/$name.h2load.txt" || { echo "$name: not every request succeeded" >&2; cat "$OUT/$name.h2load.txt" >&2; exit 1; }
   callgrind_control -d "$vpid" >/dev/null 2>&1
   sleep 1
@@ -114,6 +123,9 @@ measure() {
 render "$HERE/conf/proxy.nginx.conf" "$PX" | sed -e 's/^worker_processes 1;/worker_processes 1;\nmaster_process off;/' >"$RUN/nginx.conf"
 results=()
 results+=("$(measure nginx "http://127.0.0.1:$PX/" nginx -p "$RUN/" -c "$RUN/nginx.conf")")
+if [[ " $MODES " == *-h2c\ * ]]; then
+  results+=("$(measure nginx-h2c "http://127.0.0.1:$PX_H2/" nginx -p "$RUN/" -c "$RUN/nginx.conf")")
+fi
 if [[ $CEILING == 1 ]]; then
   results+=("$(measure ceiling "http://127.0.0.1:$PX/" "$CEILING_BIN" "127.0.0.1:$PX" "127.0.0.1:$UP")")
 fi
@@ -139,7 +151,8 @@ for mode in $MODES; do
     printf '[[routes]]\nname = "bench"\nupstream = "app"\n'
     case $mode in
       nolimit) ;;
-      memory | memory-tls | pg-hot) printf '  [[routes.limits]]\n  key = "ip"\n  requests = 2000000000\n  window = "1h"\n' ;;
+      nolimit-h2c) ;;
+      memory | memory-tls | memory-h2c | pg-hot) printf '  [[routes.limits]]\n  key = "ip"\n  requests = 2000000000\n  window = "1h"\n' ;;
       *) echo "unknown mode $mode" >&2; exit 1 ;;
     esac
   } >"$RUN/tollgate-$mode.toml"
@@ -150,9 +163,10 @@ for mode in $MODES; do
 done
 
 {
-  echo "instructions per request (user space, callgrind), $REQUESTS HTTP/1.1 requests on $CONNS connections after $WARM_REQUESTS warm-up; tollgate at RUST_LOG=$RUST_LOG"
+  echo "instructions per request (user space, callgrind), $REQUESTS HTTP/1.1 requests (h2c for *-h2c, $H2_STREAMS streams each) on $CONNS connections after $WARM_REQUESTS warm-up; tollgate at RUST_LOG=$RUST_LOG; x nginx: against nginx-h2c for *-h2c"
   echo "tollgate: $("$TOLLGATE_BIN" --version); nginx: $(nginx -v 2>&1 | sed 's/.*: //')"
   nginx_ir=$(echo "${results[0]}" | cut -d' ' -f2)
+  nginx_h2c_ir=$(printf '%s\n' "${results[@]}" | awk '$1 == "nginx-h2c" {print $2}')
   if [[ $CACHE_SIM == 1 ]]; then
     printf '%-20s %12s %10s %10s %10s %10s\n' target "Ir/request" "x nginx" "I1 miss" "D1r miss" "D1w miss"
   else
@@ -160,7 +174,8 @@ done
   fi
   for r in "${results[@]}"; do
     set -- $r
-    printf '%-20s %12s %10s' "$1" "$2" "$(python3 -c "print(f'{$2 / $nginx_ir:.2f}')")"
+    base=$nginx_ir; [[ $1 == *-h2c ]] && base=$nginx_h2c_ir
+    printf '%-20s %12s %10s' "$1" "$2" "$(python3 -c "print(f'{$2 / $base:.2f}')")"
     [[ $CACHE_SIM == 1 ]] && printf ' %10s %10s %10s' "$3" "$4" "$5"
     printf '\n'
   done

@@ -25,10 +25,10 @@ stop_started() {
   done
 }
 
-wait_200() {
-  local deadline=$((SECONDS + $2))
-  until [[ $(curl -sk -o /dev/null -w '%{http_code}' --max-time 1 "$1" || true) == 200 ]]; do
-    ((SECONDS < deadline)) || { echo "no 200 from $1" >&2; exit 1; }
+wait_200() {   # wait_200 URL SECONDS [CURL_OPTION...]
+  local url=$1 deadline=$((SECONDS + $2)); shift 2
+  until [[ $(curl -sk "$@" -o /dev/null -w '%{http_code}' --max-time 1 "$url" || true) == 200 ]]; do
+    ((SECONDS < deadline)) || { echo "no 200 from $url" >&2; exit 1; }
     sleep 0.2
   done
 }
