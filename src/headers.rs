@@ -469,20 +469,28 @@ pub fn add_rate_limit_headers(
             let (left, reset) = (u64::from(o.remaining()), o.reset_secs);
             push_member(&mut state, &o.policy, b";r=", left, b";t=", reset);
         }
-        insert(headers, &RATELIMIT, state);
+        insert(headers, &RATELIMIT, state, Indexing::Never);
     }
     if matches!(mode, RateLimitHeaders::Legacy | RateLimitHeaders::Both) {
         // The most restrictive: fewest requests left, then the longest wait.
         if let Some(o) = visible().min_by_key(|o| (o.remaining(), std::cmp::Reverse(o.reset_secs)))
         {
             let number = |n: u64| itoa::Buffer::new().format(n).as_bytes().to_vec();
-            insert(headers, &X_RATELIMIT_LIMIT, number(u64::from(o.requests)));
+            let (limit, left) = (u64::from(o.requests), u64::from(o.remaining()));
+            insert(
+                headers,
+                &X_RATELIMIT_LIMIT,
+                number(limit),
+                Indexing::Allowed,
+            );
             insert(
                 headers,
                 &X_RATELIMIT_REMAINING,
-                number(u64::from(o.remaining())),
+                number(left),
+                Indexing::Never,
             );
-            insert(headers, &X_RATELIMIT_RESET, number(o.reset_secs));
+            let reset = number(o.reset_secs);
+            insert(headers, &X_RATELIMIT_RESET, reset, Indexing::Never);
         }
     }
 }
@@ -515,8 +523,22 @@ pub fn new_request_id() -> HeaderValue {
     // The id goes upstream and onto the response: an owned array is one allocation whose
     // clone is a reference count, where a copied slice is promoted to a second, shared
     // allocation at its first clone.
-    HeaderValue::from_maybe_shared(bytes::Bytes::from_owner(text))
-        .unwrap_or_else(|_| HeaderValue::from_static("0"))
+    let value = HeaderValue::from_maybe_shared(bytes::Bytes::from_owner(text))
+        .unwrap_or_else(|_| HeaderValue::from_static("0"));
+    never_indexed(value)
+}
+
+/// `value`, marked to be sent as an HTTP/2 literal that is never indexed (RFC 7541 6.2.3).
+///
+/// For the values that change with every message: the request id, the requests left and the
+/// reset time. Indexed, each such value is added to the connection's HPACK table only to push
+/// out entries that could have been reused, and h2's encoder, before it adds one, compares it
+/// with every earlier value under the same name still in the table: with a new request id per
+/// response the table fills with ids, and each response's fields cost more. Never indexed, they
+/// go out as literals, as nginx writes all of its response fields. HTTP/1.1 ignores the mark.
+pub fn never_indexed(mut value: HeaderValue) -> HeaderValue {
+    value.set_sensitive(true);
+    value
 }
 
 /// The request's id, set on `headers` (replacing every copy the client sent): the one it
@@ -525,7 +547,9 @@ pub fn new_request_id() -> HeaderValue {
 pub fn request_id(headers: &mut HeaderMap, peer_trusted: impl FnOnce() -> bool) -> HeaderValue {
     let mut sent = headers.get_all(&X_REQUEST_ID).iter();
     let kept = match (sent.next(), sent.next()) {
-        (Some(value), None) if is_valid_request_id(value) && peer_trusted() => Some(value.clone()),
+        (Some(value), None) if is_valid_request_id(value) && peer_trusted() => {
+            Some(never_indexed(value.clone()))
+        }
         _ => None,
     };
     match kept {
@@ -570,7 +594,12 @@ pub fn grpc_trailers_only(headers: &mut HeaderMap, status: &'static str, message
     );
     headers.insert(GRPC_STATUS.clone(), HeaderValue::from_static(status));
     let encoded = percent_encoding::utf8_percent_encode(message, GRPC_MESSAGE_ESCAPED).to_string();
-    insert(headers, &GRPC_MESSAGE, encoded.into_bytes());
+    insert(
+        headers,
+        &GRPC_MESSAGE,
+        encoded.into_bytes(),
+        Indexing::Allowed,
+    );
 }
 
 /// `Retry-After` in whole seconds; for a gRPC call also `grpc-retry-pushback-ms`, the same
@@ -585,10 +614,23 @@ pub fn set_retry_after(headers: &mut HeaderMap, secs: u64, grpc: bool) {
     }
 }
 
+/// Whether a field's value may enter HTTP/2's HPACK table ([`never_indexed`]).
+#[derive(Clone, Copy, PartialEq)]
+enum Indexing {
+    /// The same from response to response (a limit's size).
+    Allowed,
+    /// Changes with every response (the requests left, the reset time).
+    Never,
+}
+
 /// Sets `name` unless `value` is not a valid field value (a policy name with a control
 /// character, say): then the field is left out rather than sent broken.
-fn insert(headers: &mut HeaderMap, name: &HeaderName, value: Vec<u8>) {
+fn insert(headers: &mut HeaderMap, name: &HeaderName, value: Vec<u8>, indexing: Indexing) {
     if let Ok(value) = HeaderValue::from_maybe_shared(bytes::Bytes::from(value)) {
+        let value = match indexing {
+            Indexing::Allowed => value,
+            Indexing::Never => never_indexed(value),
+        };
         headers.insert(name.clone(), value);
     }
 }
