@@ -152,7 +152,10 @@ pub(super) async fn serve_connection<S>(
         let info = info.clone();
         let in_flight = InFlight::start(requests.clone());
         let progress = (req.version() == http::Version::HTTP_2).then(|| streams.start());
-        async move {
+        // Boxed: hyper moves the service's future into each HTTP/2 stream and the stream into
+        // its task, and this future holds the whole proxy pipeline (kilobytes), where a box is
+        // a pointer.
+        Box::pin(async move {
             let version = req.version();
             let mut response = proxy.handle(req.map(ClientBody::Hyper), info).await;
             if version != http::Version::HTTP_2
@@ -181,7 +184,7 @@ pub(super) async fn serve_connection<S>(
                 _in_flight: in_flight,
                 progress,
             }))
-        }
+        })
     });
     // HTTP/2 peers are pinged often enough that a dead one is dropped within about the idle
     // timeout even while a request is in flight (when no idle rule applies).
