@@ -159,6 +159,7 @@ pub(super) fn exchange(
                         framing,
                         keep_alive,
                         parking: Some(parking),
+                        failed: None,
                     };
                     body.finish_if_done();
                     return Ok(response.map(|()| body));
@@ -430,6 +431,8 @@ pub struct DirectBody {
     framing: Framing,
     keep_alive: bool,
     parking: Option<Parking>,
+    /// An error found and not reported yet ([`DirectBody::fail`]).
+    failed: Option<io::Error>,
 }
 
 /// What one step of reading a body found.
@@ -443,6 +446,23 @@ enum Step {
 }
 
 impl DirectBody {
+    /// Ends the body with `err`, reported at the next poll rather than this one. What polls
+    /// the body may still hold, unsent, the response's head and the data just handed out:
+    /// hyper's HTTP/2 server queues both, and a stream reset in the same turn discards them,
+    /// so the client would get a bare reset where hyper's own client, whose errors come after
+    /// a wait, lets the head and the data out first. One turn of the scheduler (the body wakes
+    /// itself) lets whatever sends them run before the error.
+    fn fail(
+        &mut self,
+        err: io::Error,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
+        self.conn = None;
+        self.failed = Some(err);
+        cx.waker().wake_by_ref();
+        Poll::Pending
+    }
+
     /// Once the body has been read whole: the connection goes back to its lane when the
     /// upstream keeps it alive and nothing unexpected followed the response; else it closes.
     fn finish_if_done(&mut self) {
@@ -666,6 +686,9 @@ impl Body for DirectBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
         let this = self.get_mut();
+        if let Some(err) = this.failed.take() {
+            return Poll::Ready(Some(Err(err)));
+        }
         loop {
             match this.step() {
                 Ok(Step::Frame(frame)) => {
@@ -683,10 +706,7 @@ impl Body for DirectBody {
                     return Poll::Ready(None);
                 }
                 Ok(Step::Read) => {}
-                Err(err) => {
-                    this.conn = None;
-                    return Poll::Ready(Some(Err(err)));
-                }
+                Err(err) => return this.fail(err, cx),
             }
             let Some(conn) = &mut this.conn else {
                 return Poll::Ready(None);
@@ -702,18 +722,14 @@ impl Body for DirectBody {
                     return Poll::Ready(None);
                 }
                 Poll::Ready(Ok(0)) => {
-                    this.conn = None;
                     let err = io::Error::new(
                         io::ErrorKind::UnexpectedEof,
                         "upstream closed the connection in the middle of a response body",
                     );
-                    return Poll::Ready(Some(Err(err)));
+                    return this.fail(err, cx);
                 }
                 Poll::Ready(Ok(_)) => {}
-                Poll::Ready(Err(err)) => {
-                    this.conn = None;
-                    return Poll::Ready(Some(Err(err)));
-                }
+                Poll::Ready(Err(err)) => return this.fail(err, cx),
             }
         }
     }
