@@ -120,7 +120,8 @@ impl Body for ProxyBody {
 pub enum ClientBody {
     /// Read by hyper (HTTP/2, and HTTP/1.1 requests that are not simple).
     Hyper(Incoming),
-    /// A request that has no body (`server::simple_h1`).
+    /// A request that has no body (`server::simple_h1`, and HTTP/2 requests whose HEADERS
+    /// ended the stream: `forward`).
     Empty,
 }
 
@@ -178,7 +179,7 @@ pub enum RequestBodyError {
 }
 
 impl RequestBody {
-    /// Whether the request has no body at all (one that tollgate's own HTTP/1.1 path read):
+    /// Whether the request has no body at all ([`ClientBody::Empty`]):
     /// such a request may go on tollgate's own upstream client (`forward::direct`).
     pub fn is_absent(&self) -> bool {
         matches!(self.inner, ClientBody::Empty)

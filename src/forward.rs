@@ -34,6 +34,7 @@ use std::time::Duration;
 use http::header::{self, HeaderValue};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{Method, Request, Response, StatusCode, Uri, Version};
+use http_body::Body as _;
 use hyper::client::conn::{http1, http2};
 use hyper_rustls::{HttpsConnector, MaybeHttpsStream};
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -289,6 +290,16 @@ impl UpstreamPool {
                 None
             };
             let from_h2 = req.version() == Version::HTTP_2;
+            // An HTTP/2 request whose HEADERS frame ended the stream has no body at all: from
+            // here it is one, as the simple path's are, and goes on tollgate's own client
+            // (`direct`) like them, not through hyper's client and a task per connection.
+            // HTTP/1.1 requests that hyper's server read stay on hyper's client: they include
+            // the upgrades, which `direct` does not carry, and hyper's HTTP/1.1 server drops a
+            // response's buffered head when the body fails in the same poll that gave its
+            // first bytes, which `direct`'s body can do (hyper's client's cannot).
+            if from_h2 && req.body().is_end_stream() {
+                *req.body_mut() = ClientBody::Empty;
+            }
             let connect = req.method() == Method::CONNECT;
             let client_takes_trailers = names.accepts_trailers(req.headers());
             // `Trailer` is hop-by-hop, but hyper's HTTP/1.1 encoder sends only the trailer fields

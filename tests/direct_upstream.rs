@@ -1000,3 +1000,83 @@ async fn with_max_idle_connections_1_only_one_idle_upstream_connection_remains()
     assert_eq!(resp.status, 200);
     assert_eq!(upstream.accepted(), 3);
 }
+
+// 17. HTTP/2 requests without a body.
+
+/// An HTTP/2 GET whose HEADERS frame ends the stream has no body: it goes on the same client
+/// as the simple path's GETs, over the same idle connection of the worker's lane, where hyper's
+/// client would open a connection of its own. An HTTP/1.1 GET that hyper's server read (it came
+/// behind an empty line, which the simple path hands over) still goes on hyper's client: a new
+/// connection. Each head carries one `host` field, which HTTP/1.1 requires and HTTP/2 sends as
+/// `:authority`.
+#[tokio::test]
+async fn an_http2_get_goes_on_the_simple_paths_upstream_connection() {
+    let (upstream, proxy, mut wire) = connected(echo_target).await;
+    wire.get_echoed("/h1-simple").await;
+
+    let answer = h2_get(proxy.addr, "/h2").await;
+    assert_eq!(answer.version, http::Version::HTTP_2);
+    assert_eq!(answer.status, 200);
+    assert_eq!(&answer.body[..], b"/h2");
+    assert_eq!(
+        upstream.conns(),
+        [0, 0],
+        "the HTTP/2 GET took the idle connection"
+    );
+
+    let mut handed_over = Wire::connect(proxy.addr).await;
+    let resp = handed_over
+        .exchange("\r\nGET /h1-hyper HTTP/1.1\r\nHost: direct.test\r\n\r\n")
+        .await;
+    assert_eq!(resp.status, 200, "{}{}", resp.head, resp.text());
+    assert_eq!(resp.text(), "/h1-hyper");
+    assert_eq!(
+        upstream.conns(),
+        [0, 0, 1],
+        "hyper's client has its own connection"
+    );
+    for seen in upstream.seen() {
+        let head = seen.head.to_ascii_lowercase();
+        let hosts = head.lines().filter(|l| l.starts_with("host:")).count();
+        assert_eq!(hosts, 1, "{}", seen.head);
+    }
+}
+
+/// An HTTP/2 GET whose response body the upstream cuts: the client gets the head, then a
+/// reset instead of the body's end; the next GET goes on a new upstream connection.
+#[tokio::test]
+async fn an_http2_get_whose_body_the_upstream_cuts_gets_its_head_then_a_reset() {
+    use http_body_util::BodyExt;
+    let (upstream, proxy, _wire) = connected(|seen| match seen.target.as_str() {
+        "/cut" => Reply::new("HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789").closing(),
+        other => Reply::ok(other),
+    })
+    .await;
+    let client = common::h2c_client();
+    let response = client
+        .request(h2_request(proxy.addr, "/cut"))
+        .await
+        .expect("the head arrives");
+    assert_eq!(response.status(), 200);
+    let body = tokio::time::timeout(WAIT, response.into_body().collect()).await;
+    assert!(
+        matches!(body, Ok(Err(_))),
+        "the body ended without an error"
+    );
+    let answer = h2_get(proxy.addr, "/after").await;
+    assert_eq!(answer.status, 200);
+    assert_eq!(&answer.body[..], b"/after");
+    assert_eq!(upstream.accepted(), 2);
+}
+
+/// An HTTP/2 (prior knowledge) GET for `path`, without a body.
+fn h2_request(proxy: SocketAddr, path: &str) -> http::Request<http_body_util::Full<bytes::Bytes>> {
+    http::Request::get(format!("http://{proxy}{path}"))
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .expect("request")
+}
+
+/// [`h2_request`]'s answer, on a new HTTP/2 connection.
+async fn h2_get(proxy: SocketAddr, path: &str) -> common::Answer {
+    common::send(&common::h2c_client(), h2_request(proxy, path)).await
+}
