@@ -159,7 +159,6 @@ pub(super) fn exchange(
                         framing,
                         keep_alive,
                         parking: Some(parking),
-                        failed: None,
                     };
                     body.finish_if_done();
                     return Ok(response.map(|()| body));
@@ -411,6 +410,9 @@ enum Framing {
     UntilClose,
     /// Read to its end.
     Done,
+    /// Ended by an error not reported yet ([`DirectBody::fail`]). Kept here rather than in a
+    /// field of its own, which would make every response that carries the body larger.
+    Failed(io::Error),
 }
 
 enum Chunked {
@@ -431,8 +433,6 @@ pub struct DirectBody {
     framing: Framing,
     keep_alive: bool,
     parking: Option<Parking>,
-    /// An error found and not reported yet ([`DirectBody::fail`]).
-    failed: Option<io::Error>,
 }
 
 /// What one step of reading a body found.
@@ -458,7 +458,7 @@ impl DirectBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
         self.conn = None;
-        self.failed = Some(err);
+        self.framing = Framing::Failed(err);
         cx.waker().wake_by_ref();
         Poll::Pending
     }
@@ -492,7 +492,8 @@ impl DirectBody {
 /// The next frame of a body framed as `framing`, from what `buf` holds.
 fn body_step(framing: &mut Framing, buf: &mut BytesMut) -> io::Result<Step> {
     match framing {
-        Framing::Done | Framing::Length(0) => Ok(Step::End),
+        // A failed body has no connection left: `step` does not come here.
+        Framing::Done | Framing::Length(0) | Framing::Failed(_) => Ok(Step::End),
         Framing::Length(left) => {
             if buf.is_empty() {
                 return Ok(Step::Read);
@@ -686,8 +687,10 @@ impl Body for DirectBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
         let this = self.get_mut();
-        if let Some(err) = this.failed.take() {
-            return Poll::Ready(Some(Err(err)));
+        if matches!(this.framing, Framing::Failed(_)) {
+            if let Framing::Failed(err) = std::mem::replace(&mut this.framing, Framing::Done) {
+                return Poll::Ready(Some(Err(err)));
+            }
         }
         loop {
             match this.step() {
@@ -771,6 +774,7 @@ mod tests {
             Ok(Some((_, Framing::Chunked(_), _))) => "chunked".into(),
             Ok(Some((_, Framing::UntilClose, _))) => "until close".into(),
             Ok(Some((_, Framing::Done, _))) => "informational".into(),
+            Ok(Some((_, Framing::Failed(_), _))) => "failed".into(),
             Ok(None) => "partial".into(),
             Err(_) => "error".into(),
         }
