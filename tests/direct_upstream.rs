@@ -1,5 +1,6 @@
 //! tollgate's own HTTP/1.1 upstream client (`forward::direct`), used for requests without a
-//! body (those tollgate's simple server path took) to plain-HTTP, HTTP/1.1 upstreams.
+//! body (those tollgate's simple server path took, and HTTP/2 requests whose HEADERS ended the
+//! stream) to plain-HTTP, HTTP/1.1 upstreams.
 //!
 //! It is meant to behave exactly as hyper 1.x's client did (`proto/h1/role.rs`, `Client`):
 //! keep-alive and reuse of idle connections per worker, never a connection the upstream closed
