@@ -105,6 +105,7 @@ measure() {
   sleep 1
   kill -TERM "$vpid" 2>/dev/null || true
   wait "$vpid" 2>/dev/null || true
+  trap - EXIT
   unset 'PIDS[-1]'
   # The dump taken after the measured requests: the newest file of this target.
   local dump total
