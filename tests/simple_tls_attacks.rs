@@ -22,12 +22,12 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
 use common::tls::TestPki;
-use common::wire::{self, lossy, parse_response, Resp, WAIT};
+use common::wire::{self, lossy, read_one, read_to_end, responses_in, End, Resp, WAIT};
 use common::{config_from, pattern_byte, wait, Proxy, Upstream};
 
 // ---------------------------------------------------------------------------------------------
@@ -158,24 +158,26 @@ impl Setup {
     /// A TLS connection on which `GET /slow/{ms}` has reached the upstream (which answers it
     /// `ms` milliseconds later).
     async fn slow_request_in_flight(&self, ms: u64) -> TlsStream<TcpStream> {
-        let mut tls = self.tls().await;
-        let request = format!("GET /slow/{ms} HTTP/1.1\r\nHost: a\r\n\r\n");
-        tls.write_all(request.as_bytes()).await.expect("write");
-        tls.flush().await.expect("flush");
-        wait::until("the slow request at the upstream", WAIT, || {
-            self.upstream.count() == 1
-        })
-        .await;
-        tls
+        let tls = self.tls().await;
+        self.at_upstream(tls, &format!("/slow/{ms}")).await
     }
 
     /// A small-window TLS connection on which `GET /big/{size}` has reached the upstream.
     async fn large_response_waiting(&self, size: usize) -> TlsStream<TcpStream> {
-        let mut tls = self.tls_small_window().await;
-        let request = format!("GET /big/{size} HTTP/1.1\r\nHost: a\r\n\r\n");
+        let tls = self.tls_small_window().await;
+        self.at_upstream(tls, &format!("/big/{size}")).await
+    }
+
+    /// `tls` once a `GET` for `target` sent on it has reached the upstream (its first request).
+    async fn at_upstream(
+        &self,
+        mut tls: TlsStream<TcpStream>,
+        target: &str,
+    ) -> TlsStream<TcpStream> {
+        let request = format!("GET {target} HTTP/1.1\r\nHost: a\r\n\r\n");
         tls.write_all(request.as_bytes()).await.expect("write");
         tls.flush().await.expect("flush");
-        wait::until("the large request at the upstream", WAIT, || {
+        wait::until("the request at the upstream", WAIT, || {
             self.upstream.count() == 1
         })
         .await;
@@ -193,70 +195,6 @@ impl Setup {
 
 // ---------------------------------------------------------------------------------------------
 // Reading.
-
-/// How a connection ended, as the client saw it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum End {
-    /// A clean end of stream: a FIN on plain TCP, `close_notify` over TLS.
-    Clean,
-    /// A read error; over TLS, `UnexpectedEof` is a close without `close_notify`.
-    Error(std::io::ErrorKind),
-    /// Still open when the wait ended.
-    Open,
-}
-
-/// Everything read until the connection ends or `within` passes, and how it ended.
-async fn read_to_end<S: AsyncRead + Unpin>(stream: &mut S, within: Duration) -> (Vec<u8>, End) {
-    let deadline = tokio::time::Instant::now() + within;
-    let mut bytes = Vec::new();
-    let mut piece = vec![0u8; 64 * 1024];
-    loop {
-        match tokio::time::timeout_at(deadline, stream.read(&mut piece)).await {
-            Err(_) => return (bytes, End::Open),
-            Ok(Ok(0)) => return (bytes, End::Clean),
-            Ok(Ok(n)) => bytes.extend_from_slice(&piece[..n]),
-            Ok(Err(err)) => return (bytes, End::Error(err.kind())),
-        }
-    }
-}
-
-/// Reads one whole response (not to a HEAD), failing the test after [`WAIT`].
-async fn read_one<S: AsyncRead + Unpin>(stream: &mut S) -> Resp {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let mut bytes = Vec::new();
-    let mut piece = vec![0u8; 64 * 1024];
-    loop {
-        if !bytes.is_empty() {
-            if let Some((response, used)) = parse_response(&bytes, false, false) {
-                assert_eq!(used, bytes.len(), "bytes after the response");
-                return response;
-            }
-        }
-        match tokio::time::timeout_at(deadline, stream.read(&mut piece)).await {
-            Err(_) => panic!("no whole response within 5 s: {:?}", lossy(&bytes)),
-            Ok(Ok(0) | Err(_)) => panic!("closed before a whole response: {:?}", lossy(&bytes)),
-            Ok(Ok(n)) => bytes.extend_from_slice(&piece[..n]),
-        }
-    }
-}
-
-/// The responses in `bytes` (read up to the close); `head_first`: the first answers a HEAD.
-fn responses(bytes: &[u8], head_first: bool) -> Vec<Resp> {
-    let mut out = Vec::new();
-    let mut rest = bytes;
-    while !rest.is_empty() {
-        let no_body = head_first && out.is_empty();
-        let Some((response, used)) = parse_response(rest, no_body, true) else {
-            panic!(
-                "an incomplete response: {:?}",
-                lossy(&rest[..rest.len().min(400)])
-            );
-        };
-        out.push(response);
-        rest = &rest[used..];
-    }
-    out
-}
 
 fn statuses(responses: &[Resp]) -> Vec<u16> {
     responses.iter().map(|r| r.status).collect()
@@ -370,7 +308,7 @@ async fn http11_over_tls_is_answered_as_over_plain_tcp() {
         let bytes = format!("{request}{end}");
         let mut plain = connect(s.plain_addr).await;
         let (read, plain_end) = transcript(&mut plain, &[bytes.as_bytes()], Duration::ZERO).await;
-        let expected: Vec<String> = responses(&read, *head).iter().map(summary).collect();
+        let expected: Vec<String> = responses_in(&read, *head).iter().map(summary).collect();
         assert!(
             closed(plain_end),
             "plain TCP: {request:?} ended {plain_end:?}"
@@ -378,7 +316,7 @@ async fn http11_over_tls_is_answered_as_over_plain_tcp() {
         for (label, alpn, tls12) in variants {
             let mut tls = s.tls_with(alpn, tls12).await;
             let (read, tls_end) = transcript(&mut tls, &[bytes.as_bytes()], Duration::ZERO).await;
-            let got: Vec<String> = responses(&read, *head).iter().map(summary).collect();
+            let got: Vec<String> = responses_in(&read, *head).iter().map(summary).collect();
             if got != expected || closed(tls_end) != closed(plain_end) {
                 failures.push(format!(
                     "{request:?} over {label}: {got:#?} ending {tls_end:?}\n\
@@ -490,7 +428,7 @@ async fn split_pipeline_failures(
             format!("POST /echo{tag} {smuggled:?}"),
             format!("GET /s3{tag} \"\""),
         ];
-        let answers = responses(&read, false);
+        let answers = responses_in(&read, false);
         let bodies: Vec<String> = answers.iter().map(|r| r.text()).collect();
         if got != expected
             || bodies != expected_bodies
@@ -541,7 +479,7 @@ async fn a_pipeline_written_a_byte_per_tls_record_is_answered_in_order() {
     let writes: Vec<&[u8]> = pipeline.chunks(1).collect();
     let mut tls = s.tls().await;
     let (read, end) = transcript(&mut tls, &writes, Duration::ZERO).await;
-    let answers = responses(&read, false);
+    let answers = responses_in(&read, false);
     let bodies: Vec<String> = answers.iter().map(|r| r.text()).collect();
     assert_eq!(bodies, ["upstream ok", "hello", "upstream ok"]);
     assert_eq!(end, End::Clean);
@@ -564,7 +502,7 @@ async fn a_large_post_read_ahead_behind_a_slow_get_reaches_the_upstream_whole_an
     rest.extend_from_slice(&body);
     rest.extend_from_slice(b"GET /after HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
     let (read, end) = transcript(&mut tls, &[&rest], Duration::ZERO).await;
-    let answers = responses(&read, false);
+    let answers = responses_in(&read, false);
     assert_eq!(statuses(&answers), [200, 200, 200]);
     assert_eq!(answers[0].text(), "slow ok");
     assert!(answers[1].body == body, "the echoed body differs");
@@ -592,7 +530,7 @@ async fn requests_sent_while_a_large_response_waits_are_answered_after_it() {
     tls.flush().await.expect("flush");
     let (read, end) = read_to_end(&mut tls, Duration::from_secs(15)).await;
     assert_eq!(end, End::Clean, "after {} bytes", read.len());
-    let answers = responses(&read, false);
+    let answers = responses_in(&read, false);
     assert_eq!(statuses(&answers), [200, 200, 200]);
     assert!(
         is_big_body(&answers[0].body, size),
@@ -717,15 +655,7 @@ async fn a_tls_client_that_leaves_mid_request_cancels_the_upstream_exchange_howe
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tls_client_that_stops_reading_and_leaves_releases_the_upstream() {
     let s = setup("", OPEN).await;
-    let mut tls = s.tls_small_window().await;
-    tls.write_all(b"GET /big/40000000 HTTP/1.1\r\nHost: a\r\n\r\n")
-        .await
-        .expect("write");
-    tls.flush().await.expect("flush");
-    wait::until("the request at the upstream", WAIT, || {
-        s.upstream.count() == 1
-    })
-    .await;
+    let tls = s.large_response_waiting(40_000_000).await;
     // Long enough for the socket buffers to fill and tollgate's write to wait.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(s.upstream.open_connections(), 1, "the exchange ended early");
@@ -760,7 +690,7 @@ async fn a_key_update_mid_request_is_neither_a_close_nor_a_request() {
     )
     .await;
     assert_eq!(
-        responses(&read, false)
+        responses_in(&read, false)
             .iter()
             .map(|r| r.text())
             .collect::<Vec<_>>(),
@@ -809,13 +739,19 @@ async fn pipelined_gets_then_close_notify_are_treated_as_over_plain_tcp() {
     plain.write_all(pair).await.expect("write");
     plain.shutdown().await.expect("shutdown");
     let (read, plain_end) = read_to_end(&mut plain, WAIT).await;
-    let plain_answers: Vec<String> = responses(&read, false).iter().map(|r| r.text()).collect();
+    let plain_answers: Vec<String> = responses_in(&read, false)
+        .iter()
+        .map(|r| r.text())
+        .collect();
 
     let mut tls = s.tls().await;
     tls.write_all(pair).await.expect("write");
     tls.shutdown().await.expect("TLS shutdown");
     let (read, tls_end) = read_to_end(&mut tls, WAIT).await;
-    let tls_answers: Vec<String> = responses(&read, false).iter().map(|r| r.text()).collect();
+    let tls_answers: Vec<String> = responses_in(&read, false)
+        .iter()
+        .map(|r| r.text())
+        .collect();
     assert_eq!(plain_answers, ["upstream ok"], "plain TCP");
     assert_eq!(tls_answers, plain_answers, "over TLS");
     assert_ne!(plain_end, End::Open);
@@ -840,7 +776,7 @@ async fn a_drain_answers_the_tls_request_in_flight_and_forwards_nothing_read_ahe
     let server = s.proxy.server.take().expect("running");
     let stopping = tokio::spawn(server.shutdown());
     let (read, end) = read_to_end(&mut tls, WAIT).await;
-    let answers = responses(&read, false);
+    let answers = responses_in(&read, false);
     assert_eq!(answers.len(), 1, "{answers:?}");
     assert_eq!(answers[0].text(), "slow ok");
     assert_eq!(answers[0].header("connection"), Some("close"));
@@ -944,17 +880,8 @@ async fn a_trickled_head_read_ahead_is_cut_off_at_the_header_read_timeout() {
         OPEN,
     )
     .await;
-    let tls = s.tls().await;
+    let tls = s.slow_request_in_flight(300).await;
     let (mut reader, mut writer) = tokio::io::split(tls);
-    writer
-        .write_all(b"GET /slow/300 HTTP/1.1\r\nHost: a\r\n\r\n")
-        .await
-        .expect("write");
-    writer.flush().await.expect("flush");
-    wait::until("the slow request at the upstream", WAIT, || {
-        s.upstream.count() == 1
-    })
-    .await;
     writer
         .write_all(b"GET /b HTTP/1.1\r\nHost: a\r\nX-Pad: ")
         .await
@@ -979,7 +906,7 @@ async fn a_trickled_head_read_ahead_is_cut_off_at_the_header_read_timeout() {
         .await
         .expect("the reader ended")
         .expect("reader task");
-    let answers = responses(&read, false);
+    let answers = responses_in(&read, false);
     assert_eq!(
         answers.iter().map(|r| r.text()).collect::<Vec<_>>(),
         ["slow ok"]
@@ -1033,7 +960,7 @@ async fn a_limit_holds_over_tls_across_read_ahead_and_the_hand_over() {
         POST /slow/1 HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nhi\
         GET /slow/0 HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n";
     let (read, end) = transcript(&mut tls, &[rest], Duration::ZERO).await;
-    assert_eq!(statuses(&responses(&read, false)), [200, 200, 429]);
+    assert_eq!(statuses(&responses_in(&read, false)), [200, 200, 429]);
     assert_ne!(end, End::Open);
     assert_eq!(s.uris(), ["/slow/300", "/slow/0"]);
 }
@@ -1057,7 +984,7 @@ async fn a_limit_of_five_allows_five_over_concurrent_tls_connections() {
                  GET /five/{i}d HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"
             );
             let (read, _) = transcript(&mut tls, &[pipeline.as_bytes()], Duration::ZERO).await;
-            statuses(&responses(&read, false))
+            statuses(&responses_in(&read, false))
         });
     }
     let mut allowed = 0;
@@ -1090,7 +1017,7 @@ async fn large_heads_read_ahead_in_part_reach_the_upstream_whole() {
         "q".repeat(20_000)
     );
     let (read, end) = transcript(&mut tls, &[rest.as_bytes()], Duration::ZERO).await;
-    let answers = responses(&read, false);
+    let answers = responses_in(&read, false);
     assert_eq!(statuses(&answers), [200, 200, 200, 200]);
     assert_eq!(end, End::Clean);
     let seen = s.upstream.requests();
@@ -1160,7 +1087,7 @@ async fn a_drain_during_a_large_tls_response_finishes_it_and_closes_cleanly() {
     let stopping = tokio::spawn(server.shutdown());
     let (read, end) = read_to_end(&mut tls, Duration::from_secs(15)).await;
     assert_eq!(end, End::Clean, "after {} bytes", read.len());
-    let answers = responses(&read, false);
+    let answers = responses_in(&read, false);
     assert_eq!(statuses(&answers), [200]);
     assert!(
         is_big_body(&answers[0].body, size),
@@ -1220,10 +1147,10 @@ async fn raw_upstream_answers_reach_a_slow_tls_client_as_a_plain_one() {
         let bytes = format!("GET {target} HTTP/1.1\r\nHost: a\r\n\r\n{end}");
         let mut plain = connect(s.plain_addr).await;
         let (read, plain_end) = transcript(&mut plain, &[bytes.as_bytes()], Duration::ZERO).await;
-        let expected: Vec<String> = responses(&read, false).iter().map(summary).collect();
+        let expected: Vec<String> = responses_in(&read, false).iter().map(summary).collect();
         let mut tls = s.tls_small_window().await;
         let (read, tls_end) = transcript(&mut tls, &[bytes.as_bytes()], Duration::ZERO).await;
-        let got: Vec<String> = responses(&read, false).iter().map(summary).collect();
+        let got: Vec<String> = responses_in(&read, false).iter().map(summary).collect();
         if got != expected || tls_end != End::Clean || plain_end != End::Clean {
             failures.push(format!(
                 "{target} over TLS: {got:#?} ending {tls_end:?}\n\
@@ -1253,7 +1180,7 @@ async fn a_post_read_ahead_during_a_large_response_is_answered_when_the_drain_be
     let server = s.proxy.server.take().expect("running");
     let stopping = tokio::spawn(server.shutdown());
     let (read, end) = read_to_end(&mut tls, Duration::from_secs(15)).await;
-    let answers = responses(&read, false);
+    let answers = responses_in(&read, false);
     assert_eq!(statuses(&answers), [200, 200], "ending {end:?}");
     assert_eq!(answers[0].body.len(), size);
     assert_eq!(answers[1].text(), "hi");

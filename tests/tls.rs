@@ -458,35 +458,14 @@ async fn raw_tls_over(s: &Setup, stream: TcpStream) -> tokio_rustls::client::Tls
 async fn responses_until_closed(
     client: &mut tokio_rustls::client::TlsStream<TcpStream>,
 ) -> Vec<wire::Resp> {
-    use tokio::io::AsyncReadExt;
-    let mut bytes = Vec::new();
-    let read = tokio::time::timeout(wire::WAIT, async {
-        let mut piece = [0u8; 16 * 1024];
-        loop {
-            match client.read(&mut piece).await {
-                Ok(0) => return Ok(()),
-                Ok(n) => bytes.extend_from_slice(&piece[..n]),
-                Err(e) => return Err(e),
-            }
-        }
-    })
-    .await;
-    match read {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => panic!(
-            "the connection ended with {e} (no close_notify) after {:?}",
-            String::from_utf8_lossy(&bytes)
-        ),
-        Err(_) => panic!("the connection was not closed within {:?}", wire::WAIT),
-    }
-    let mut responses = Vec::new();
-    let mut rest = &bytes[..];
-    while !rest.is_empty() {
-        let (response, used) = wire::parse_response(rest, false, true).expect("a whole response");
-        responses.push(response);
-        rest = &rest[used..];
-    }
-    responses
+    let (bytes, end) = wire::read_to_end(client, wire::WAIT).await;
+    assert_eq!(
+        end,
+        wire::End::Clean,
+        "how the connection ended, after {:?}",
+        wire::lossy(&bytes)
+    );
+    wire::responses_in(&bytes, false)
 }
 
 /// HTTP/1.1 over TLS starts on tollgate's own path, as over plain TCP. What shows it: a clean
@@ -616,23 +595,7 @@ async fn a_large_response_over_tls_arrives_whole_on_a_kept_connection() {
         .await
         .expect("second request");
     client.flush().await.expect("flush");
-    let mut bytes = Vec::new();
-    let after = tokio::time::timeout(wire::WAIT, async {
-        loop {
-            if let Some((response, _)) = wire::parse_response(&bytes, false, false) {
-                return response;
-            }
-            match client.read(&mut piece).await {
-                Ok(0) | Err(_) => panic!(
-                    "the connection ended: {:?}",
-                    String::from_utf8_lossy(&bytes)
-                ),
-                Ok(n) => bytes.extend_from_slice(&piece[..n]),
-            }
-        }
-    })
-    .await
-    .expect("the second response within 5 s");
+    let after = wire::read_one(&mut client).await;
     assert_eq!(after.status, 200, "{}", after.head);
 }
 
@@ -641,32 +604,20 @@ async fn a_large_response_over_tls_arrives_whole_on_a_kept_connection() {
 /// shuts its stream down the same way).
 #[tokio::test]
 async fn a_drain_closes_an_idle_tls_connection_with_close_notify() {
-    use tokio::io::AsyncReadExt;
     let mut s = setup().await;
     let mut client = raw_tls_client(&s).await;
     client
         .write_all(b"GET /rest/before HTTP/1.1\r\nHost: localhost\r\n\r\n")
         .await
         .expect("request");
-    let mut bytes = Vec::new();
-    let mut piece = [0u8; 4096];
-    let answered = tokio::time::timeout(wire::WAIT, async {
-        while wire::parse_response(&bytes, false, false).is_none() {
-            match client.read(&mut piece).await {
-                Ok(0) | Err(_) => panic!("closed before the answer"),
-                Ok(n) => bytes.extend_from_slice(&piece[..n]),
-            }
-        }
-    })
-    .await;
-    assert!(answered.is_ok(), "no answer within {:?}", wire::WAIT);
+    assert_eq!(wire::read_one(&mut client).await.status, 200);
     let stopping = tokio::spawn(async move { s.proxy.shutdown().await });
-    let end = tokio::time::timeout(Duration::from_secs(2), client.read(&mut piece))
-        .await
-        .expect("the idle connection was not closed at the drain");
-    assert!(
-        matches!(end, Ok(0)),
-        "the idle connection ended without close_notify: {end:?}"
+    let (after, end) = wire::read_to_end(&mut client, Duration::from_secs(2)).await;
+    assert!(after.is_empty(), "{:?}", wire::lossy(&after));
+    assert_eq!(
+        end,
+        wire::End::Clean,
+        "how the idle connection ended at the drain"
     );
     tokio::time::timeout(wire::WAIT, stopping)
         .await
@@ -679,7 +630,6 @@ async fn a_drain_closes_an_idle_tls_connection_with_close_notify() {
 /// connection, with `close_notify`, not cut. Nothing reaches the upstream.
 #[tokio::test]
 async fn a_refused_first_request_over_tls_gets_its_400_then_close_notify() {
-    use tokio::io::AsyncReadExt;
     let s = setup().await;
     let mut client = raw_tls_client(&s).await;
     client
@@ -690,19 +640,7 @@ async fn a_refused_first_request_over_tls_gets_its_400_then_close_notify() {
         .await
         .expect("request");
     client.flush().await.expect("flush");
-    let mut bytes = Vec::new();
-    let mut piece = [0u8; 4096];
-    let end = tokio::time::timeout(wire::WAIT, async {
-        loop {
-            match client.read(&mut piece).await {
-                Ok(0) => return Ok(()),
-                Ok(n) => bytes.extend_from_slice(&piece[..n]),
-                Err(e) => return Err(e),
-            }
-        }
-    })
-    .await
-    .expect("the connection was not closed within 5 s");
+    let (bytes, end) = wire::read_to_end(&mut client, wire::WAIT).await;
     let (response, used) = wire::parse_response(&bytes, false, true).expect("a whole response");
     assert_eq!(response.status, 400);
     assert_eq!(
@@ -711,9 +649,6 @@ async fn a_refused_first_request_over_tls_gets_its_400_then_close_notify() {
         "bytes after the 400: {:?}",
         wire::lossy(&bytes)
     );
-    assert!(
-        end.is_ok(),
-        "the connection ended without close_notify: {end:?}"
-    );
+    assert_eq!(end, wire::End::Clean, "how the connection ended");
     assert_eq!(s.upstream.count(), 0);
 }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::{config_from, Proxy, BASE};
@@ -264,6 +264,74 @@ fn content_length(resp: &Resp) -> Option<usize> {
         "content-length values that disagree: {lengths:?}"
     );
     Some(first)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading any stream (plain TCP or TLS) to its end, or to one response.
+
+/// How a connection ended, as the client saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// A clean end of stream: a FIN on plain TCP, `close_notify` over TLS.
+    Clean,
+    /// A read error; over TLS, `UnexpectedEof` is a close without `close_notify`.
+    Error(std::io::ErrorKind),
+    /// Still open when the wait ended.
+    Open,
+}
+
+/// Everything read until the connection ends or `within` passes, and how it ended.
+pub async fn read_to_end<S: AsyncRead + Unpin>(stream: &mut S, within: Duration) -> (Vec<u8>, End) {
+    let deadline = tokio::time::Instant::now() + within;
+    let mut bytes = Vec::new();
+    let mut piece = vec![0u8; 64 * 1024];
+    loop {
+        match tokio::time::timeout_at(deadline, stream.read(&mut piece)).await {
+            Err(_) => return (bytes, End::Open),
+            Ok(Ok(0)) => return (bytes, End::Clean),
+            Ok(Ok(n)) => bytes.extend_from_slice(&piece[..n]),
+            Ok(Err(err)) => return (bytes, End::Error(err.kind())),
+        }
+    }
+}
+
+/// Reads one whole response (not to a HEAD), failing the test after [`WAIT`].
+pub async fn read_one<S: AsyncRead + Unpin>(stream: &mut S) -> Resp {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut bytes = Vec::new();
+    let mut piece = vec![0u8; 64 * 1024];
+    loop {
+        if !bytes.is_empty() {
+            if let Some((response, used)) = parse_response(&bytes, false, false) {
+                assert_eq!(used, bytes.len(), "bytes after the response");
+                return response;
+            }
+        }
+        match tokio::time::timeout_at(deadline, stream.read(&mut piece)).await {
+            Err(_) => panic!("no whole response within 5 s: {:?}", lossy(&bytes)),
+            Ok(Ok(0) | Err(_)) => panic!("closed before a whole response: {:?}", lossy(&bytes)),
+            Ok(Ok(n)) => bytes.extend_from_slice(&piece[..n]),
+        }
+    }
+}
+
+/// The responses in `bytes` (read up to the close), each whole; `head_first`: the first
+/// answers a HEAD.
+pub fn responses_in(bytes: &[u8], head_first: bool) -> Vec<Resp> {
+    let mut out = Vec::new();
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        let no_body = head_first && out.is_empty();
+        let Some((response, used)) = parse_response(rest, no_body, true) else {
+            panic!(
+                "an incomplete response: {:?}",
+                lossy(&rest[..rest.len().min(400)])
+            );
+        };
+        out.push(response);
+        rest = &rest[used..];
+    }
+    out
 }
 
 /// A client connection: a raw socket and what has been read from it but not parsed yet.
