@@ -631,14 +631,10 @@ impl<'a, S: ClientStream> Simple<'a, S> {
         }
         let mut slices = &mut storage[..count];
         while !slices.is_empty() {
-            let (stream, buf, watch) = (&mut *self.stream, &mut self.buf, &mut self.watch);
-            let written = std::future::poll_fn(|cx| {
-                match Pin::new(&mut *stream).poll_write_vectored(cx, slices) {
-                    Poll::Pending if watch.client_gone(stream, buf, cx) => Poll::Ready(Ok(0)),
-                    written => written,
-                }
-            });
-            match written.await {
+            let written = self
+                .io_unless_client_goes(|stream, cx| stream.poll_write_vectored(cx, slices))
+                .await;
+            match written {
                 Ok(0) | Err(_) => return false,
                 Ok(n) => {
                     self.activity.touch();
@@ -647,14 +643,24 @@ impl<'a, S: ClientStream> Simple<'a, S> {
             }
         }
         // TLS keeps what it could not send yet (a socket's flush does nothing).
+        let flushed = self.io_unless_client_goes(|stream, cx| stream.poll_flush(cx));
+        flushed.await.is_ok()
+    }
+
+    /// One operation on the stream (`poll`), until it is done or the client is seen to have
+    /// gone while it waits: then a `ConnectionAborted` error.
+    async fn io_unless_client_goes<T>(
+        &mut self,
+        mut poll: impl FnMut(Pin<&mut S>, &mut Context<'_>) -> Poll<io::Result<T>>,
+    ) -> io::Result<T> {
         let (stream, buf, watch) = (&mut *self.stream, &mut self.buf, &mut self.watch);
-        let flushed = std::future::poll_fn(|cx| match Pin::new(&mut *stream).poll_flush(cx) {
+        std::future::poll_fn(|cx| match poll(Pin::new(&mut *stream), cx) {
             Poll::Pending if watch.client_gone(stream, buf, cx) => {
                 Poll::Ready(Err(io::ErrorKind::ConnectionAborted.into()))
             }
-            flushed => flushed,
-        });
-        flushed.await.is_ok()
+            done => done,
+        })
+        .await
     }
 }
 
