@@ -536,7 +536,7 @@ pub fn new_request_id() -> HeaderValue {
 /// with every earlier value under the same name still in the table: with a new request id per
 /// response the table fills with ids, and each response's fields cost more. Never indexed, they
 /// go out as literals, as nginx writes all of its response fields. HTTP/1.1 ignores the mark.
-pub fn never_indexed(mut value: HeaderValue) -> HeaderValue {
+fn never_indexed(mut value: HeaderValue) -> HeaderValue {
     value.set_sensitive(true);
     value
 }
@@ -615,7 +615,7 @@ pub fn set_retry_after(headers: &mut HeaderMap, secs: u64, grpc: bool) {
 }
 
 /// Whether a field's value may enter HTTP/2's HPACK table ([`never_indexed`]).
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, Copy)]
 enum Indexing {
     /// The same from response to response (a limit's size).
     Allowed,
