@@ -145,6 +145,8 @@ pub struct ForwardRequest<'a> {
     /// The request's field names, scanned once by the proxy (underscored ones may have been
     /// dropped since).
     pub names: headers::FieldNames,
+    /// The `X-Request-Id` tollgate made for a request that carried none, not yet in its map.
+    pub request_id: Option<HeaderValue>,
     /// The route's `max_body_size`: a body growing past it is cut and the request aborted.
     pub max_body_size: Option<u64>,
     /// Where connect failures are counted.
@@ -321,11 +323,11 @@ impl UpstreamPool {
             if from_h2 && !self.config.http2 {
                 headers::join_cookies(headers);
             }
-            // Room for what is added below (X-Forwarded-*, X-Real-IP, Host, and the upgrade pair)
-            // in one growth of the map hyper sized for the parsed fields, instead of one per
-            // insert.
-            headers.reserve(7);
-            headers::add_forwarded(headers, &fwd.forwarded, names);
+            // What tollgate adds where the client sent nothing to replace waits for the client
+            // that sends the request: tollgate's own writes it into the head, hyper's get it in
+            // the map (`headers::Added`).
+            let mut added = headers::Added::new(fwd.request_id);
+            added.forwarding(headers, fwd.forwarded, names);
             // An HTTP/1.0 request may name no host; HTTP/1.1 upstream needs one: the origin's,
             // set by `aim` for whichever origin the request goes to.
             let host = match fwd.forwarded.host {
@@ -362,7 +364,7 @@ impl UpstreamPool {
             let sent = self.deadlines.timeout(
                 worker,
                 self.config.response_timeout,
-                self.send(worker, req, &host, fwd.metrics),
+                self.send(worker, req, &host, added, fwd.metrics),
             );
             let sent = sent.await;
             // Whatever the upstream connection made of it, a body cut at the limit is the
@@ -442,6 +444,7 @@ impl UpstreamPool {
         worker: usize,
         mut req: Request<RequestBody>,
         host: &'a HostHeader,
+        mut added: headers::Added<'a>,
         metrics: &'a Metrics,
     ) -> impl Future<Output = Result<Response<UpstreamBody>, RequestError>> + 'a {
         async move {
@@ -471,9 +474,10 @@ impl UpstreamPool {
                 };
                 self.aim(&mut req, origin, host)?;
                 let attempt = if self.config.http2 {
+                    added.move_into(req.headers_mut());
                     self.send_h2(worker, origin, req).await
                 } else {
-                    self.send_h1(worker, origin, req).await
+                    self.send_h1(worker, origin, req, &mut added).await
                 };
                 match attempt {
                     Ok(response) => {
@@ -570,17 +574,19 @@ impl UpstreamPool {
     /// be made gives the request back ([`Failure::Connect`]).
     // Not an `async fn`, for the reason given on `forward`.
     #[allow(clippy::manual_async_fn)]
-    fn send_h1(
-        &self,
+    fn send_h1<'a, 'b>(
+        &'a self,
         worker: usize,
         origin: usize,
         mut req: Request<RequestBody>,
-    ) -> impl Future<Output = Result<Response<UpstreamBody>, Failure>> + '_ {
+        added: &'a mut headers::Added<'b>,
+    ) -> impl Future<Output = Result<Response<UpstreamBody>, Failure>> + use<'a, 'b> {
         async move {
             // A request without a body to a plain-HTTP origin goes on tollgate's own client.
             if req.body().is_absent() && self.origins[origin].scheme == Scheme::HTTP {
-                return self.send_direct(worker, origin, req).await;
+                return self.send_direct(worker, origin, req, added).await;
             }
+            added.move_into(req.headers_mut());
             if let Some(mut sender) = self.idle_h1(worker, origin) {
                 match sender.try_send_request(req).await {
                     Ok(response) => {
@@ -615,12 +621,13 @@ impl UpstreamPool {
     /// when no new connection can be made.
     // Not an `async fn`, for the reason given on `forward`.
     #[allow(clippy::manual_async_fn)]
-    fn send_direct(
-        &self,
+    fn send_direct<'a, 'b>(
+        &'a self,
         worker: usize,
         origin: usize,
         req: Request<RequestBody>,
-    ) -> impl Future<Output = Result<Response<UpstreamBody>, Failure>> + '_ {
+        added: &'a headers::Added<'b>,
+    ) -> impl Future<Output = Result<Response<UpstreamBody>, Failure>> + use<'a, 'b> {
         async move {
             let parking = || Parking {
                 lanes: self.lanes.clone(),
@@ -628,7 +635,7 @@ impl UpstreamPool {
                 origin,
             };
             if let Some(conn) = self.idle_direct(worker, origin) {
-                match direct::exchange(conn, &req, parking()).await {
+                match direct::exchange(conn, &req, added, parking()).await {
                     Ok(response) => return Ok(response.map(UpstreamBody::Direct)),
                     Err(ExchangeError::Unsent(_)) => {}
                     Err(ExchangeError::Sent(err)) => return Err(Failure::Sent(err)),
@@ -640,7 +647,7 @@ impl UpstreamPool {
                 Ok(conn) => conn,
                 Err(err) => return Err(Failure::Connect(Box::new(req), err)),
             };
-            match direct::exchange(conn, &req, parking()).await {
+            match direct::exchange(conn, &req, added, parking()).await {
                 Ok(response) => Ok(response.map(UpstreamBody::Direct)),
                 Err(ExchangeError::Unsent(err) | ExchangeError::Sent(err)) => {
                     Err(Failure::Sent(err))

@@ -204,14 +204,14 @@ impl Proxy {
             let runtime = self.runtime.load_full();
             // Decided first, so that every answer (tollgate's own included) and the log carry it.
             let trusted_proxies = &runtime.config.server.trusted_proxies;
-            let request_id = headers::request_id(req.headers_mut(), || {
+            let (request_id, id_to_add) = headers::request_id(req.headers_mut(), || {
                 key::is_trusted(key::canonical(conn.peer.ip()), trusted_proxies)
             });
             let method = req.method().clone();
             // Logged without its query: queries can carry credentials. (A Uri clone shares its
             // bytes; nothing is copied.)
             let uri = req.uri().clone();
-            let mut handled = self.pipeline(&runtime, req, conn).await;
+            let mut handled = self.pipeline(&runtime, req, conn, id_to_add).await;
             handled
                 .response
                 .headers_mut()
@@ -252,6 +252,8 @@ impl Proxy {
         rt: &'a Runtime,
         mut req: Request<ClientBody>,
         conn: ConnInfo,
+        // The id [`headers::request_id`] made for a request that sent none: added upstream.
+        request_id: Option<HeaderValue>,
     ) -> impl Future<Output = Handled> + 'a {
         async move {
             // Step 1: methods tollgate never forwards, then one spelling of host and path.
@@ -437,6 +439,7 @@ impl Proxy {
                     host: authority.as_ref().map(normalise::Authority::value),
                 },
                 names,
+                request_id,
                 max_body_size: route.max_body_size,
                 metrics: &self.metrics,
                 worker: conn.worker.index(),

@@ -950,12 +950,65 @@ async fn the_request_head_on_the_upstream_wire_is_the_one_hyper_wrote() {
     let id = resp.header("x-request-id").expect("an id");
     assert_eq!(
         seen.head.replace(id, "<id>"),
-        // As hyper's client wrote it (the field map's order, names lowercase).
+        // As hyper's client wrote it (the field map's order, names lowercase: removing
+        // `Connection` moved the last field into its place), then what tollgate adds, in the
+        // order it is put into the map for hyper's clients (`headers::Added`).
         "GET /order?q=1&r=%20 HTTP/1.1\r\nhost: direct.test\r\nuser-agent: wire/1\r\n\
-         accept: */*\r\nx-request-id: <id>\r\ncookie: a=1\r\ncookie: b=2\r\n\
-         x-custom-in: kept\r\nx-empty: \r\nx-forwarded-for: 127.0.0.1\r\n\
+         accept: */*\r\nx-empty: \r\ncookie: a=1\r\ncookie: b=2\r\n\
+         x-custom-in: kept\r\nx-request-id: <id>\r\nx-forwarded-for: 127.0.0.1\r\n\
          x-forwarded-proto: http\r\nx-forwarded-host: direct.test\r\nx-real-ip: 127.0.0.1\r\n\r\n"
     );
+}
+
+/// What tollgate adds to a request that carried none of those fields is written behind its own
+/// (`headers::Added`); a client's own copy of any one of them sends the request the other way,
+/// through the map, where it is replaced (`X-Forwarded-For`: kept in front of the peer, as
+/// nginx's `$proxy_add_x_forwarded_for`). Each sent alone by an untrusted client: the upstream
+/// gets one field of each name, tollgate's, and no `Forwarded`.
+#[tokio::test]
+async fn a_clients_own_forwarding_field_is_replaced_not_sent_beside_ours() {
+    let (upstream, _proxy, mut wire) = connected(echo_target).await;
+    let sent = [
+        ("X-Forwarded-For", "6.6.6.6"),
+        ("X-Forwarded-Proto", "gopher"),
+        ("X-Forwarded-Host", "evil.test"),
+        ("X-Real-IP", "6.6.6.6"),
+        ("X-Request-Id", "chosen-by-client"),
+        ("Forwarded", "for=6.6.6.6"),
+    ];
+    for (name, value) in sent {
+        let resp = wire
+            .exchange(format!(
+                "GET /f HTTP/1.1\r\nHost: direct.test\r\n{name}: {value}\r\n\r\n"
+            ))
+            .await;
+        assert_eq!(resp.status, 200, "{name}: {}", resp.head);
+        let id = resp.header("x-request-id").expect("an id").to_string();
+        let seen = upstream.seen().pop().expect("a request");
+        let values = |field: &str| -> Vec<String> {
+            let lines = seen.head.split("\r\n").skip(1);
+            let lines = lines.filter_map(|line| line.split_once(": "));
+            let lines = lines.filter(|(n, _)| n.eq_ignore_ascii_case(field));
+            lines.map(|(_, v)| v.to_string()).collect()
+        };
+        let for_value = if name == "X-Forwarded-For" {
+            "6.6.6.6, 127.0.0.1"
+        } else {
+            "127.0.0.1"
+        };
+        assert_eq!(
+            values("x-forwarded-for"),
+            [for_value],
+            "{name}: {:?}",
+            seen.head
+        );
+        assert_eq!(values("x-forwarded-proto"), ["http"], "{name}");
+        assert_eq!(values("x-forwarded-host"), ["direct.test"], "{name}");
+        assert_eq!(values("x-real-ip"), ["127.0.0.1"], "{name}");
+        assert_eq!(values("x-request-id"), [id], "{name}");
+        assert_ne!(values("x-request-id"), ["chosen-by-client"], "{name}");
+        assert!(values("forwarded").is_empty(), "{name}: {:?}", seen.head);
+    }
 }
 
 // 16. max_idle_connections.

@@ -39,7 +39,8 @@ use tokio::net::TcpStream;
 use super::{lock, Lane, UpstreamIo};
 use crate::body::RequestBody;
 use crate::error::RequestError;
-use crate::{framing, headers};
+use crate::framing;
+use crate::headers::{self, Added};
 use hyper_rustls::MaybeHttpsStream;
 
 /// hyper's limit on a response head's fields.
@@ -127,13 +128,15 @@ impl DirectConn {
 // Not an `async fn`: that would keep `conn` twice, as its argument and as a local of its
 // body (rust-lang/rust#62958).
 #[allow(clippy::manual_async_fn)]
-pub(super) fn exchange(
+pub(super) fn exchange<'r>(
     mut conn: DirectConn,
-    req: &Request<RequestBody>,
+    req: &'r Request<RequestBody>,
+    added: &Added<'_>,
     parking: Parking,
-) -> impl Future<Output = Result<Response<DirectBody>, ExchangeError>> + '_ {
+) -> impl Future<Output = Result<Response<DirectBody>, ExchangeError>> + 'r {
+    // Encoded now: the future need not hold `added`.
+    encode_request(req, added, &mut conn.out);
     async move {
-        encode_request(req, &mut conn.out);
         let out = std::mem::take(&mut conn.out);
         let written = write_head(&mut conn.stream, &out).await;
         conn.out = out;
@@ -169,8 +172,9 @@ pub(super) fn exchange(
     }
 }
 
-/// The request line and fields, as hyper's client writes them for a request without a body.
-fn encode_request(req: &Request<RequestBody>, out: &mut Vec<u8>) {
+/// The request line and fields, as hyper's client writes them for a request without a body,
+/// with what tollgate adds behind the request's own fields, where the map would have had it.
+fn encode_request(req: &Request<RequestBody>, added: &Added<'_>, out: &mut Vec<u8>) {
     out.clear();
     out.extend_from_slice(req.method().as_str().as_bytes());
     out.push(b' ');
@@ -191,6 +195,7 @@ fn encode_request(req: &Request<RequestBody>, out: &mut Vec<u8>) {
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
+    added.write(out);
     out.extend_from_slice(b"\r\n");
 }
 
@@ -977,10 +982,55 @@ mod tests {
         req.headers_mut()
             .append("x-two", HeaderValue::from_static("2"));
         let mut out = Vec::new();
-        encode_request(&req, &mut out);
+        encode_request(&req, &Added::default(), &mut out);
         assert_eq!(
             String::from_utf8_lossy(&out),
             "GET /a/b?c=d HTTP/1.1\r\nhost: up:80\r\nx-two: 1\r\nx-two: 2\r\n\r\n"
         );
+    }
+
+    /// What tollgate adds is written where the map would have had it: the same head as the
+    /// map holding it, which is what hyper's clients are given.
+    #[test]
+    fn added_fields_are_written_as_the_map_would_have_them() {
+        let peer = headers::peer_value("192.0.2.9".parse().expect("ip"));
+        let client = headers::peer_value("198.51.100.7".parse().expect("ip"));
+        let host = HeaderValue::from_static("api.example");
+        for host in [Some(&host), None] {
+            let mut req = Request::new(RequestBody::unlimited(crate::body::ClientBody::Empty));
+            req.headers_mut()
+                .insert(header::HOST, HeaderValue::from_static("up:80"));
+            req.headers_mut()
+                .insert(header::ACCEPT, HeaderValue::from_static("*/*"));
+            let names = headers::FieldNames::of(req.headers(), true);
+            let fwd = headers::ForwardedFor {
+                peer: &peer,
+                peer_trusted: false,
+                client: &client,
+                proto: "https",
+                host,
+            };
+            let mut added = Added::new(Some(HeaderValue::from_static("id-1")));
+            added.forwarding(req.headers_mut(), fwd, &names);
+            let mut written = Vec::new();
+            encode_request(&req, &added, &mut written);
+            added.move_into(req.headers_mut());
+            let mut from_map = Vec::new();
+            encode_request(&req, &added, &mut from_map);
+            assert_eq!(
+                String::from_utf8_lossy(&written),
+                String::from_utf8_lossy(&from_map)
+            );
+            let expected = match host {
+                Some(_) => "x-forwarded-host: api.example\r\n",
+                None => "",
+            };
+            let expected = format!(
+                "GET / HTTP/1.1\r\nhost: up:80\r\naccept: */*\r\nx-request-id: id-1\r\n\
+                 x-forwarded-for: 192.0.2.9\r\nx-forwarded-proto: https\r\n{expected}\
+                 x-real-ip: 198.51.100.7\r\n\r\n"
+            );
+            assert_eq!(String::from_utf8_lossy(&written), expected);
+        }
     }
 }
