@@ -266,7 +266,8 @@ impl UpstreamPool {
         self.next.fetch_add(1, Ordering::Relaxed) % self.origins.len()
     }
 
-    /// Sends the request upstream and returns its response with hop-by-hop headers removed.
+    /// Sends the request upstream and returns its response with hop-by-hop headers removed,
+    /// and the scan of its field names (what the proxy asks of it next: `FieldNames::own`).
     // Not an `async fn`: that would keep `req` twice, as its argument and as a local of its
     // body (rust-lang/rust#62958); the block below uses the argument in place.
     #[allow(clippy::manual_async_fn)]
@@ -274,7 +275,8 @@ impl UpstreamPool {
         &'a self,
         mut req: Request<ClientBody>,
         fwd: ForwardRequest<'a>,
-    ) -> impl Future<Output = Result<Response<UpstreamBody>, RequestError>> + 'a {
+    ) -> impl Future<Output = Result<(Response<UpstreamBody>, headers::FieldNames), RequestError>> + 'a
+    {
         async move {
             let path_and_query = PathAndQuery::try_from(fwd.target)
                 .map_err(|_| RequestError::BadRequest("unusable request target"))?;
@@ -407,7 +409,7 @@ impl UpstreamPool {
                 headers::strip_hop_by_hop(headers, &response_names);
                 headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
                 headers.insert(header::UPGRADE, headers::websocket_upgrade());
-                return Ok(response);
+                return Ok((response, response_names));
             }
             let announced = response_names.trailer(response.headers());
             if response.headers().contains_key(header::TRANSFER_ENCODING) {
@@ -423,7 +425,7 @@ impl UpstreamPool {
             if let (true, Some(announced)) = (client_takes_trailers, announced) {
                 response.headers_mut().insert(header::TRAILER, announced);
             }
-            Ok(response)
+            Ok((response, response_names))
         }
     }
 

@@ -151,6 +151,9 @@ enum Noted {
     Forwarded,
     /// `X-Forwarded-Proto`, `X-Forwarded-Host` or `X-Real-IP`.
     OtherForwarding,
+    /// A field tollgate sets on its responses: `X-Request-Id`, `RateLimit`, `RateLimit-Policy`
+    /// or one of the `X-RateLimit-*` trio.
+    Own,
 }
 
 /// What the field name `text` is to [`FieldNames`] (a test holds the places to
@@ -174,6 +177,12 @@ fn noted(text: &str) -> Option<Noted> {
         "x-forwarded-proto" | "x-forwarded-host" | "x-real-ip" => {
             return Some(Noted::OtherForwarding)
         }
+        "x-request-id"
+        | "ratelimit"
+        | "ratelimit-policy"
+        | "x-ratelimit-limit"
+        | "x-ratelimit-remaining"
+        | "x-ratelimit-reset" => return Some(Noted::Own),
         _ => return None,
     }))
 }
@@ -197,6 +206,8 @@ pub struct FieldNames {
     /// Any field [`add_forwarded`] joins, keeps, replaces or removes: `X-Forwarded-For`,
     /// `-Proto`, `-Host`, `X-Real-IP` or `Forwarded`.
     forwarding: bool,
+    /// Any field tollgate sets on its responses ([`Noted::Own`]).
+    own: bool,
     /// `None`: not looked for.
     underscored: Option<bool>,
 }
@@ -208,6 +219,7 @@ impl FieldNames {
         forwarded_for: false,
         forwarded: false,
         forwarding: false,
+        own: false,
         underscored: Some(false),
     };
 
@@ -232,6 +244,7 @@ impl FieldNames {
                     found.forwarding = true;
                 }
                 Some(Noted::OtherForwarding) => found.forwarding = true,
+                Some(Noted::Own) => found.own = true,
                 None if underscores => underscored |= text.as_bytes().contains(&b'_'),
                 None => {}
             }
@@ -458,12 +471,7 @@ impl<'a> Added<'a> {
     /// Writes what is kept as HTTP/1.1 field lines, as [`Added::move_into`] and an encoder
     /// walking the map would.
     pub fn write(&self, out: &mut Vec<u8>) {
-        let mut line = |name: &HeaderName, value: &[u8]| {
-            out.extend_from_slice(name.as_str().as_bytes());
-            out.extend_from_slice(b": ");
-            out.extend_from_slice(value);
-            out.extend_from_slice(b"\r\n");
-        };
+        let mut line = |name: &HeaderName, value: &[u8]| field_line(out, name, value);
         if let Some(id) = &self.request_id {
             line(&X_REQUEST_ID, id.as_bytes());
         }
@@ -511,10 +519,10 @@ pub fn join_cookies(headers: &mut HeaderMap) {
     }
 }
 
-/// One member of a rate-limit field: `"<policy>"<a><x><b><y>`, after a `, ` when the list
-/// already has members.
-fn push_member(out: &mut Vec<u8>, policy: &str, a: &[u8], x: u64, b: &[u8], y: u64) {
-    if !out.is_empty() {
+/// The `nth` member (from 0) of a rate-limit field: `"<policy>"<a><x><b><y>`, after a `, `
+/// unless it is the first.
+fn push_member(out: &mut Vec<u8>, nth: usize, policy: &str, a: &[u8], x: u64, b: &[u8], y: u64) {
+    if nth > 0 {
         out.extend_from_slice(b", ");
     }
     out.push(b'"');
@@ -531,9 +539,17 @@ fn push_member(out: &mut Vec<u8>, policy: &str, a: &[u8], x: u64, b: &[u8], y: u
 /// it once for the case where all its limits apply (see [`add_rate_limit_headers`]).
 pub fn rate_limit_policy_value(outcomes: &[LimitOutcome]) -> Option<HeaderValue> {
     let mut policy = Vec::with_capacity(64);
-    for o in outcomes.iter().filter(|o| !o.shadow) {
+    for (nth, o) in outcomes.iter().filter(|o| !o.shadow).enumerate() {
         let (requests, window) = (u64::from(o.requests), u64::from(o.window_secs));
-        push_member(&mut policy, &o.policy, b";q=", requests, b";w=", window);
+        push_member(
+            &mut policy,
+            nth,
+            &o.policy,
+            b";q=",
+            requests,
+            b";w=",
+            window,
+        );
     }
     if policy.is_empty() {
         return None;
@@ -547,7 +563,7 @@ pub fn rate_limit_policy_value(outcomes: &[LimitOutcome]) -> Option<HeaderValue>
 /// The values are written straight into byte buffers (integers with `itoa`): built with
 /// `format!` and joined, these fields were a quarter of the limiter's cost per request.
 pub fn add_rate_limit_headers(
-    headers: &mut HeaderMap,
+    to: &mut AddTo<'_>,
     mode: RateLimitHeaders,
     outcomes: &[LimitOutcome],
     policy: Option<&HeaderValue>,
@@ -563,37 +579,118 @@ pub fn add_rate_limit_headers(
             None => rate_limit_policy_value(outcomes),
         };
         if let Some(policy) = policy {
-            headers.insert(RATELIMIT_POLICY.clone(), policy);
+            to.value(&RATELIMIT_POLICY, policy);
         }
-        let mut state = Vec::with_capacity(64);
-        for o in visible() {
-            let (left, reset) = (u64::from(o.remaining()), o.reset_secs);
-            push_member(&mut state, &o.policy, b";r=", left, b";t=", reset);
-        }
-        insert(headers, &RATELIMIT, state, Indexing::Never);
+        to.written(&RATELIMIT, Indexing::Never, |state| {
+            for (nth, o) in visible().enumerate() {
+                let (left, reset) = (u64::from(o.remaining()), o.reset_secs);
+                push_member(state, nth, &o.policy, b";r=", left, b";t=", reset);
+            }
+        });
     }
     if matches!(mode, RateLimitHeaders::Legacy | RateLimitHeaders::Both) {
         // The most restrictive: fewest requests left, then the longest wait.
         if let Some(o) = visible().min_by_key(|o| (o.remaining(), std::cmp::Reverse(o.reset_secs)))
         {
-            let number = |n: u64| itoa::Buffer::new().format(n).as_bytes().to_vec();
+            let number = |n: u64| {
+                move |out: &mut Vec<u8>| {
+                    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+                }
+            };
             let (limit, left) = (u64::from(o.requests), u64::from(o.remaining()));
-            insert(
-                headers,
-                &X_RATELIMIT_LIMIT,
-                number(limit),
-                Indexing::Allowed,
-            );
-            insert(
-                headers,
-                &X_RATELIMIT_REMAINING,
-                number(left),
-                Indexing::Never,
-            );
-            let reset = number(o.reset_secs);
-            insert(headers, &X_RATELIMIT_RESET, reset, Indexing::Never);
+            to.written(&X_RATELIMIT_LIMIT, Indexing::Allowed, number(limit));
+            to.written(&X_RATELIMIT_REMAINING, Indexing::Never, number(left));
+            to.written(&X_RATELIMIT_RESET, Indexing::Never, number(o.reset_secs));
         }
     }
+}
+
+/// Removes from an upstream's response the fields tollgate is about to set on it, for a
+/// response whose scan ([`FieldNames::own`]) found some: `X-Request-Id` (always set), and the
+/// rate-limit fields [`add_rate_limit_headers`] sets for these `outcomes` in this `mode`. Then
+/// what tollgate sets is added after the upstream's fields, the same whether it goes into the
+/// map or onto the wire ([`AddTo`]).
+pub fn remove_replaced(
+    headers: &mut HeaderMap,
+    names: &FieldNames,
+    mode: RateLimitHeaders,
+    outcomes: &[LimitOutcome],
+) {
+    if !names.own {
+        return;
+    }
+    headers.remove(&X_REQUEST_ID);
+    if !outcomes.iter().any(|o| !o.shadow) {
+        return;
+    }
+    if matches!(mode, RateLimitHeaders::Draft | RateLimitHeaders::Both) {
+        headers.remove(&RATELIMIT_POLICY);
+        headers.remove(&RATELIMIT);
+    }
+    if matches!(mode, RateLimitHeaders::Legacy | RateLimitHeaders::Both) {
+        headers.remove(&X_RATELIMIT_LIMIT);
+        headers.remove(&X_RATELIMIT_REMAINING);
+        headers.remove(&X_RATELIMIT_RESET);
+    }
+}
+
+/// Where the fields tollgate sets on a response go (`X-Request-Id` and the rate-limit fields):
+/// into its map, which hyper's server encodes (HTTP/2 honours their never-indexed mark), or
+/// straight onto the wire as HTTP/1.1 field lines, for tollgate's own server path to write
+/// after the map's fields (`server::simple_h1`), where hyper's encoder puts fields inserted
+/// into the map last. The map holds none of their names when they are set
+/// ([`remove_replaced`]), so both give the same head; the lines cost no hashed insert and no
+/// allocation per value (about 1,000 instructions per request).
+pub enum AddTo<'a> {
+    Map(&'a mut HeaderMap),
+    Lines(&'a mut Vec<u8>),
+}
+
+impl AddTo<'_> {
+    /// Sets `name` to `value`.
+    pub fn value(&mut self, name: &HeaderName, value: HeaderValue) {
+        match self {
+            AddTo::Map(headers) => {
+                headers.insert(name.clone(), value);
+            }
+            AddTo::Lines(out) => field_line(out, name, value.as_bytes()),
+        }
+    }
+
+    /// Sets `name` to the value `write` writes, unless it is not a valid field value (a
+    /// policy name with a control character, say): then the field is left out rather than
+    /// sent broken.
+    fn written(&mut self, name: &HeaderName, indexing: Indexing, write: impl FnOnce(&mut Vec<u8>)) {
+        match self {
+            AddTo::Map(headers) => {
+                let mut value = Vec::with_capacity(64);
+                write(&mut value);
+                insert(headers, name, value, indexing);
+            }
+            AddTo::Lines(out) => {
+                let start = out.len();
+                out.extend_from_slice(name.as_str().as_bytes());
+                out.extend_from_slice(b": ");
+                let value_at = out.len();
+                write(out);
+                // `HeaderValue`'s own rule, so that both ways leave out the same values.
+                let valid = |b: &u8| (*b >= 0x20 && *b != 0x7f) || *b == b'\t';
+                if out[value_at..].iter().all(valid) {
+                    out.extend_from_slice(b"\r\n");
+                } else {
+                    out.truncate(start);
+                }
+            }
+        }
+    }
+}
+
+/// `name: value` and the line's end.
+fn field_line(out: &mut Vec<u8>, name: &HeaderName, value: &[u8]) {
+    out.extend_from_slice(name.as_str().as_bytes());
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
 }
 
 static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -871,6 +968,88 @@ mod tests {
             seen, [true; 3],
             "each question was answered yes at least once"
         );
+    }
+
+    /// The rate-limit fields written as lines are the lines the map would be encoded to, in
+    /// every mode, with shadow limits and with a policy name no field value may carry; and an
+    /// upstream's own copies are removed exactly where they would have been replaced.
+    #[test]
+    fn rate_limit_fields_as_lines_are_the_maps_fields() {
+        let outcome = |policy: &str, count: u32, shadow: bool| LimitOutcome {
+            policy: policy.into(),
+            requests: 10,
+            window_secs: 60,
+            count,
+            reset_secs: 42,
+            shadow,
+            sliding: None,
+        };
+        let sets = [
+            vec![outcome("per-ip", 3, false)],
+            vec![outcome("per-ip", 3, false), outcome("per-key", 9, false)],
+            vec![outcome("per-ip", 3, true)],
+            vec![
+                outcome("bad\u{1}name", 3, false),
+                outcome("per-key", 12, true),
+            ],
+            vec![],
+        ];
+        let modes = [
+            RateLimitHeaders::Draft,
+            RateLimitHeaders::Legacy,
+            RateLimitHeaders::Both,
+            RateLimitHeaders::None,
+        ];
+        for outcomes in &sets {
+            for mode in modes {
+                let mut map = HeaderMap::new();
+                add_rate_limit_headers(&mut AddTo::Map(&mut map), mode, outcomes, None);
+                let mut from_map = Vec::new();
+                for (name, value) in &map {
+                    field_line(&mut from_map, name, value.as_bytes());
+                }
+                let mut lines = Vec::new();
+                add_rate_limit_headers(&mut AddTo::Lines(&mut lines), mode, outcomes, None);
+                let context = format!("{mode:?} {outcomes:?}");
+                assert_eq!(lossy(&lines), lossy(&from_map), "{context}");
+
+                // An upstream that sent every such field: the ones tollgate sets in this mode
+                // are gone before it sets them (a value it cannot send leaves neither), the
+                // others pass.
+                let mut upstream = HeaderMap::new();
+                let own = [
+                    &X_REQUEST_ID,
+                    &RATELIMIT,
+                    &RATELIMIT_POLICY,
+                    &X_RATELIMIT_LIMIT,
+                    &X_RATELIMIT_REMAINING,
+                    &X_RATELIMIT_RESET,
+                ];
+                for name in own {
+                    upstream.insert(name.clone(), HeaderValue::from_static("upstream"));
+                }
+                let names = FieldNames::of(&upstream, false);
+                assert!(names.own, "{upstream:?}");
+                remove_replaced(&mut upstream, &names, mode, outcomes);
+                let visible = outcomes.iter().any(|o| !o.shadow);
+                for name in own {
+                    let draft = *name == RATELIMIT || *name == RATELIMIT_POLICY;
+                    let set = *name == X_REQUEST_ID
+                        || visible
+                            && match mode {
+                                RateLimitHeaders::Draft => draft,
+                                RateLimitHeaders::Legacy => !draft,
+                                RateLimitHeaders::Both => true,
+                                RateLimitHeaders::None => false,
+                            };
+                    assert_eq!(upstream.contains_key(name), !set, "{name} {context}");
+                }
+            }
+        }
+    }
+
+    fn lossy(bytes: &[u8]) -> String {
+        String::from_utf8_lossy(bytes).into_owned()
     }
 
     #[test]

@@ -194,11 +194,16 @@ impl Proxy {
 
     // Not an `async fn`, for the reason given on `pipeline`.
     #[allow(clippy::manual_async_fn)]
-    pub fn handle(
-        &self,
+    ///
+    /// `lines`: where tollgate's own HTTP/1.1 server path wants the fields tollgate sets on the
+    /// response (`X-Request-Id`, the rate-limit fields), as field lines to write after the
+    /// map's ([`headers::AddTo`]); `None` puts them into the map (hyper's server).
+    pub fn handle<'a>(
+        &'a self,
         mut req: Request<ClientBody>,
         conn: ConnInfo,
-    ) -> impl Future<Output = Response<ProxyBody>> + '_ {
+        mut lines: Option<&'a mut Vec<u8>>,
+    ) -> impl Future<Output = Response<ProxyBody>> + 'a {
         async move {
             let started = Instant::now();
             let runtime = self.runtime.load_full();
@@ -211,11 +216,13 @@ impl Proxy {
             // Logged without its query: queries can carry credentials. (A Uri clone shares its
             // bytes; nothing is copied.)
             let uri = req.uri().clone();
-            let mut handled = self.pipeline(&runtime, req, conn, id_to_add).await;
-            handled
-                .response
-                .headers_mut()
-                .insert(headers::X_REQUEST_ID.clone(), request_id.clone());
+            let pipeline = self.pipeline(&runtime, req, conn, id_to_add, lines.as_deref_mut());
+            let mut handled = pipeline.await;
+            let mut to = match lines {
+                Some(lines) => headers::AddTo::Lines(lines),
+                None => headers::AddTo::Map(handled.response.headers_mut()),
+            };
+            to.value(&headers::X_REQUEST_ID, request_id.clone());
             let status = handled.response.status().as_u16();
             let route = handled.route.map(|i| &runtime.routes[i]);
             let route_name = match route {
@@ -254,6 +261,8 @@ impl Proxy {
         conn: ConnInfo,
         // The id [`headers::request_id`] made for a request that sent none: added upstream.
         request_id: Option<HeaderValue>,
+        // As on `handle`.
+        lines: Option<&'a mut Vec<u8>>,
     ) -> impl Future<Output = Handled> + 'a {
         async move {
             // Step 1: methods tollgate never forwards, then one spelling of host and path.
@@ -451,19 +460,23 @@ impl Proxy {
                 .upstream_time(&self.metrics, upstream_started.elapsed().as_secs_f64());
             let upstream_name = Some(route.upstream.name.clone());
             match result {
-                Ok(response) => {
+                Ok((response, names)) => {
                     let (mut parts, body) = response.into_parts();
                     parts.version = client_version;
-                    // Room for the rate-limit fields (up to four, with `both`) and
-                    // `X-Request-Id` in one growth of the map hyper sized for the upstream's
-                    // fields, instead of a growth (a rehash) on the way.
-                    parts.headers.reserve(5);
-                    headers::add_rate_limit_headers(
-                        &mut parts.headers,
-                        server.rate_limit_headers,
-                        &outcomes,
-                        route.ready_policy(&outcomes),
-                    );
+                    let mode = server.rate_limit_headers;
+                    headers::remove_replaced(&mut parts.headers, &names, mode, &outcomes);
+                    let mut to = match lines {
+                        Some(lines) => headers::AddTo::Lines(lines),
+                        None => {
+                            // Room for the rate-limit fields (up to four, with `both`) and
+                            // `X-Request-Id` in one growth of the map sized for the
+                            // upstream's fields, instead of a growth (a rehash) on the way.
+                            parts.headers.reserve(5);
+                            headers::AddTo::Map(&mut parts.headers)
+                        }
+                    };
+                    let policy = route.ready_policy(&outcomes);
+                    headers::add_rate_limit_headers(&mut to, mode, &outcomes, policy);
                     Handled {
                         response: Response::from_parts(parts, ProxyBody::Upstream(body)),
                         route: Some(index),
@@ -655,7 +668,7 @@ fn finish_rejection(
     let headers = response.headers_mut();
     headers::set_retry_after(headers, retry_after, grpc);
     headers::add_rate_limit_headers(
-        headers,
+        &mut headers::AddTo::Map(headers),
         rt.config.server.rate_limit_headers,
         outcomes,
         route.ready_policy(outcomes),

@@ -394,6 +394,95 @@ async fn tollgate_own_answers_reach_the_client_as_hyper_sends_them() {
     assert!(found.is_empty(), "{}", found.join("\n"));
 }
 
+/// The fields tollgate sets on a response (`X-Request-Id`, and with `rate_limit_headers =
+/// "both"` the draft pair and the legacy trio) are written by the simple path as lines behind
+/// the map's fields, not inserted (`headers::AddTo`). An upstream that sends its own copies:
+/// on both paths the client gets tollgate's alone, in the same place; on a route without
+/// limits only `X-Request-Id` is tollgate's, and the upstream's rate-limit fields pass.
+#[tokio::test]
+async fn fields_tollgate_sets_replace_the_upstreams_on_both_paths_alike() {
+    let upstream = RawUpstream::answering(|_, _| {
+        Reply::new(
+            "HTTP/1.1 200 OK\r\nX-Request-Id: upstream\r\nRateLimit: upstream\r\n\
+             X-A: 1\r\nRateLimit-Policy: upstream\r\nX-RateLimit-Limit: upstream\r\n\
+             X-RateLimit-Remaining: upstream\r\nX-RateLimit-Reset: upstream\r\n\
+             Content-Length: 2\r\n\r\nok"
+                .to_string(),
+        )
+    })
+    .await;
+    let config = BASE.replace("[server]\n", "[server]\nrate_limit_headers = \"both\"\n");
+    let config = format!(
+        "{config}
+[[routes]]
+name = \"counted\"
+path_prefix = \"/counted\"
+upstream = \"app\"
+
+  [[routes.limits]]
+  key = \"ip\"
+  requests = 100
+  window = \"1m\"
+
+[[routes]]
+name = \"free\"
+upstream = \"app\"
+"
+    );
+    let proxy = Proxy::start(config_from(&config, upstream.addr, &[])).await;
+    let own = [
+        "x-request-id",
+        "ratelimit",
+        "ratelimit-policy",
+        "x-ratelimit-limit",
+        "x-ratelimit-remaining",
+        "x-ratelimit-reset",
+    ];
+    for (target, counted) in [("/counted/a", true), ("/free", false)] {
+        let request = format!("GET {target} HTTP/1.1\r\nHost: wire.test\r\n\r\n");
+        let mut heads = Vec::new();
+        for bytes in [request.clone(), format!("\r\n{request}")] {
+            let mut wire = Wire::connect(proxy.addr).await;
+            let resp = wire.exchange(bytes).await;
+            assert_eq!(resp.status, 200, "{target}: {}", resp.head);
+            for name in own {
+                let values = resp.all(name);
+                assert_eq!(values.len(), 1, "{target}: {name} in {}", resp.head);
+                let upstreams = name != "x-request-id" && !counted;
+                assert_eq!(
+                    values[0] == "upstream",
+                    upstreams,
+                    "{target}: {}",
+                    resp.head
+                );
+            }
+            // The requests left go down by one from the first connection to the second, and
+            // a second may tick between them.
+            heads.push(numbers_masked(&resp.masked_head()));
+        }
+        assert_paths(request.as_bytes(), format!("\r\n{request}").as_bytes());
+        assert_eq!(heads[0], heads[1], "{target}: simple path, then hyper's");
+    }
+}
+
+/// `head` with the digits that follow `;r=`, `;t=`, `remaining: ` and `reset: ` replaced by `<n>`.
+fn numbers_masked(head: &str) -> String {
+    let mut out = head.to_string();
+    for mark in [";r=", ";t=", "remaining: ", "reset: "] {
+        let mut masked = String::new();
+        let mut rest = out.as_str();
+        while let Some(at) = rest.find(mark) {
+            let (before, after) = rest.split_at(at + mark.len());
+            masked.push_str(before);
+            masked.push_str("<n>");
+            rest = after.trim_start_matches(|c: char| c.is_ascii_digit());
+        }
+        masked.push_str(rest);
+        out = masked;
+    }
+    out
+}
+
 // ---------------------------------------------------------------------------------------------
 // 2. Divergences from hyper on the response side (defects: these fail today).
 

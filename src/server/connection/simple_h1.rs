@@ -94,6 +94,7 @@ pub(super) async fn serve<S: ClientStream>(
         activity,
         buf: BytesMut::with_capacity(READ_BUFFER),
         out: Vec::with_capacity(1024),
+        added: Vec::with_capacity(256),
         fields: Vec::with_capacity(16),
         date: DateField::default(),
         watch: CloseWatch { on: false },
@@ -151,6 +152,9 @@ struct Simple<'a, S> {
     buf: BytesMut,
     /// The response being written; kept (cleared) from response to response.
     out: Vec<u8>,
+    /// The field lines tollgate sets on a response (`X-Request-Id`, the rate-limit fields),
+    /// written after the map's ([`crate::headers::AddTo`]); kept likewise.
+    added: Vec<u8>,
     /// Where the head's fields are (name, value), from its one parse; kept likewise.
     fields: Vec<(Range<usize>, Range<usize>)>,
     date: DateField,
@@ -301,13 +305,19 @@ impl<'a, S: ClientStream> Simple<'a, S> {
             let head_request = request.method() == Method::HEAD;
             let _in_flight = InFlight::start(self.activity.clone());
             self.watch.start(&self.buf);
-            let handling = pin!(proxy.handle(request, info.clone()));
-            let Some(response) = self.unless_client_goes(handling).await else {
+            let mut added = std::mem::take(&mut self.added);
+            added.clear();
+            let response = {
+                let handling = pin!(proxy.handle(request, info.clone(), Some(&mut added)));
+                self.unless_client_goes(handling).await
+            };
+            let Some(response) = response else {
                 return false;
             };
             let closing = asks.close || self.activity.draining();
             let (parts, mut body) = response.into_parts();
-            let mut framing = self.encode_head(&parts, &body, head_request, closing);
+            let mut framing = self.encode_head(&parts, &added, &body, head_request, closing);
+            self.added = added;
             if !asks.trailers {
                 if let Some(BodyFraming::Chunked(names)) = &mut framing.body {
                     *names = None;
@@ -348,10 +358,12 @@ impl<'a, S: ClientStream> Simple<'a, S> {
         .await
     }
 
-    /// Writes the status line and fields into `out`, and says how the body goes.
+    /// Writes the status line and fields into `out` (the map's, then `added`, as field lines),
+    /// and says how the body goes.
     fn encode_head(
         &mut self,
         parts: &http::response::Parts,
+        added: &[u8],
         body: &ProxyBody,
         head_request: bool,
         closing: bool,
@@ -441,6 +453,8 @@ impl<'a, S: ClientStream> Simple<'a, S> {
             out.extend_from_slice(value.as_bytes());
             out.extend_from_slice(b"\r\n");
         }
+        // Where hyper's encoder would have written them had they been put into the map last.
+        out.extend_from_slice(added);
         if last && !close_said {
             out.extend_from_slice(b"connection: close\r\n");
         }
