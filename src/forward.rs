@@ -330,6 +330,9 @@ impl UpstreamPool {
             // the map (`headers::Added`).
             let mut added = headers::Added::new(fwd.request_id);
             added.forwarding(headers, fwd.forwarded, names);
+            // An answer to HTTP/2 gets the proxy's fields in its map; one to the simple path,
+            // the only HTTP/1.1 requests on tollgate's own client, as lines.
+            let response_room = if from_h2 { direct::PROXY_FIELDS } else { 0 };
             // An HTTP/1.0 request may name no host; HTTP/1.1 upstream needs one: the origin's,
             // set by `aim` for whichever origin the request goes to.
             let host = match fwd.forwarded.host {
@@ -366,7 +369,7 @@ impl UpstreamPool {
             let sent = self.deadlines.timeout(
                 worker,
                 self.config.response_timeout,
-                self.send(worker, req, &host, added, fwd.metrics),
+                self.send(worker, req, &host, added, response_room, fwd.metrics),
             );
             let sent = sent.await;
             // Whatever the upstream connection made of it, a body cut at the limit is the
@@ -447,6 +450,7 @@ impl UpstreamPool {
         mut req: Request<RequestBody>,
         host: &'a HostHeader,
         mut added: headers::Added<'a>,
+        response_room: usize,
         metrics: &'a Metrics,
     ) -> impl Future<Output = Result<Response<UpstreamBody>, RequestError>> + 'a {
         async move {
@@ -479,7 +483,8 @@ impl UpstreamPool {
                     added.move_into(req.headers_mut());
                     self.send_h2(worker, origin, req).await
                 } else {
-                    self.send_h1(worker, origin, req, &mut added).await
+                    self.send_h1(worker, origin, req, &mut added, response_room)
+                        .await
                 };
                 match attempt {
                     Ok(response) => {
@@ -582,11 +587,14 @@ impl UpstreamPool {
         origin: usize,
         mut req: Request<RequestBody>,
         added: &'a mut headers::Added<'b>,
+        response_room: usize,
     ) -> impl Future<Output = Result<Response<UpstreamBody>, Failure>> + use<'a, 'b> {
         async move {
             // A request without a body to a plain-HTTP origin goes on tollgate's own client.
             if req.body().is_absent() && self.origins[origin].scheme == Scheme::HTTP {
-                return self.send_direct(worker, origin, req, added).await;
+                return self
+                    .send_direct(worker, origin, req, added, response_room)
+                    .await;
             }
             added.move_into(req.headers_mut());
             if let Some(mut sender) = self.idle_h1(worker, origin) {
@@ -629,6 +637,7 @@ impl UpstreamPool {
         origin: usize,
         req: Request<RequestBody>,
         added: &'a headers::Added<'b>,
+        response_room: usize,
     ) -> impl Future<Output = Result<Response<UpstreamBody>, Failure>> + use<'a, 'b> {
         async move {
             let parking = || Parking {
@@ -637,7 +646,7 @@ impl UpstreamPool {
                 origin,
             };
             if let Some(conn) = self.idle_direct(worker, origin) {
-                match direct::exchange(conn, &req, added, parking()).await {
+                match direct::exchange(conn, &req, added, response_room, parking()).await {
                     Ok(response) => return Ok(response.map(UpstreamBody::Direct)),
                     Err(ExchangeError::Unsent(_)) => {}
                     Err(ExchangeError::Sent(err)) => return Err(Failure::Sent(err)),
@@ -649,7 +658,7 @@ impl UpstreamPool {
                 Ok(conn) => conn,
                 Err(err) => return Err(Failure::Connect(Box::new(req), err)),
             };
-            match direct::exchange(conn, &req, added, parking()).await {
+            match direct::exchange(conn, &req, added, response_room, parking()).await {
                 Ok(response) => Ok(response.map(UpstreamBody::Direct)),
                 Err(ExchangeError::Unsent(err) | ExchangeError::Sent(err)) => {
                     Err(Failure::Sent(err))

@@ -58,9 +58,12 @@ const MAX_TRAILERS: usize = 16 * 1024;
 const MAX_CHUNK_LINE: usize = MAX_EXTENSIONS as usize + 1024;
 /// hyper's largest body length (`DecodedLength::MAX`): two values above are its own markers.
 const MAX_LENGTH: u64 = u64::MAX - 2;
-/// Room left in a response's field map for what the proxy adds (rate-limit fields and
-/// `X-Request-Id`), so it is not grown (rehashed) on the way.
-const PROXY_FIELDS: usize = 5;
+/// Room left in a response's field map for what the proxy adds to it (rate-limit fields and
+/// `X-Request-Id`), so it is not grown (rehashed) on the way: for an answer to HTTP/2, which
+/// hyper's server encodes from the map. The simple path writes those fields as lines
+/// (`headers::AddTo`), and a map sized for them would be allocated larger than it needs, past
+/// the allocator's cache of small blocks, on every request.
+pub(super) const PROXY_FIELDS: usize = 5;
 
 /// One plain-TCP connection to an upstream origin.
 pub(super) struct DirectConn {
@@ -132,6 +135,8 @@ pub(super) fn exchange<'r>(
     mut conn: DirectConn,
     req: &'r Request<RequestBody>,
     added: &Added<'_>,
+    // Room for fields the proxy adds to the response's map: [`PROXY_FIELDS`] or none.
+    room: usize,
     parking: Parking,
 ) -> impl Future<Output = Result<Response<DirectBody>, ExchangeError>> + 'r {
     // Encoded now: the future need not hold `added`.
@@ -150,7 +155,7 @@ pub(super) fn exchange<'r>(
         }
         let head_only = req.method() == Method::HEAD;
         loop {
-            match read_head(&mut conn, head_only).await {
+            match read_head(&mut conn, head_only, room).await {
                 Ok(Head::Informational) => continue,
                 Ok(Head::Response {
                     response,
@@ -227,10 +232,14 @@ enum Head {
 }
 
 /// Reads and parses the next response head.
-async fn read_head(conn: &mut DirectConn, head_only: bool) -> Result<Head, RequestError> {
+async fn read_head(
+    conn: &mut DirectConn,
+    head_only: bool,
+    room: usize,
+) -> Result<Head, RequestError> {
     loop {
         if !conn.buf.is_empty() {
-            if let Some(head) = parse_head(&mut conn.buf, &mut conn.fields, head_only)? {
+            if let Some(head) = parse_head(&mut conn.buf, &mut conn.fields, head_only, room)? {
                 return Ok(head);
             }
             if conn.buf.len() > MAX_HEAD {
@@ -259,6 +268,7 @@ fn parse_head(
     buf: &mut BytesMut,
     fields: &mut Vec<(Range<usize>, Range<usize>)>,
     head_only: bool,
+    room: usize,
 ) -> Result<Option<Head>, RequestError> {
     let mut slots = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_FIELDS];
     let mut parsed = httparse::Response::new(&mut []);
@@ -296,7 +306,7 @@ fn parse_head(
     if status.is_informational() && status != StatusCode::SWITCHING_PROTOCOLS {
         return Ok(Some(Head::Informational));
     }
-    let mut headers = HeaderMap::with_capacity(fields.len() + PROXY_FIELDS);
+    let mut headers = HeaderMap::with_capacity(fields.len() + room);
     let mut keep_alive = version == Version::HTTP_11;
     let mut said_close = false;
     // The framing fields are noted on the way, so that the framing is not looked up again in
@@ -528,7 +538,7 @@ pub fn read_response(wire: &[u8], head_request: bool) -> Result<ReadResponse, St
     let mut buf = BytesMut::from(wire);
     let mut fields = Vec::new();
     let (response, mut framing) = loop {
-        match parse_head(&mut buf, &mut fields, head_request).map_err(|e| e.to_string())? {
+        match parse_head(&mut buf, &mut fields, head_request, 0).map_err(|e| e.to_string())? {
             Some(Head::Informational) => continue,
             Some(Head::Response {
                 response, framing, ..
@@ -762,7 +772,8 @@ mod tests {
     /// The parse of `text` as a response head: its framing and keep-alive, or the error.
     fn parsed(text: &str, head_only: bool) -> Result<Option<(u16, Framing, bool)>, String> {
         let mut buf = BytesMut::from(text.as_bytes());
-        let head = parse_head(&mut buf, &mut Vec::new(), head_only).map_err(|e| e.to_string())?;
+        let head =
+            parse_head(&mut buf, &mut Vec::new(), head_only, 0).map_err(|e| e.to_string())?;
         Ok(head.map(|head| match head {
             Head::Informational => (100, Framing::Done, false),
             Head::Response {
@@ -879,7 +890,7 @@ mod tests {
     fn an_unusual_reason_phrase_is_kept_and_the_usual_one_is_not() {
         let reason = |text: &str| {
             let mut buf = BytesMut::from(text.as_bytes());
-            match parse_head(&mut buf, &mut Vec::new(), false) {
+            match parse_head(&mut buf, &mut Vec::new(), false, 0) {
                 Ok(Some(Head::Response { response, .. })) => response
                     .extensions()
                     .get::<hyper::ext::ReasonPhrase>()

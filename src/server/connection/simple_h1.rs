@@ -59,8 +59,12 @@ use crate::proxy::{ConnInfo, Proxy};
 const MAX_SIMPLE_HEAD: usize = 16 * 1024;
 /// hyper's default limit on header fields: a head with more gets hyper's 431.
 const MAX_SIMPLE_HEADERS: usize = 100;
-/// Fields the forwarder may add to a request (`forward.rs` reserves room for 7).
-const FORWARDER_FIELDS: usize = 8;
+/// Fields the forwarder may add to a request's map on tollgate's own client (a `Trailer`
+/// announcement; `Host` replaces the client's). What it adds for every request goes into the
+/// head as lines (`headers::Added`), and hyper's clients reserve room for it themselves: a
+/// map sized for it here would be allocated larger than it needs, past the allocator's cache
+/// of small blocks, on every request.
+const FORWARDER_FIELDS: usize = 1;
 /// Body data at least this long is written from where it is, not copied behind the head.
 const COPY_LIMIT: usize = 8 * 1024;
 /// A body whose frames keep coming ready is written out once this much has gathered: the
@@ -723,8 +727,8 @@ fn request_from(
     fields: &[(Range<usize>, Range<usize>)],
 ) -> Option<Request<ClientBody>> {
     let uri = Uri::from_maybe_shared(head.slice(parsed.target.clone())).ok()?;
-    // Room for what the forwarder adds (it reserves 7: `X-Forwarded-*`, `X-Real-IP`...), so
-    // the map is not grown (rehashed) on the way upstream.
+    // Room for what the forwarder may add ([`FORWARDER_FIELDS`]), so the map is not grown
+    // (rehashed) on the way upstream.
     let mut headers = HeaderMap::with_capacity(fields.len() + FORWARDER_FIELDS);
     for (name, value) in fields {
         let name = HeaderName::from_bytes(&head[name.clone()]).ok()?;
