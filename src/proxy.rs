@@ -192,12 +192,13 @@ impl Proxy {
         self.runtime.store(Arc::new(runtime));
     }
 
-    // Not an `async fn`, for the reason given on `pipeline`.
-    #[allow(clippy::manual_async_fn)]
+    /// Answers one request: the decision, then tollgate's own answer or the upstream's.
     ///
     /// `lines`: where tollgate's own HTTP/1.1 server path wants the fields tollgate sets on the
     /// response (`X-Request-Id`, the rate-limit fields), as field lines to write after the
     /// map's ([`headers::AddTo`]); `None` puts them into the map (hyper's server).
+    // Not an `async fn`, for the reason given on `pipeline`.
+    #[allow(clippy::manual_async_fn)]
     pub fn handle<'a>(
         &'a self,
         mut req: Request<ClientBody>,
