@@ -606,7 +606,7 @@ pub fn add_rate_limit_headers(
 }
 
 /// Removes from an upstream's response the fields tollgate is about to set on it, for a
-/// response whose scan ([`FieldNames::own`]) found some: `X-Request-Id` (always set), and the
+/// response whose scan (`FieldNames::own`) found some: `X-Request-Id` (always set), and the
 /// rate-limit fields [`add_rate_limit_headers`] sets for these `outcomes` in this `mode`. Then
 /// what tollgate sets is added after the upstream's fields, the same whether it goes into the
 /// map or onto the wire ([`AddTo`]).
