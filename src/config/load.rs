@@ -1,33 +1,17 @@
-//! Loading `proxy.toml` into a validated [`Config`] (SPEC section 2).
+//! Loading `proxy.toml` into a validated [`Config`] (SPEC section 2): the schema, meaning one
+//! reader per section with its defaults, and the checks across fields (a route's upstream
+//! exists, route names are unique, limits that write one bucket prefix agree). Value syntax is
+//! in [`super::syntax`], walking the document with positions in [`super::walk`].
 //!
-//! This module owns everything between the bytes of the file and the typed [`Config`]:
-//! TOML parsing (with positions), `${NAME}` expansion, unknown-key detection, type and range
-//! checks, defaults, and the cross-field checks (a route's upstream exists, route names are
-//! unique, two limits that write the same bucket prefix agree on `requests` and `window`).
-//! The syntax of single values (durations, hosts, ...) lives in [`super::syntax`], the walking
-//! of the document with positions in [`super::walk`]; this module is the schema: one reader
-//! per section, its defaults and the checks across fields.
+//! The file is hostile input and the operator wants to fix it in one pass, so every check runs
+//! and every problem becomes a [`ConfigError`](super::ConfigError) at `FILE:LINE:COL:
+//! field.path` (1-based; columns in characters; paths such as `routes[2].limits[0].window`). A
+//! bad value is reported and replaced by its default so the rest is still checked; checks
+//! across fields see only valid values, so one mistake is reported once. Why this walks
+//! toml_edit rather than using serde: docs/architecture.md, `config/`.
 //!
-//! The file is hostile input and the operator wants to fix it in one pass, so nothing here
-//! stops at the first problem: every check runs, every problem becomes a
-//! [`ConfigError`](super::ConfigError) with `FILE:LINE:COL: field.path: message`, and a
-//! [`Config`] is returned only when there are none. A reader that finds a bad value reports it
-//! and carries on with the default, so the rest of the file is still checked; checks across
-//! fields run only on values that were valid, so one mistake is not reported twice.
-//!
-//! Why not serde: serde stops at the first error. Of the spanned-tree crates tried instead,
-//! toml-span overflows the stack on deeply nested arrays (the fuzz target and a unit test feed
-//! it 5,000 levels) and toml 0.9's `DeTable` reports a duplicate table at its key rather than
-//! its header. toml_edit keeps the position of every key and value and has a recursion limit,
-//! so the document is walked directly, one [`TableReader`] per table.
-//!
-//! Positions: lines and columns are 1-based; columns count characters (not bytes), as editors
-//! do. Field paths use TOML dotted keys with 0-based indices into arrays:
-//! `routes[2].limits[0].window`, `upstreams.api.url`, `server.listen[1]`.
-//!
-//! The loader never reads the process environment itself: `${NAME}` references and the
-//! `TOLLGATE_DATABASE_URL` override go through the `env` function the caller passes, so tests
-//! need no `std::env::set_var` and `main` stays the only place that touches the environment.
+//! The process environment is never read here: `${NAME}` and `TOLLGATE_DATABASE_URL` go
+//! through the caller's `env` function, so tests need no `std::env::set_var`.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -112,7 +96,7 @@ pub fn load_str(
             return Err(cx.take_errors());
         }
     };
-    let root = TableReader::new(doc.as_table(), String::new(), Some(0..0));
+    let root = TableReader::new(Some(doc.as_table()), String::new(), Some(0..0));
     let cx = &mut cx;
     let server = root.table(cx, "server");
     let server = read_server(cx, server);

@@ -1,10 +1,7 @@
-//! Walking a parsed `proxy.toml` with positions (SPEC section 2), for `load.rs`.
-//!
-//! A [`Cx`] collects every problem as a [`ConfigError`] at its `FILE:LINE:COL: field.path`;
-//! a [`Node`] is one value of the document with its path and span; a [`TableReader`] hands
-//! out one table's fields and, at the end, reports the keys nobody asked for. Nothing here
-//! knows tollgate's sections: those are in `load.rs`, the syntax of single values in
-//! `syntax.rs`.
+//! Walking a parsed `proxy.toml` with positions, for `load.rs`: a [`Cx`] collects every
+//! problem at its `FILE:LINE:COL: field.path`, a [`Node`] is one value with its path and span,
+//! a [`TableReader`] hands out one table's fields and then reports the keys nobody asked for.
+//! Nothing here knows tollgate's sections (`load.rs`) or the syntax of values (`syntax.rs`).
 
 use std::cell::RefCell;
 use std::net::SocketAddr;
@@ -27,8 +24,6 @@ pub type Span = Option<Range<usize>>;
 pub struct Cx<'a> {
     file: String,
     src: &'a str,
-    /// Byte offset of the start of each line.
-    line_starts: Vec<usize>,
     /// Relative paths in the file are resolved against this directory.
     base_dir: PathBuf,
     pub env: Env<'a>,
@@ -37,30 +32,25 @@ pub struct Cx<'a> {
 
 impl<'a> Cx<'a> {
     pub fn new(path: &Path, src: &'a str, env: Env<'a>) -> Self {
-        let line_starts = std::iter::once(0)
-            .chain(src.match_indices('\n').map(|(i, _)| i + 1))
-            .collect();
         Cx {
             file: path.display().to_string(),
             src,
-            line_starts,
             base_dir: path.parent().map(Path::to_path_buf).unwrap_or_default(),
             env,
             errors: Vec::new(),
         }
     }
 
-    /// 1-based line and column (in characters) of a byte offset.
+    /// 1-based line and column of a byte offset; columns count characters, as editors do.
     pub fn position(&self, offset: usize) -> (usize, usize) {
-        let offset = offset.min(self.src.len());
-        let line = self.line_starts.partition_point(|&s| s <= offset).max(1);
-        let start = self.line_starts.get(line - 1).copied().unwrap_or(0);
-        let col = match self.src.get(start..offset) {
-            Some(s) => s.chars().count(),
-            // Not on a char boundary (never from toml_edit): count bytes rather than fail.
-            None => offset - start,
-        };
-        (line, col + 1)
+        // toml_edit's offsets are on character boundaries; anything else counts as the start.
+        let before = self
+            .src
+            .get(..offset.min(self.src.len()))
+            .unwrap_or_default();
+        let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+        let line = before.matches('\n').count() + 1;
+        (line, before[line_start..].chars().count() + 1)
     }
 
     pub fn error(&mut self, span: &Span, field: &str, message: impl Into<String>) {
@@ -73,7 +63,7 @@ impl<'a> Cx<'a> {
         self.push(0, 0, field, message.into());
     }
 
-    pub fn push(&mut self, line: usize, col: usize, field: &str, message: String) {
+    fn push(&mut self, line: usize, col: usize, field: &str, message: String) {
         let (file, field) = (self.file.clone(), field.to_string());
         self.errors.push(ConfigError {
             file,
@@ -84,16 +74,15 @@ impl<'a> Cx<'a> {
         });
     }
 
+    /// The errors in file order, which is what an operator fixing the file wants (readers
+    /// run section by section). The sort is stable: errors at one place keep their order.
     pub fn take_errors(&mut self) -> ConfigErrors {
-        // Readers run section by section; file order is what an operator fixing the file
-        // wants. The sort is stable, so errors at one place keep the order they were found in.
         self.errors.sort_by_key(|e| (e.line, e.col));
         ConfigErrors(std::mem::take(&mut self.errors))
     }
 
     pub fn type_error(&mut self, node: &Node<'_>, expected: &str) {
-        let found = node.type_name();
-        let message = format!("expected {expected}, found {found}");
+        let message = format!("expected {expected}, found {}", node.type_name());
         self.error(&node.span, &node.path, message);
     }
 
@@ -123,21 +112,28 @@ impl<'a> Cx<'a> {
 
     // Typed values: each reports its own errors and returns None after reporting.
 
+    /// What `get` finds in the node's value, or None after reporting that it is not `expected`.
+    fn typed<'d, T>(
+        &mut self,
+        node: &Node<'d>,
+        expected: &str,
+        get: impl FnOnce(&'d Value) -> Option<T>,
+    ) -> Option<T> {
+        let found = node.value().and_then(get);
+        if found.is_none() {
+            self.type_error(node, expected);
+        }
+        found
+    }
+
     /// A string, after `${NAME}` expansion.
     pub fn string(&mut self, node: &Node<'_>) -> Option<String> {
-        let Some(Value::String(s)) = node.value() else {
-            self.type_error(node, "a string");
-            return None;
-        };
-        match expand(s.value(), self.env) {
-            Ok(v) => Some(v),
-            Err(problems) => {
-                for p in problems {
-                    self.error(&node.span, &node.path, p);
-                }
-                None
-            }
+        let s = self.typed(node, "a string", Value::as_str)?;
+        let expanded = expand(s, self.env);
+        for problem in expanded.as_ref().err().into_iter().flatten() {
+            self.error(&node.span, &node.path, problem);
         }
+        expanded.ok()
     }
 
     /// A string read by one of the value syntaxes in [`super::syntax`].
@@ -152,39 +148,23 @@ impl<'a> Cx<'a> {
 
     /// An integer in `min..=max`, converted to the field's type (always possible in range).
     pub fn int<T: TryFrom<i64>>(&mut self, node: &Node<'_>, min: i64, max: i64) -> Option<T> {
-        let Some(Value::Integer(i)) = node.value() else {
-            self.type_error(node, "an integer");
-            return None;
-        };
-        let i = *i.value();
-        if i < min || i > max {
-            let message = format!("must be between {min} and {max}, got {i}");
-            self.error(&node.span, &node.path, message);
-            return None;
-        }
-        T::try_from(i).ok()
+        let i = self.typed(node, "an integer", Value::as_integer)?;
+        let in_range = (min..=max).contains(&i).then_some(i);
+        let in_range = in_range.ok_or_else(|| format!("must be between {min} and {max}, got {i}"));
+        T::try_from(self.check(node, in_range)?).ok()
     }
 
     pub fn boolean(&mut self, node: &Node<'_>) -> Option<bool> {
-        match node.value() {
-            Some(Value::Boolean(b)) => Some(*b.value()),
-            _ => {
-                self.type_error(node, "a boolean (true or false)");
-                None
-            }
-        }
+        self.typed(node, "a boolean (true or false)", Value::as_bool)
     }
 
     /// One of a fixed set of strings.
     pub fn choice<T: Copy>(&mut self, node: &Node<'_>, options: &[(&str, T)]) -> Option<T> {
         let s = self.string(node)?;
         let found = options.iter().find(|(name, _)| *name == s).map(|(_, v)| *v);
-        if found.is_none() {
-            let names: Vec<String> = options.iter().map(|(n, _)| format!("{n:?}")).collect();
-            let message = format!("expected one of {}, got {s:?}", names.join(", "));
-            self.error(&node.span, &node.path, message);
-        }
-        found
+        let names: Vec<String> = options.iter().map(|(n, _)| format!("{n:?}")).collect();
+        let message = || format!("expected one of {}, got {s:?}", names.join(", "));
+        self.check(node, found.ok_or_else(message))
     }
 
     /// A duration string, greater than zero and at most 366 days.
@@ -208,11 +188,10 @@ impl<'a> Cx<'a> {
 
     /// The elements of an array, each with its own path and span.
     pub fn array<'d>(&mut self, node: &Node<'d>) -> Option<Vec<Node<'d>>> {
-        let Some(Value::Array(a)) = node.value() else {
-            self.type_error(node, "an array");
-            return None;
-        };
-        let elements = a.iter().enumerate();
+        let elements = self
+            .typed(node, "an array", Value::as_array)?
+            .iter()
+            .enumerate();
         Some(
             elements
                 .map(|(i, v)| node.element(i, Raw::Value(v), v.span()))
@@ -273,9 +252,6 @@ impl<'a> Cx<'a> {
     }
 }
 
-// ---------------------------------------------------------------------------------------------
-// Walking the document
-
 /// What a [`Node`] points at: toml_edit has three shapes for "a thing at a path".
 #[derive(Clone, Copy)]
 pub enum Raw<'d> {
@@ -302,7 +278,7 @@ impl<'d> Node<'d> {
         }
     }
 
-    pub fn type_name(&self) -> &'static str {
+    fn type_name(&self) -> &'static str {
         match self.raw {
             Raw::Item(i) => i.type_name(),
             Raw::Value(v) => v.type_name(),
@@ -313,16 +289,17 @@ impl<'d> Node<'d> {
     pub fn table_like(&self) -> Option<&'d dyn TableLike> {
         match self.raw {
             Raw::Item(i) => i.as_table_like(),
-            Raw::Value(Value::InlineTable(t)) => Some(t),
-            Raw::Value(_) => None,
+            Raw::Value(v) => v.as_inline_table().map(|t| t as &dyn TableLike),
             Raw::Table(t) => Some(t),
         }
     }
 
     /// Element `i` of this array; it has the array's span when it has none of its own.
-    pub fn element(&self, i: usize, raw: Raw<'d>, span: Span) -> Node<'d> {
-        let path = format!("{}[{i}]", self.path);
-        let span = span.or_else(|| self.span.clone());
+    fn element(&self, i: usize, raw: Raw<'d>, span: Span) -> Node<'d> {
+        let (path, span) = (
+            format!("{}[{i}]", self.path),
+            span.or_else(|| self.span.clone()),
+        );
         Node { raw, path, span }
     }
 }
@@ -333,7 +310,7 @@ impl<'d> Node<'d> {
 /// file holds), so the list of known keys cannot drift from the code that reads them.
 pub struct TableReader<'d> {
     /// None for an absent table (or one that is not a table), which yields only defaults.
-    pub table: Option<&'d dyn TableLike>,
+    table: Option<&'d dyn TableLike>,
     pub path: String,
     /// Where "missing required field" points: the table's header.
     pub span: Span,
@@ -342,14 +319,12 @@ pub struct TableReader<'d> {
 }
 
 impl<'d> TableReader<'d> {
-    pub fn new(table: &'d dyn TableLike, path: String, span: Span) -> Self {
-        let known = RefCell::default();
-        let table = Some(table);
+    pub fn new(table: Option<&'d dyn TableLike>, path: String, span: Span) -> Self {
         TableReader {
             table,
             path,
             span,
-            known,
+            known: RefCell::default(),
         }
     }
 
@@ -360,7 +335,7 @@ impl<'d> TableReader<'d> {
             return None;
         };
         Some(TableReader::new(
-            table,
+            Some(table),
             node.path.clone(),
             node.span.clone(),
         ))
@@ -368,14 +343,8 @@ impl<'d> TableReader<'d> {
 
     /// The sub-table `key`; absent, or not a table (reported), it reads as an empty table.
     pub fn table(&self, cx: &mut Cx<'_>, key: &'static str) -> TableReader<'d> {
-        let node = self.get(key);
-        let reader = node.and_then(|n| TableReader::of(cx, &n));
-        reader.unwrap_or_else(|| TableReader {
-            table: None,
-            path: self.field_path(key),
-            span: None,
-            known: RefCell::default(),
-        })
+        let reader = self.get(key).and_then(|n| TableReader::of(cx, &n));
+        reader.unwrap_or_else(|| TableReader::new(None, self.field_path(key), None))
     }
 
     pub fn field_path(&self, key: &str) -> String {
@@ -385,21 +354,13 @@ impl<'d> TableReader<'d> {
     pub fn get(&self, key: &'static str) -> Option<Node<'d>> {
         self.known.borrow_mut().push(key);
         let (k, item) = self.table?.get_key_value(key)?;
-        if item.is_none() {
-            return None;
-        }
-        let (path, span) = (self.field_path(key), item.span().or_else(|| k.span()));
-        let raw = Raw::Item(item);
-        Some(Node { raw, path, span })
-    }
-
-    /// The field `key`, reported as missing when absent.
-    pub fn require(&self, cx: &mut Cx<'_>, key: &'static str) -> Option<Node<'d>> {
-        let node = self.get(key);
-        if node.is_none() {
-            cx.error(&self.span, &self.field_path(key), "missing required field");
-        }
-        node
+        let span = item.span().or_else(|| k.span());
+        let node = Node {
+            raw: Raw::Item(item),
+            path: self.field_path(key),
+            span,
+        };
+        (!item.is_none()).then_some(node)
     }
 
     /// A required field read by `read`; None when missing or invalid (both reported).
@@ -409,7 +370,11 @@ impl<'d> TableReader<'d> {
         key: &'static str,
         read: impl FnOnce(&mut Cx<'a>, &Node<'d>) -> Option<T>,
     ) -> Option<T> {
-        self.require(cx, key).and_then(|n| read(cx, &n))
+        let node = self.get(key);
+        if node.is_none() {
+            cx.error(&self.span, &self.field_path(key), "missing required field");
+        }
+        read(cx, &node?)
     }
 
     /// An optional field read by `read`; None when absent or invalid (reported).
@@ -437,10 +402,7 @@ impl<'d> TableReader<'d> {
     pub fn finish(self, cx: &mut Cx<'_>) {
         let Some(table) = self.table else { return };
         let known = self.known.borrow();
-        for (key, item) in table.iter() {
-            if known.contains(&key) {
-                continue;
-            }
+        for (key, item) in table.iter().filter(|(key, _)| !known.contains(key)) {
             let key_span = table.key(key).and_then(|k| k.span());
             let span = key_span
                 .or_else(|| item.span())
@@ -454,26 +416,21 @@ impl<'d> TableReader<'d> {
     }
 }
 
+/// `parent.key`; a key that is not a bare TOML key is quoted, so the path reads back as TOML.
 pub fn join_path(parent: &str, key: &str) -> String {
-    // Keys that are not bare TOML keys are quoted, so the path reads back as TOML.
-    let bare = !key.is_empty()
-        && key
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-    let key = if bare {
-        key.to_string()
-    } else {
-        format!("{key:?}")
+    let bare = |b: u8| b.is_ascii_alphanumeric() || b == b'_' || b == b'-';
+    let key = match !key.is_empty() && key.bytes().all(bare) {
+        true => key.to_string(),
+        false => format!("{key:?}"),
     };
-    if parent.is_empty() {
-        key
-    } else {
-        format!("{parent}.{key}")
+    match parent {
+        "" => key,
+        _ => format!("{parent}.{key}"),
     }
 }
 
 /// A field path as a TOML table header: `routes[0].limits` -> `routes.limits`.
-pub fn toml_header(path: &str) -> String {
+fn toml_header(path: &str) -> String {
     let mut in_index = false;
     let keep = |c: &char| match c {
         '[' | ']' => {
@@ -486,11 +443,8 @@ pub fn toml_header(path: &str) -> String {
 }
 
 /// The known key closest to a typo, if it is close enough to be a plausible misspelling.
-pub fn closest<'k>(key: &str, known: &[&'k str]) -> Option<&'k str> {
-    known
-        .iter()
-        .map(|k| (strsim::levenshtein(key, k), *k))
-        .filter(|(d, k)| *d <= if k.len() <= 4 { 1 } else { 2 })
-        .min_by_key(|(d, _)| *d)
-        .map(|(_, k)| k)
+fn closest<'k>(key: &str, known: &[&'k str]) -> Option<&'k str> {
+    let distances = known.iter().map(|k| (strsim::levenshtein(key, k), *k));
+    let plausible = distances.filter(|(d, k)| *d <= if k.len() <= 4 { 1 } else { 2 });
+    plausible.min_by_key(|(d, _)| *d).map(|(_, k)| k)
 }
