@@ -170,6 +170,40 @@ async fn keep_alive_connection_with_http10_keep_alive_is_reused_and_plain_http10
     assert_eq!(upstream.conns(), [0, 0, 0, 1]);
 }
 
+#[tokio::test]
+async fn an_upstreams_connection_options_go_no_further_and_still_decide_reuse() {
+    // `direct` keeps a plain `Connection: keep-alive` or `close` out of the response's map
+    // altogether; any other value goes in and is stripped with what it names.
+    let (upstream, _proxy, mut wire) = connected(|seen| {
+        let (fields, body) = match seen.target.as_str() {
+            "/ka" => ("Connection: Keep-Alive\r\nKeep-Alive: timeout=5\r\n", "ka"),
+            "/close" => ("Connection: CLOSE\r\n", "cl"),
+            _ => ("Connection: keep-alive, X-Hop\r\nX-Hop: 1\r\n", "xh"),
+        };
+        // The upstream keeps every connection open, so a reuse after `close` would show.
+        Reply::new(format!(
+            "HTTP/1.1 200 OK\r\n{fields}Content-Length: 2\r\n\r\n{body}"
+        ))
+    })
+    .await;
+    for (target, body) in [
+        ("/ka", "ka"),
+        ("/close", "cl"),
+        ("/hop", "xh"),
+        ("/ka", "ka"),
+    ] {
+        let resp = wire.get(target).await;
+        assert_eq!(resp.text(), body, "{target}");
+        for name in ["connection", "keep-alive", "x-hop"] {
+            assert_eq!(resp.header(name), None, "{target}: {}", resp.head);
+        }
+    }
+    // `close` ended the first upstream connection: tollgate did not use it again.
+    assert_eq!(upstream.conns(), [0, 0, 1, 1]);
+    wire.assert_open(Duration::from_millis(100), "after the upstream's close")
+        .await;
+}
+
 // 2. An idle connection the upstream closed.
 
 #[tokio::test]

@@ -249,6 +249,10 @@ fn shapes(method: &str, target: &str) -> Reply {
             "ok",
         )
         .closing(),
+        "/upstream-keep-alive" => with(
+            "HTTP/1.1 200 OK\r\nConnection: Keep-Alive\r\nKeep-Alive: timeout=5\r\nContent-Length: 2\r\n\r\n",
+            "ok",
+        ),
         "/hop" => with(
             "HTTP/1.1 200 OK\r\nConnection: x-hop, keep-alive\r\nX-Hop: 1\r\nKeep-Alive: timeout=5\r\nContent-Length: 2\r\n\r\n",
             "ok",
@@ -288,6 +292,7 @@ const SHAPES: &[&str] = &[
     "/short",
     "/short-chunked",
     "/upstream-close",
+    "/upstream-keep-alive",
     "/hop",
     "/big",
     "/big-chunked",

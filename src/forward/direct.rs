@@ -315,13 +315,25 @@ fn parse_head(
     for (name, value) in fields.iter() {
         let name =
             HeaderName::from_bytes(&head[name.clone()]).map_err(|_| invalid("field name"))?;
+        if name == header::CONNECTION {
+            // The usual values, without the token scan. Either names no field but the
+            // hop-by-hop `Keep-Alive`, so the field is not put into the map at all: the
+            // forwarder would strip it with the other hop-by-hop fields, at the cost of a
+            // look-up and a removal (`headers::strip_hop_by_hop`).
+            let plain = &head[value.clone()];
+            if plain.eq_ignore_ascii_case(b"keep-alive") {
+                keep_alive |= !said_close;
+                continue;
+            }
+            if plain.eq_ignore_ascii_case(b"close") {
+                (said_close, keep_alive) = (true, false);
+                continue;
+            }
+        }
         let value = HeaderValue::from_maybe_shared(head.slice(value.clone()))
             .map_err(|_| invalid("field value"))?;
         if name == header::CONNECTION {
-            // The usual value, without the token scan.
-            if value.as_bytes().eq_ignore_ascii_case(b"keep-alive") {
-                keep_alive |= !said_close;
-            } else if said_close || headers::lists_token(value.as_bytes(), "close") {
+            if said_close || headers::lists_token(value.as_bytes(), "close") {
                 said_close = true;
                 keep_alive = false;
             } else if !keep_alive {
