@@ -573,18 +573,26 @@ pub fn add_rate_limit_headers(
     }
     if matches!(mode, RateLimitHeaders::Draft | RateLimitHeaders::Both) {
         // `"<policy>";q=<requests>;w=<window>, ...` and `"<policy>";r=<left>;t=<reset>, ...`
+        // The route's ready value is only borrowed: as lines it is copied, not shared.
+        let made;
         let policy = match policy {
-            Some(ready) => Some(ready.clone()),
-            None => rate_limit_policy_value(outcomes),
+            Some(ready) => Some(ready),
+            None => {
+                made = rate_limit_policy_value(outcomes);
+                made.as_ref()
+            }
         };
         if let Some(policy) = policy {
             to.value(&RATELIMIT_POLICY, policy);
         }
         to.written(&RATELIMIT, Indexing::Never, |state| {
+            let mut valid = true;
             for (nth, o) in visible().enumerate() {
                 let (left, reset) = (u64::from(o.remaining()), o.reset_secs);
+                valid &= is_field_text(&o.policy);
                 push_member(state, nth, &o.policy, b";r=", left, b";t=", reset);
             }
+            valid
         });
     }
     if matches!(mode, RateLimitHeaders::Legacy | RateLimitHeaders::Both) {
@@ -594,6 +602,7 @@ pub fn add_rate_limit_headers(
             let number = |n: u64| {
                 move |out: &mut Vec<u8>| {
                     out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+                    true
                 }
             };
             let (limit, left) = (u64::from(o.requests), u64::from(o.remaining()));
@@ -646,34 +655,38 @@ pub enum AddTo<'a> {
 }
 
 impl AddTo<'_> {
-    /// Sets `name` to `value`.
-    pub fn value(&mut self, name: &HeaderName, value: HeaderValue) {
+    /// Sets `name` to `value` (shared with the map, copied into the lines).
+    pub fn value(&mut self, name: &HeaderName, value: &HeaderValue) {
         match self {
             AddTo::Map(headers) => {
-                headers.insert(name.clone(), value);
+                headers.insert(name.clone(), value.clone());
             }
             AddTo::Lines(out) => field_line(out, name, value.as_bytes()),
         }
     }
 
-    /// Sets `name` to the value `write` writes, unless it is not a valid field value (a
-    /// policy name with a control character, say): then the field is left out rather than
-    /// sent broken.
-    fn written(&mut self, name: &HeaderName, indexing: Indexing, write: impl FnOnce(&mut Vec<u8>)) {
+    /// Sets `name` to the value `write` writes, unless `write` says that what it took from
+    /// outside tollgate's own digits and punctuation (a policy name) is not valid field text
+    /// ([`is_field_text`]): then the field is left out rather than sent broken. Only that
+    /// part is checked, rather than every byte of the value: about 150 instructions a
+    /// request.
+    fn written(
+        &mut self,
+        name: &HeaderName,
+        indexing: Indexing,
+        write: impl FnOnce(&mut Vec<u8>) -> bool,
+    ) {
         match self {
             AddTo::Map(headers) => {
                 let mut value = Vec::with_capacity(64);
-                write(&mut value);
-                insert(headers, name, value, indexing);
+                if write(&mut value) {
+                    insert(headers, name, value, indexing);
+                }
             }
             AddTo::Lines(out) => {
                 let start = out.len();
                 field_name(out, name);
-                let value_at = out.len();
-                write(out);
-                // `HeaderValue`'s own rule, so that both ways leave out the same values.
-                let valid = |b: &u8| (*b >= 0x20 && *b != 0x7f) || *b == b'\t';
-                if out[value_at..].iter().all(valid) {
+                if write(out) {
                     out.extend_from_slice(b"\r\n");
                 } else {
                     out.truncate(start);
@@ -681,6 +694,12 @@ impl AddTo<'_> {
             }
         }
     }
+}
+
+/// Whether `text` may be part of a field value, by `HeaderValue`'s own rule (visible ASCII,
+/// space, tab and obs-text), so that the lines and the map leave out the same values.
+fn is_field_text(text: &str) -> bool {
+    text.bytes().all(|b| (b >= 0x20 && b != 0x7f) || b == b'\t')
 }
 
 /// One HTTP/1.1 field line, `name: value` and its end, as the encoders of the simple path and

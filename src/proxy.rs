@@ -223,7 +223,7 @@ impl Proxy {
                 Some(lines) => headers::AddTo::Lines(lines),
                 None => headers::AddTo::Map(handled.response.headers_mut()),
             };
-            to.value(&headers::X_REQUEST_ID, request_id.clone());
+            to.value(&headers::X_REQUEST_ID, &request_id);
             let status = handled.response.status().as_u16();
             let route = handled.route.map(|i| &runtime.routes[i]);
             let route_name = match route {
