@@ -106,7 +106,7 @@ struct Lane {
     /// Idle HTTP/1.1 connections of hyper's client, the most recently used last.
     idle: Vec<VecDeque<Idle<http1::SendRequest<RequestBody>>>>,
     /// Idle HTTP/1.1 connections of tollgate's own client ([`direct`]), likewise.
-    direct: Vec<VecDeque<Idle<DirectConn>>>,
+    direct: Vec<VecDeque<Idle<Box<DirectConn>>>>,
     /// The HTTP/2 connection, shared by all of this worker's requests to the origin.
     h2: Vec<Option<http2::SendRequest<RequestBody>>>,
 }
@@ -131,7 +131,7 @@ impl Lane {
     }
 
     /// The same for a connection of tollgate's own client, once its response was read whole.
-    fn park_direct(&mut self, origin: usize, conn: DirectConn) {
+    fn park_direct(&mut self, origin: usize, conn: Box<DirectConn>) {
         self.direct[origin].push_back(Idle::new(conn));
     }
 }
@@ -669,11 +669,10 @@ impl UpstreamPool {
 
     /// The most recently used idle connection of tollgate's own client that is still open,
     /// as [`Self::idle_h1`].
-    fn idle_direct(&self, worker: usize, origin: usize) -> Option<DirectConn> {
-        take_idle(
-            &mut self.lane(worker).direct[origin],
-            DirectConn::is_reusable,
-        )
+    fn idle_direct(&self, worker: usize, origin: usize) -> Option<Box<DirectConn>> {
+        take_idle(&mut self.lane(worker).direct[origin], |conn| {
+            conn.is_reusable()
+        })
     }
 
     /// A new HTTP/1.1 connection, driven by a task on this worker.
