@@ -286,9 +286,8 @@ impl FieldNames {
 
 /// Whether a `Connection` value is one option that names no header of the message
 /// (`keep-alive` or `close`): nearly every value seen, recognised without tokenising.
-fn is_plain_connection_option(value: &HeaderValue) -> bool {
-    let v = value.as_bytes();
-    v.eq_ignore_ascii_case(b"keep-alive") || v.eq_ignore_ascii_case(b"close")
+pub fn is_plain_connection_option(value: &[u8]) -> bool {
+    value.eq_ignore_ascii_case(b"keep-alive") || value.eq_ignore_ascii_case(b"close")
 }
 
 /// The headers that the message's `Connection` fields name, except options that are no
@@ -297,7 +296,7 @@ fn is_plain_connection_option(value: &HeaderValue) -> bool {
 /// before any parsing.
 fn connection_named(headers: &HeaderMap) -> Vec<HeaderName> {
     let values = headers.get_all(header::CONNECTION).iter();
-    value_tokens(values.filter(|v| !is_plain_connection_option(v)))
+    value_tokens(values.filter(|v| !is_plain_connection_option(v.as_bytes())))
         .filter(|t| {
             !t.eq_ignore_ascii_case("close")
                 && !HOP_BY_HOP
@@ -574,15 +573,11 @@ pub fn add_rate_limit_headers(
     if matches!(mode, RateLimitHeaders::Draft | RateLimitHeaders::Both) {
         // `"<policy>";q=<requests>;w=<window>, ...` and `"<policy>";r=<left>;t=<reset>, ...`
         // The route's ready value is only borrowed: as lines it is copied, not shared.
-        let made;
-        let policy = match policy {
-            Some(ready) => Some(ready),
-            None => {
-                made = rate_limit_policy_value(outcomes);
-                made.as_ref()
-            }
+        let made = match policy {
+            Some(_) => None,
+            None => rate_limit_policy_value(outcomes),
         };
-        if let Some(policy) = policy {
+        if let Some(policy) = policy.or(made.as_ref()) {
             to.value(&RATELIMIT_POLICY, policy);
         }
         to.written(&RATELIMIT, Indexing::Never, |state| {

@@ -318,30 +318,26 @@ fn parse_head(
         let name =
             HeaderName::from_bytes(&head[name.clone()]).map_err(|_| invalid("field name"))?;
         if name == header::CONNECTION {
-            // The usual values, without the token scan. Either names no field but the
-            // hop-by-hop `Keep-Alive`, so the field is not put into the map at all: the
-            // forwarder would strip it with the other hop-by-hop fields, at the cost of a
-            // look-up and a removal (`headers::strip_hop_by_hop`).
-            let plain = &head[value.clone()];
-            if plain.eq_ignore_ascii_case(b"keep-alive") {
+            let options = &head[value.clone()];
+            if options.eq_ignore_ascii_case(b"keep-alive") {
+                // The usual value, without the token scan.
                 keep_alive |= !said_close;
-                continue;
+            } else if said_close || headers::lists_token(options, "close") {
+                said_close = true;
+                keep_alive = false;
+            } else if !keep_alive {
+                keep_alive = headers::lists_token(options, "keep-alive");
             }
-            if plain.eq_ignore_ascii_case(b"close") {
-                (said_close, keep_alive) = (true, false);
+            // A plain `keep-alive` or `close` names no field but the hop-by-hop `Keep-Alive`:
+            // it is not put into the map, where the forwarder would only look it up and
+            // remove it again (`headers::strip_hop_by_hop`).
+            if headers::is_plain_connection_option(options) {
                 continue;
             }
         }
         let value = HeaderValue::from_maybe_shared(head.slice(value.clone()))
             .map_err(|_| invalid("field value"))?;
-        if name == header::CONNECTION {
-            if said_close || headers::lists_token(value.as_bytes(), "close") {
-                said_close = true;
-                keep_alive = false;
-            } else if !keep_alive {
-                keep_alive = headers::lists_token(value.as_bytes(), "keep-alive");
-            }
-        } else if name == header::TRANSFER_ENCODING {
+        if name == header::TRANSFER_ENCODING {
             framing_fields.transfer_encoding = Some(value.clone());
         } else if name == header::CONTENT_LENGTH {
             framing_fields.lengths.push(value.clone());
