@@ -43,11 +43,13 @@ impl<'a> Cx<'a> {
 
     /// 1-based line and column of a byte offset; columns count characters, as editors do.
     pub fn position(&self, offset: usize) -> (usize, usize) {
-        // toml_edit's offsets are on character boundaries; anything else counts as the start.
-        let before = self
-            .src
-            .get(..offset.min(self.src.len()))
-            .unwrap_or_default();
+        // toml_edit's offsets are on character boundaries; any other counts from the
+        // character it falls in.
+        let mut end = offset.min(self.src.len());
+        while !self.src.is_char_boundary(end) {
+            end -= 1;
+        }
+        let before = &self.src[..end];
         let line_start = before.rfind('\n').map_or(0, |i| i + 1);
         let line = before.matches('\n').count() + 1;
         (line, before[line_start..].chars().count() + 1)
@@ -149,9 +151,13 @@ impl<'a> Cx<'a> {
     /// An integer in `min..=max`, converted to the field's type (always possible in range).
     pub fn int<T: TryFrom<i64>>(&mut self, node: &Node<'_>, min: i64, max: i64) -> Option<T> {
         let i = self.typed(node, "an integer", Value::as_integer)?;
-        let in_range = (min..=max).contains(&i).then_some(i);
-        let in_range = in_range.ok_or_else(|| format!("must be between {min} and {max}, got {i}"));
-        T::try_from(self.check(node, in_range)?).ok()
+        if !(min..=max).contains(&i) {
+            return self.check(
+                node,
+                Err(format!("must be between {min} and {max}, got {i}")),
+            );
+        }
+        T::try_from(i).ok()
     }
 
     pub fn boolean(&mut self, node: &Node<'_>) -> Option<bool> {
@@ -296,10 +302,8 @@ impl<'d> Node<'d> {
 
     /// Element `i` of this array; it has the array's span when it has none of its own.
     fn element(&self, i: usize, raw: Raw<'d>, span: Span) -> Node<'d> {
-        let (path, span) = (
-            format!("{}[{i}]", self.path),
-            span.or_else(|| self.span.clone()),
-        );
+        let path = format!("{}[{i}]", self.path);
+        let span = span.or_else(|| self.span.clone());
         Node { raw, path, span }
     }
 }
@@ -354,13 +358,15 @@ impl<'d> TableReader<'d> {
     pub fn get(&self, key: &'static str) -> Option<Node<'d>> {
         self.known.borrow_mut().push(key);
         let (k, item) = self.table?.get_key_value(key)?;
-        let span = item.span().or_else(|| k.span());
-        let node = Node {
+        if item.is_none() {
+            return None;
+        }
+        let (path, span) = (self.field_path(key), item.span().or_else(|| k.span()));
+        Some(Node {
             raw: Raw::Item(item),
-            path: self.field_path(key),
+            path,
             span,
-        };
-        (!item.is_none()).then_some(node)
+        })
     }
 
     /// A required field read by `read`; None when missing or invalid (both reported).
