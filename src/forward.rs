@@ -149,6 +149,9 @@ pub struct ForwardRequest<'a> {
     pub request_id: Option<HeaderValue>,
     /// The route's `max_body_size`: a body growing past it is cut and the request aborted.
     pub max_body_size: Option<u64>,
+    /// Where tollgate's own HTTP/1.1 server path takes the response's fields as lines; `None`
+    /// for hyper's servers, which encode them from the map.
+    pub lines: Option<&'a mut headers::ResponseLines>,
     /// Where connect failures are counted.
     pub metrics: &'a Metrics,
     /// The connection worker sending it, whose own upstream connections it uses (see
@@ -331,8 +334,17 @@ impl UpstreamPool {
             let mut added = headers::Added::new(fwd.request_id);
             added.forwarding(headers, fwd.forwarded, names);
             // An answer to HTTP/2 gets the proxy's fields in its map; one to the simple path,
-            // the only HTTP/1.1 requests on tollgate's own client, as lines.
-            let response_room = if from_h2 { direct::PROXY_FIELDS } else { 0 };
+            // the only HTTP/1.1 requests on tollgate's own client, as lines, and the
+            // upstream's fields too when tollgate's own client reads them.
+            let mut answer = match fwd.lines {
+                Some(lines) if !from_h2 => direct::Answer::Lines {
+                    lines,
+                    keep_trailer: client_takes_trailers,
+                },
+                _ => direct::Answer::Map {
+                    room: if from_h2 { direct::PROXY_FIELDS } else { 0 },
+                },
+            };
             // An HTTP/1.0 request may name no host; HTTP/1.1 upstream needs one: the origin's,
             // set by `aim` for whichever origin the request goes to.
             let host = match fwd.forwarded.host {
@@ -369,7 +381,7 @@ impl UpstreamPool {
             let sent = self.deadlines.timeout(
                 worker,
                 self.config.response_timeout,
-                self.send(worker, req, &host, added, response_room, fwd.metrics),
+                self.send(worker, req, &host, added, &mut answer, fwd.metrics),
             );
             let sent = sent.await;
             // Whatever the upstream connection made of it, a body cut at the limit is the
@@ -444,15 +456,15 @@ impl UpstreamPool {
     /// also how an origin that came back is found when nothing else works.
     // Not an `async fn`, for the reason given on `forward`.
     #[allow(clippy::manual_async_fn)]
-    fn send<'a>(
+    fn send<'a, 'l>(
         &'a self,
         worker: usize,
         mut req: Request<RequestBody>,
         host: &'a HostHeader,
         mut added: headers::Added<'a>,
-        response_room: usize,
+        answer: &'a mut direct::Answer<'l>,
         metrics: &'a Metrics,
-    ) -> impl Future<Output = Result<Response<UpstreamBody>, RequestError>> + 'a {
+    ) -> impl Future<Output = Result<Response<UpstreamBody>, RequestError>> + use<'a, 'l> {
         async move {
             let count = self.origins.len();
             let start = self.pick();
@@ -483,8 +495,7 @@ impl UpstreamPool {
                     added.move_into(req.headers_mut());
                     self.send_h2(worker, origin, req).await
                 } else {
-                    self.send_h1(worker, origin, req, &mut added, response_room)
-                        .await
+                    self.send_h1(worker, origin, req, &mut added, answer).await
                 };
                 match attempt {
                     Ok(response) => {
@@ -581,20 +592,18 @@ impl UpstreamPool {
     /// be made gives the request back ([`Failure::Connect`]).
     // Not an `async fn`, for the reason given on `forward`.
     #[allow(clippy::manual_async_fn)]
-    fn send_h1<'a, 'b>(
+    fn send_h1<'a, 'b, 'l>(
         &'a self,
         worker: usize,
         origin: usize,
         mut req: Request<RequestBody>,
         added: &'a mut headers::Added<'b>,
-        response_room: usize,
-    ) -> impl Future<Output = Result<Response<UpstreamBody>, Failure>> + use<'a, 'b> {
+        answer: &'a mut direct::Answer<'l>,
+    ) -> impl Future<Output = Result<Response<UpstreamBody>, Failure>> + use<'a, 'b, 'l> {
         async move {
             // A request without a body to a plain-HTTP origin goes on tollgate's own client.
             if req.body().is_absent() && self.origins[origin].scheme == Scheme::HTTP {
-                return self
-                    .send_direct(worker, origin, req, added, response_room)
-                    .await;
+                return self.send_direct(worker, origin, req, added, answer).await;
             }
             added.move_into(req.headers_mut());
             if let Some(mut sender) = self.idle_h1(worker, origin) {
@@ -631,14 +640,14 @@ impl UpstreamPool {
     /// when no new connection can be made.
     // Not an `async fn`, for the reason given on `forward`.
     #[allow(clippy::manual_async_fn)]
-    fn send_direct<'a, 'b>(
+    fn send_direct<'a, 'b, 'l>(
         &'a self,
         worker: usize,
         origin: usize,
         req: Request<RequestBody>,
         added: &'a headers::Added<'b>,
-        response_room: usize,
-    ) -> impl Future<Output = Result<Response<UpstreamBody>, Failure>> + use<'a, 'b> {
+        answer: &'a mut direct::Answer<'l>,
+    ) -> impl Future<Output = Result<Response<UpstreamBody>, Failure>> + use<'a, 'b, 'l> {
         async move {
             let parking = || Parking {
                 lanes: self.lanes.clone(),
@@ -646,7 +655,7 @@ impl UpstreamPool {
                 origin,
             };
             if let Some(conn) = self.idle_direct(worker, origin) {
-                match direct::exchange(conn, &req, added, response_room, parking()).await {
+                match direct::exchange(conn, &req, added, answer, parking()).await {
                     Ok(response) => return Ok(response.map(UpstreamBody::Direct)),
                     Err(ExchangeError::Unsent(_)) => {}
                     Err(ExchangeError::Sent(err)) => return Err(Failure::Sent(err)),
@@ -658,7 +667,7 @@ impl UpstreamPool {
                 Ok(conn) => conn,
                 Err(err) => return Err(Failure::Connect(Box::new(req), err)),
             };
-            match direct::exchange(conn, &req, added, response_room, parking()).await {
+            match direct::exchange(conn, &req, added, answer, parking()).await {
                 Ok(response) => Ok(response.map(UpstreamBody::Direct)),
                 Err(ExchangeError::Unsent(err) | ExchangeError::Sent(err)) => {
                     Err(Failure::Sent(err))

@@ -187,6 +187,41 @@ fn noted(text: &str) -> Option<Noted> {
     }))
 }
 
+/// What the forwarder does with an upstream's response field, by its lower-case name, on its
+/// way to the client: the rules of [`strip_hop_by_hop`] and [`remove_replaced`] for a
+/// response, for a reader that writes the kept fields as lines instead of a map
+/// (`forward::direct`).
+#[derive(Debug, PartialEq)]
+pub enum ResponseField {
+    /// Goes to the client as it is.
+    Kept,
+    /// Hop-by-hop (`Keep-Alive`, `Transfer-Encoding`, `Upgrade`, ...): removed.
+    HopByHop,
+    /// `Connection`: removed, with the fields it names.
+    Connection,
+    /// `TE`: removed, and put back as `TE: trailers` when it listed `trailers`.
+    Te,
+    /// `Trailer`: removed, and put back for a client that takes trailers.
+    Trailer,
+    /// One that tollgate sets itself: removed when tollgate sets it on this response.
+    Own,
+}
+
+/// What [`ResponseField`] `lower` (a lower-case field name) is.
+pub fn response_field(lower: &[u8]) -> ResponseField {
+    let Ok(text) = std::str::from_utf8(lower) else {
+        return ResponseField::Kept;
+    };
+    match noted(text) {
+        Some(Noted::HopByHop(CONNECTION_AT)) => ResponseField::Connection,
+        Some(Noted::HopByHop(TE_AT)) => ResponseField::Te,
+        Some(Noted::HopByHop(TRAILER_AT)) => ResponseField::Trailer,
+        Some(Noted::HopByHop(_)) => ResponseField::HopByHop,
+        Some(Noted::Own) => ResponseField::Own,
+        _ => ResponseField::Kept,
+    }
+}
+
 /// What one pass over a message's field names found: which of [`HOP_BY_HOP`] it carries,
 /// whether it carries the client's own `X-Forwarded-For` and `Forwarded`, and, when asked,
 /// whether any name has `_`. A request's names are looked over once for everything that asks
@@ -688,6 +723,37 @@ impl AddTo<'_> {
                 }
             }
         }
+    }
+}
+
+/// A response's field lines for tollgate's own HTTP/1.1 server path, written after its map's
+/// fields (`server::simple_h1`): the fields tollgate sets ([`AddTo::Lines`]) and, ahead of
+/// them, the upstream's own when tollgate's own client read the response
+/// (`forward::direct`), which then leaves the map empty. What the server's encoder would
+/// have learnt from the upstream's fields in the map comes with them.
+#[derive(Default)]
+pub struct ResponseLines {
+    pub bytes: Vec<u8>,
+    /// The body's length, when a `Content-Length` line among the upstream's gives it (the
+    /// encoder then writes none of its own).
+    pub length: Option<u64>,
+    /// Whether the upstream's lines hold a `Date` (the encoder then writes none of its own).
+    pub date: bool,
+}
+
+impl ResponseLines {
+    pub fn with_capacity(capacity: usize) -> Self {
+        ResponseLines {
+            bytes: Vec::with_capacity(capacity),
+            ..ResponseLines::default()
+        }
+    }
+
+    /// Empty again, for the next response, keeping the allocation.
+    pub fn clear(&mut self) {
+        self.bytes.clear();
+        self.length = None;
+        self.date = false;
     }
 }
 

@@ -196,14 +196,15 @@ impl Proxy {
     ///
     /// `lines`: where tollgate's own HTTP/1.1 server path wants the fields tollgate sets on the
     /// response (`X-Request-Id`, the rate-limit fields), as field lines to write after the
-    /// map's ([`headers::AddTo`]); `None` puts them into the map (hyper's server).
+    /// map's ([`headers::AddTo`]), and the upstream's own when tollgate's own client read them
+    /// ([`headers::ResponseLines`]); `None` puts them into the map (hyper's server).
     // Not an `async fn`, for the reason given on `pipeline`.
     #[allow(clippy::manual_async_fn)]
     pub fn handle<'a>(
         &'a self,
         mut req: Request<ClientBody>,
         conn: ConnInfo,
-        mut lines: Option<&'a mut Vec<u8>>,
+        mut lines: Option<&'a mut headers::ResponseLines>,
     ) -> impl Future<Output = Response<ProxyBody>> + 'a {
         async move {
             let started = Instant::now();
@@ -220,7 +221,7 @@ impl Proxy {
             let pipeline = self.pipeline(&runtime, req, conn, id_to_add, lines.as_deref_mut());
             let mut handled = pipeline.await;
             let mut to = match lines {
-                Some(lines) => headers::AddTo::Lines(lines),
+                Some(lines) => headers::AddTo::Lines(&mut lines.bytes),
                 None => headers::AddTo::Map(handled.response.headers_mut()),
             };
             to.value(&headers::X_REQUEST_ID, &request_id);
@@ -263,7 +264,7 @@ impl Proxy {
         // The id [`headers::request_id`] made for a request that sent none: added upstream.
         request_id: Option<HeaderValue>,
         // As on `handle`.
-        lines: Option<&'a mut Vec<u8>>,
+        mut lines: Option<&'a mut headers::ResponseLines>,
     ) -> impl Future<Output = Handled> + 'a {
         async move {
             // Step 1: methods tollgate never forwards, then one spelling of host and path.
@@ -451,6 +452,7 @@ impl Proxy {
                 names,
                 request_id,
                 max_body_size: route.max_body_size,
+                lines: lines.as_deref_mut(),
                 metrics: &self.metrics,
                 worker: conn.worker.index(),
             };
@@ -467,7 +469,7 @@ impl Proxy {
                     let mode = server.rate_limit_headers;
                     headers::remove_replaced(&mut parts.headers, &names, mode, &outcomes);
                     let mut to = match lines {
-                        Some(lines) => headers::AddTo::Lines(lines),
+                        Some(lines) => headers::AddTo::Lines(&mut lines.bytes),
                         None => {
                             // Room for the rate-limit fields (up to four, with `both`) and
                             // `X-Request-Id` in one growth of the map sized for the
@@ -489,6 +491,11 @@ impl Proxy {
                 }
                 Err(err) => {
                     tracing::warn!(route = %route.name, error = %err, "upstream request failed");
+                    // tollgate's own answer carries none of the upstream's fields, should a
+                    // response have been refused after its fields went into the lines.
+                    if let Some(lines) = lines {
+                        lines.clear();
+                    }
                     let mut handled = answer_error(Some(index), err, grpc);
                     handled.decision = decision;
                     handled.upstream = upstream_name;

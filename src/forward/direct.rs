@@ -65,6 +65,21 @@ const MAX_LENGTH: u64 = u64::MAX - 2;
 /// the allocator's cache of small blocks, on every request.
 pub(super) const PROXY_FIELDS: usize = 5;
 
+/// Where a response's fields go.
+pub(super) enum Answer<'l> {
+    /// Into the response's map, with room for `room` more (what the proxy adds to an answer
+    /// to HTTP/2).
+    Map { room: usize },
+    /// As field lines for tollgate's own HTTP/1.1 server path, the map left empty
+    /// ([`headers::ResponseLines`]): the kept fields are copied once, where a map would
+    /// parse, hash and insert each name, and the server's encoder write it out again (about
+    /// 1,200 instructions per request). `keep_trailer`: the client takes trailers.
+    Lines {
+        lines: &'l mut headers::ResponseLines,
+        keep_trailer: bool,
+    },
+}
+
 /// One plain-TCP connection to an upstream origin. It lives boxed, from its connect to its
 /// close, so that the pool, the exchange and the response body it moves through per request
 /// move a pointer: inline, its 112 bytes were copied with every move of a response.
@@ -133,14 +148,13 @@ impl DirectConn {
 // Not an `async fn`: that would keep `conn` twice, as its argument and as a local of its
 // body (rust-lang/rust#62958).
 #[allow(clippy::manual_async_fn)]
-pub(super) fn exchange<'r>(
+pub(super) fn exchange<'r, 'l>(
     mut conn: Box<DirectConn>,
     req: &'r Request<RequestBody>,
     added: &Added<'_>,
-    // Room for fields the proxy adds to the response's map: [`PROXY_FIELDS`] or none.
-    room: usize,
+    answer: &'r mut Answer<'l>,
     parking: Parking,
-) -> impl Future<Output = Result<Response<DirectBody>, ExchangeError>> + 'r {
+) -> impl Future<Output = Result<Response<DirectBody>, ExchangeError>> + use<'r, 'l> {
     // Encoded now: the future need not hold `added`.
     encode_request(req, added, &mut conn.out);
     async move {
@@ -157,7 +171,7 @@ pub(super) fn exchange<'r>(
         }
         let head_only = req.method() == Method::HEAD;
         loop {
-            match read_head(&mut conn, head_only, room).await {
+            match read_head(&mut conn, head_only, answer).await {
                 Ok(Head::Informational) => continue,
                 Ok(Head::Response {
                     response,
@@ -237,11 +251,11 @@ enum Head {
 async fn read_head(
     conn: &mut DirectConn,
     head_only: bool,
-    room: usize,
+    answer: &mut Answer<'_>,
 ) -> Result<Head, RequestError> {
     loop {
         if !conn.buf.is_empty() {
-            if let Some(head) = parse_head(&mut conn.buf, &mut conn.fields, head_only, room)? {
+            if let Some(head) = parse_head(&mut conn.buf, &mut conn.fields, head_only, answer)? {
                 return Ok(head);
             }
             if conn.buf.len() > MAX_HEAD {
@@ -270,7 +284,7 @@ fn parse_head(
     buf: &mut BytesMut,
     fields: &mut Vec<(Range<usize>, Range<usize>)>,
     head_only: bool,
-    room: usize,
+    answer: &mut Answer<'_>,
 ) -> Result<Option<Head>, RequestError> {
     let mut slots = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_FIELDS];
     let mut parsed = httparse::Response::new(&mut []);
@@ -308,26 +322,133 @@ fn parse_head(
     if status.is_informational() && status != StatusCode::SWITCHING_PROTOCOLS {
         return Ok(Some(Head::Informational));
     }
+    let reason = match reason {
+        None => None,
+        Some(reason) if reason.is_empty() => Some(hyper::ext::ReasonPhrase::from_static(b"")),
+        Some(reason) => Some(
+            hyper::ext::ReasonPhrase::try_from(head.slice(reason))
+                .map_err(|_| invalid("reason phrase"))?,
+        ),
+    };
+    let room = match answer {
+        Answer::Map { room } => *room,
+        Answer::Lines { .. } => 0,
+    };
+    let mut reuse = Reuse::new(version);
+    // A 101 (never asked for here) is refused by the forwarder, and goes through the map.
+    let as_lines = match answer {
+        Answer::Lines {
+            lines,
+            keep_trailer,
+        } if status != StatusCode::SWITCHING_PROTOCOLS => {
+            fields_as_lines(&head, fields, lines, *keep_trailer, &mut reuse)
+                .map(|found| (found, &mut **lines))
+        }
+        _ => None,
+    };
+    let (headers, framing) = match as_lines {
+        Some((found, lines)) => {
+            let framing = framed(status, version, head_only, &found.framing);
+            match &framing {
+                Ok(framing) => found.settle_lengths(lines, framing, head_only),
+                Err(_) => lines.bytes.truncate(found.start),
+            }
+            (HeaderMap::new(), framing?)
+        }
+        None => {
+            // A head handed back by `fields_as_lines` goes through the map from the start.
+            reuse = Reuse::new(version);
+            let (headers, framing_fields) = fields_into_map(&head, fields, room, &mut reuse)?;
+            (
+                headers,
+                framed(status, version, head_only, &framing_fields)?,
+            )
+        }
+    };
+    let keep_alive = reuse.keep_alive;
+    let mut response = Response::new(());
+    *response.status_mut() = status;
+    *response.version_mut() = version;
+    if let Some(reason) = reason {
+        response.extensions_mut().insert(reason);
+    }
+    *response.headers_mut() = headers;
+    // A 101 (there was no upgrade to ask for one) ends the connection: the forwarder answers
+    // it 502.
+    let keep_alive = keep_alive && status != StatusCode::SWITCHING_PROTOCOLS;
+    let framing = match framing {
+        _ if status == StatusCode::SWITCHING_PROTOCOLS => Framing::Length(0),
+        framing => framing,
+    };
+    Ok(Some(Head::Response {
+        response,
+        framing,
+        keep_alive,
+    }))
+}
+
+/// Whether the upstream connection may carry another request, from the version and the
+/// `Connection` fields met so far.
+struct Reuse {
+    keep_alive: bool,
+    said_close: bool,
+}
+
+impl Reuse {
+    /// Before any `Connection` field: HTTP/1.1 keeps the connection, HTTP/1.0 does not.
+    fn new(version: Version) -> Self {
+        Reuse {
+            keep_alive: version == Version::HTTP_11,
+            said_close: false,
+        }
+    }
+
+    /// Takes in one `Connection` field's options.
+    fn connection(&mut self, options: &[u8]) {
+        if options.eq_ignore_ascii_case(b"keep-alive") {
+            // The usual value, without the token scan.
+            self.keep_alive |= !self.said_close;
+        } else if self.said_close || headers::lists_token(options, "close") {
+            self.said_close = true;
+            self.keep_alive = false;
+        } else if !self.keep_alive {
+            self.keep_alive = headers::lists_token(options, "keep-alive");
+        }
+    }
+}
+
+/// The body's framing: for a response to HEAD none, whatever its fields say (hyper decides
+/// this before it looks at them), else [`framing_of`].
+fn framed(
+    status: StatusCode,
+    version: Version,
+    head_only: bool,
+    fields: &FramingFields,
+) -> Result<Framing, RequestError> {
+    if head_only {
+        Ok(Framing::Length(0))
+    } else {
+        framing_of(status, version, fields)
+    }
+}
+
+/// The head's fields in a map, `room` more to come; the framing fields noted on the way, so
+/// that the framing is not looked up again in the map (two hashed look-ups each).
+fn fields_into_map(
+    head: &Bytes,
+    fields: &[(Range<usize>, Range<usize>)],
+    room: usize,
+    reuse: &mut Reuse,
+) -> Result<(HeaderMap, FramingFields), RequestError> {
+    let invalid = |what: &str| unreachable(format!("invalid response head: {what}"));
     let mut headers = HeaderMap::with_capacity(fields.len() + room);
-    let mut keep_alive = version == Version::HTTP_11;
-    let mut said_close = false;
-    // The framing fields are noted on the way, so that the framing is not looked up again in
-    // the map (two hashed look-ups each).
     let mut framing_fields = FramingFields::default();
-    for (name, value) in fields.iter() {
+    for (name, value) in fields {
         let name =
             HeaderName::from_bytes(&head[name.clone()]).map_err(|_| invalid("field name"))?;
         if name == header::CONNECTION {
             let options = &head[value.clone()];
-            if options.eq_ignore_ascii_case(b"keep-alive") {
-                // The usual value, without the token scan.
-                keep_alive |= !said_close;
-            } else if said_close || headers::lists_token(options, "close") {
-                said_close = true;
-                keep_alive = false;
-            } else if !keep_alive {
-                keep_alive = headers::lists_token(options, "keep-alive");
-            }
+            reuse.connection(options);
             // A plain `keep-alive` or `close` names no field but the hop-by-hop `Keep-Alive`:
             // it is not put into the map, where the forwarder would only look it up and
             // remove it again (`headers::strip_hop_by_hop`).
@@ -344,37 +465,124 @@ fn parse_head(
         }
         headers.append(name, value);
     }
-    let framing = if head_only {
-        // hyper decides this before it looks at the length fields.
-        Framing::Length(0)
-    } else {
-        framing_of(status, version, &framing_fields)?
+    Ok((headers, framing_fields))
+}
+
+/// A head's fields written as lines by [`fields_as_lines`], before its framing is known.
+struct AsLines {
+    /// Where the head's lines start in the buffer.
+    start: usize,
+    framing: FramingFields,
+    /// Where each `Content-Length` line is, in order.
+    lengths: smallvec::SmallVec<[Range<usize>; 1]>,
+}
+
+/// The largest field name `HeaderName` takes (a longer one is the map's error to give).
+const MAX_NAME: usize = (1 << 16) - 1;
+
+/// Writes the fields of a response head that go on to the client into `lines`, as the map
+/// would have carried them through the forwarder and the server's encoder: the name in lower
+/// case, hop-by-hop fields left out, a `Content-Length` left out beside a
+/// `Transfer-Encoding` (RFC 9112 6.3). None, with `lines` as it was, for a head that needs
+/// the map's handling: a `Connection` that names other fields, a `TE`, a `Trailer` to keep,
+/// a field tollgate sets itself, a name the map would refuse. httparse has checked every
+/// name (a token) and value (no control but tab) as `HeaderName` and `HeaderValue` would.
+fn fields_as_lines(
+    head: &Bytes,
+    fields: &[(Range<usize>, Range<usize>)],
+    lines: &mut headers::ResponseLines,
+    keep_trailer: bool,
+    reuse: &mut Reuse,
+) -> Option<AsLines> {
+    let out = &mut lines.bytes;
+    let start = out.len();
+    let mut found = AsLines {
+        start,
+        framing: FramingFields::default(),
+        lengths: smallvec::SmallVec::new(),
     };
-    let mut response = Response::new(());
-    *response.status_mut() = status;
-    *response.version_mut() = version;
-    if let Some(reason) = reason {
-        let reason = if reason.is_empty() {
-            hyper::ext::ReasonPhrase::from_static(b"")
-        } else {
-            hyper::ext::ReasonPhrase::try_from(head.slice(reason))
-                .map_err(|_| invalid("reason phrase"))?
+    let mut date = false;
+    for (name, value) in fields {
+        let (name, value) = (&head[name.clone()], &head[value.clone()]);
+        if name.len() > MAX_NAME {
+            out.truncate(start);
+            return None;
+        }
+        let line = out.len();
+        out.extend(name.iter().map(u8::to_ascii_lowercase));
+        let lower = &out[line..];
+        let kept = match headers::response_field(lower) {
+            headers::ResponseField::Kept => {
+                if lower == b"content-length" {
+                    found
+                        .framing
+                        .lengths
+                        .push(HeaderValue::from_maybe_shared(head.slice_ref(value)).ok()?);
+                    found.lengths.push(line..line);
+                } else if lower == b"date" {
+                    date = true;
+                }
+                true
+            }
+            headers::ResponseField::HopByHop => {
+                if lower == b"transfer-encoding" {
+                    found.framing.transfer_encoding =
+                        Some(HeaderValue::from_maybe_shared(head.slice_ref(value)).ok()?);
+                }
+                false
+            }
+            headers::ResponseField::Connection if headers::is_plain_connection_option(value) => {
+                reuse.connection(value);
+                false
+            }
+            headers::ResponseField::Trailer if !keep_trailer => false,
+            _ => {
+                out.truncate(start);
+                return None;
+            }
         };
-        response.extensions_mut().insert(reason);
+        if kept {
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(value);
+            out.extend_from_slice(b"\r\n");
+            if let Some(at) = found.lengths.last_mut().filter(|at| at.start == line) {
+                at.end = out.len();
+            }
+        } else {
+            out.truncate(line);
+        }
     }
-    *response.headers_mut() = headers;
-    // A 101 (there was no upgrade to ask for one) ends the connection: the forwarder answers
-    // it 502.
-    let keep_alive = keep_alive && status != StatusCode::SWITCHING_PROTOCOLS;
-    let framing = match framing {
-        _ if status == StatusCode::SWITCHING_PROTOCOLS => Framing::Length(0),
-        framing => framing,
-    };
-    Ok(Some(Head::Response {
-        response,
-        framing,
-        keep_alive,
-    }))
+    lines.date = date;
+    Some(found)
+}
+
+impl AsLines {
+    /// Leaves among the lines the `Content-Length` lines that hyper's server encoder would
+    /// have written from the map for a body so framed, and tells the encoder the length it
+    /// need not write again (`server::simple_h1`'s `encode_head`): the first one for a body
+    /// of known length, all of them in an answer to HEAD, none for an empty body (the
+    /// encoder writes its own `0`) or beside a `Transfer-Encoding` (removed by the forwarder).
+    fn settle_lengths(
+        self,
+        lines: &mut headers::ResponseLines,
+        framing: &Framing,
+        head_only: bool,
+    ) {
+        let keep = match framing {
+            _ if self.framing.transfer_encoding.is_some() => 0,
+            Framing::Length(0) if head_only => self.lengths.len(),
+            Framing::Length(0) => 0,
+            Framing::Length(n) => {
+                lines.length = Some(*n);
+                1
+            }
+            _ => 0,
+        };
+        // Last first, so that the places of the earlier ones hold.
+        for at in self.lengths.iter().skip(keep).rev() {
+            lines.bytes.drain(at.clone());
+        }
+    }
 }
 
 /// How a response's body is delimited (hyper's `Client::decoder`, RFC 9112 6.3).
@@ -548,7 +756,14 @@ pub fn read_response(wire: &[u8], head_request: bool) -> Result<ReadResponse, St
     let mut buf = BytesMut::from(wire);
     let mut fields = Vec::new();
     let (response, mut framing) = loop {
-        match parse_head(&mut buf, &mut fields, head_request, 0).map_err(|e| e.to_string())? {
+        match parse_head(
+            &mut buf,
+            &mut fields,
+            head_request,
+            &mut Answer::Map { room: 0 },
+        )
+        .map_err(|e| e.to_string())?
+        {
             Some(Head::Informational) => continue,
             Some(Head::Response {
                 response, framing, ..
@@ -782,8 +997,13 @@ mod tests {
     /// The parse of `text` as a response head: its framing and keep-alive, or the error.
     fn parsed(text: &str, head_only: bool) -> Result<Option<(u16, Framing, bool)>, String> {
         let mut buf = BytesMut::from(text.as_bytes());
-        let head =
-            parse_head(&mut buf, &mut Vec::new(), head_only, 0).map_err(|e| e.to_string())?;
+        let head = parse_head(
+            &mut buf,
+            &mut Vec::new(),
+            head_only,
+            &mut Answer::Map { room: 0 },
+        )
+        .map_err(|e| e.to_string())?;
         Ok(head.map(|head| match head {
             Head::Informational => (100, Framing::Done, false),
             Head::Response {
@@ -792,6 +1012,114 @@ mod tests {
                 keep_alive,
             } => (response.status().as_u16(), framing, keep_alive),
         }))
+    }
+
+    /// The response head `text` read for tollgate's own server path: the lines, the length
+    /// and `Date` they give the encoder, and how many fields went into the map instead.
+    fn read_as_lines(
+        text: &str,
+        head_only: bool,
+        keep_trailer: bool,
+    ) -> (String, Option<u64>, bool, usize) {
+        let mut buf = BytesMut::from(text.as_bytes());
+        let mut lines = headers::ResponseLines::default();
+        lines.bytes.extend_from_slice(b"before: 1\r\n");
+        let mut answer = Answer::Lines {
+            lines: &mut lines,
+            keep_trailer,
+        };
+        let head = parse_head(&mut buf, &mut Vec::new(), head_only, &mut answer);
+        let Ok(Some(Head::Response { response, .. })) = head else {
+            panic!("no response in {text:?}");
+        };
+        let text = String::from_utf8_lossy(&lines.bytes).into_owned();
+        (text, lines.length, lines.date, response.headers().len())
+    }
+
+    #[test]
+    fn an_upstreams_fields_go_on_as_lines_as_the_map_would_carry_them() {
+        let read = |text: &str, head_only| read_as_lines(text, head_only, false);
+        // Lower-case names, the upstream's order, hop-by-hop fields out, values untouched.
+        let (lines, length, date, in_map) = read(
+            "HTTP/1.1 200 OK\r\nX-A: One Two\r\nKeep-Alive: timeout=5\r\nSet-Cookie: a\r\n\
+             Connection: keep-alive\r\nDate: Mon\r\nUpgrade: h2c\r\nSet-Cookie: b\r\n\
+             Content-Length: 5\r\nTrailer: x\r\n\r\n",
+            false,
+        );
+        assert_eq!(
+            lines,
+            "before: 1\r\nx-a: One Two\r\nset-cookie: a\r\ndate: Mon\r\nset-cookie: b\r\n\
+             content-length: 5\r\n"
+        );
+        assert_eq!((length, date, in_map), (Some(5), true, 0));
+        // Of several lengths, the first; none beside a transfer coding, or for an empty body
+        // (the encoder writes its own `0`); all of them in an answer to HEAD.
+        let (lines, length, ..) = read(
+            "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-B: 1\r\ncontent-length: 2\r\n\r\n",
+            false,
+        );
+        assert_eq!(lines, "before: 1\r\ncontent-length: 2\r\nx-b: 1\r\n");
+        assert_eq!(length, Some(2));
+        let (lines, length, ..) = read(
+            "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\nX-C: 1\r\n\r\n",
+            false,
+        );
+        assert_eq!((lines.as_str(), length), ("before: 1\r\nx-c: 1\r\n", None));
+        let (lines, length, ..) = read("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", false);
+        assert_eq!((lines.as_str(), length), ("before: 1\r\n", None));
+        let (lines, length, ..) = read(
+            "HTTP/1.1 200 OK\r\nContent-Length: 7\r\nContent-Length: 7\r\n\r\n",
+            true,
+        );
+        assert_eq!(
+            (lines.as_str(), length),
+            (
+                "before: 1\r\ncontent-length: 7\r\ncontent-length: 7\r\n",
+                None
+            )
+        );
+        // A client that takes trailers gets the announcement: through the map.
+        let (lines, _, _, in_map) = read_as_lines(
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: x\r\n\r\n",
+            false,
+            true,
+        );
+        assert_eq!((lines.as_str(), in_map), ("before: 1\r\n", 2));
+    }
+
+    #[test]
+    fn heads_the_lines_cannot_carry_go_through_the_map_and_leave_the_lines_alone() {
+        for head in [
+            // A field tollgate sets itself, which it may have to replace.
+            "HTTP/1.1 200 OK\r\nX-A: 1\r\nX-Request-Id: up\r\nContent-Length: 0\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nRateLimit: up\r\nContent-Length: 0\r\n\r\n",
+            // A `Connection` that names other fields.
+            "HTTP/1.1 200 OK\r\nX-A: 1\r\nConnection: x-a, keep-alive\r\nContent-Length: 0\r\n\r\n",
+            // `TE`, which the forwarder puts back as `TE: trailers`.
+            "HTTP/1.1 200 OK\r\nTE: trailers\r\nContent-Length: 0\r\n\r\n",
+        ] {
+            let (lines, length, date, in_map) = read_as_lines(head, false, false);
+            assert_eq!(lines, "before: 1\r\n", "{head}");
+            assert_eq!((length, date), (None, false), "{head}");
+            assert!(in_map > 0, "{head}");
+        }
+        // A 101 too (the forwarder refuses it).
+        let (lines, .., in_map) = read_as_lines(
+            "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n",
+            false,
+            false,
+        );
+        assert_eq!((lines.as_str(), in_map), ("before: 1\r\n", 1));
+        // A head whose framing is an error leaves nothing either.
+        let mut buf =
+            BytesMut::from(&b"HTTP/1.1 200 OK\r\nX-A: 1\r\nContent-Length: x\r\n\r\n"[..]);
+        let mut lines = headers::ResponseLines::default();
+        let mut answer = Answer::Lines {
+            lines: &mut lines,
+            keep_trailer: false,
+        };
+        assert!(parse_head(&mut buf, &mut Vec::new(), false, &mut answer).is_err());
+        assert!(lines.bytes.is_empty());
     }
 
     fn framing(text: &str) -> String {
@@ -900,7 +1228,12 @@ mod tests {
     fn an_unusual_reason_phrase_is_kept_and_the_usual_one_is_not() {
         let reason = |text: &str| {
             let mut buf = BytesMut::from(text.as_bytes());
-            match parse_head(&mut buf, &mut Vec::new(), false, 0) {
+            match parse_head(
+                &mut buf,
+                &mut Vec::new(),
+                false,
+                &mut Answer::Map { room: 0 },
+            ) {
                 Ok(Some(Head::Response { response, .. })) => response
                     .extensions()
                     .get::<hyper::ext::ReasonPhrase>()

@@ -98,7 +98,7 @@ pub(super) async fn serve<S: ClientStream>(
         activity,
         buf: BytesMut::with_capacity(READ_BUFFER),
         out: Vec::with_capacity(1024),
-        added: Vec::with_capacity(256),
+        added: headers::ResponseLines::with_capacity(512),
         fields: Vec::with_capacity(16),
         date: DateField::default(),
         watch: CloseWatch { on: false },
@@ -157,8 +157,9 @@ struct Simple<'a, S> {
     /// The response being written; kept (cleared) from response to response.
     out: Vec<u8>,
     /// The field lines tollgate sets on a response (`X-Request-Id`, the rate-limit fields),
-    /// written after the map's ([`crate::headers::AddTo`]); kept likewise.
-    added: Vec<u8>,
+    /// written after the map's ([`crate::headers::AddTo`]), behind the upstream's own when
+    /// tollgate's own client read the response ([`headers::ResponseLines`]); kept likewise.
+    added: headers::ResponseLines,
     /// Where the head's fields are (name, value), from its one parse; kept likewise.
     fields: Vec<(Range<usize>, Range<usize>)>,
     date: DateField,
@@ -367,7 +368,7 @@ impl<'a, S: ClientStream> Simple<'a, S> {
     fn encode_head(
         &mut self,
         parts: &http::response::Parts,
-        added: &[u8],
+        added: &headers::ResponseLines,
         body: &ProxyBody,
         head_request: bool,
         closing: bool,
@@ -408,8 +409,9 @@ impl<'a, S: ClientStream> Simple<'a, S> {
         };
         let chunkable = can_have_body(head_request, status);
         let mut last = closing;
-        let mut length: Option<u64> = None;
-        let mut wrote_date = false;
+        // What the upstream's own lines, when they are there, say (the map is empty then).
+        let mut length: Option<u64> = added.length;
+        let mut wrote_date = added.date;
         let mut close_said = false;
         let mut trailer_names: Option<Vec<HeaderName>> = None;
         // An unknown length takes the fields' own (hyper trusts a known one); fields that
@@ -458,7 +460,7 @@ impl<'a, S: ClientStream> Simple<'a, S> {
             out.extend_from_slice(b"\r\n");
         }
         // Where hyper's encoder would have written them had they been put into the map last.
-        out.extend_from_slice(added);
+        out.extend_from_slice(&added.bytes);
         if last && !close_said {
             out.extend_from_slice(b"connection: close\r\n");
         }
