@@ -156,33 +156,33 @@ enum Noted {
     Own,
 }
 
-/// What the field name `text` is to [`FieldNames`] (a test holds the places to
+/// What the lower-case field name `name` is to [`FieldNames`] (a test holds the places to
 /// [`HOP_BY_HOP`]). A match on the text is a switch on its length and one comparison: looking
 /// the name up in the list compared it with every entry of its length, and cost more than the
 /// rest of the scan.
-fn noted(text: &str) -> Option<Noted> {
-    Some(Noted::HopByHop(match text {
-        "connection" => CONNECTION_AT,
-        "keep-alive" => 1,
-        "proxy-connection" => 2,
-        "proxy-authenticate" => 3,
-        "proxy-authorization" => 4,
-        "te" => TE_AT,
-        "trailer" => TRAILER_AT,
-        "transfer-encoding" => 7,
-        "upgrade" => UPGRADE_AT,
-        "http2-settings" => 9,
-        "x-forwarded-for" => return Some(Noted::ForwardedFor),
-        "forwarded" => return Some(Noted::Forwarded),
-        "x-forwarded-proto" | "x-forwarded-host" | "x-real-ip" => {
+fn noted(name: &[u8]) -> Option<Noted> {
+    Some(Noted::HopByHop(match name {
+        b"connection" => CONNECTION_AT,
+        b"keep-alive" => 1,
+        b"proxy-connection" => 2,
+        b"proxy-authenticate" => 3,
+        b"proxy-authorization" => 4,
+        b"te" => TE_AT,
+        b"trailer" => TRAILER_AT,
+        b"transfer-encoding" => 7,
+        b"upgrade" => UPGRADE_AT,
+        b"http2-settings" => 9,
+        b"x-forwarded-for" => return Some(Noted::ForwardedFor),
+        b"forwarded" => return Some(Noted::Forwarded),
+        b"x-forwarded-proto" | b"x-forwarded-host" | b"x-real-ip" => {
             return Some(Noted::OtherForwarding)
         }
-        "x-request-id"
-        | "ratelimit"
-        | "ratelimit-policy"
-        | "x-ratelimit-limit"
-        | "x-ratelimit-remaining"
-        | "x-ratelimit-reset" => return Some(Noted::Own),
+        b"x-request-id"
+        | b"ratelimit"
+        | b"ratelimit-policy"
+        | b"x-ratelimit-limit"
+        | b"x-ratelimit-remaining"
+        | b"x-ratelimit-reset" => return Some(Noted::Own),
         _ => return None,
     }))
 }
@@ -209,10 +209,7 @@ pub enum ResponseField {
 
 /// What [`ResponseField`] `lower` (a lower-case field name) is.
 pub fn response_field(lower: &[u8]) -> ResponseField {
-    let Ok(text) = std::str::from_utf8(lower) else {
-        return ResponseField::Kept;
-    };
-    match noted(text) {
+    match noted(lower) {
         Some(Noted::HopByHop(CONNECTION_AT)) => ResponseField::Connection,
         Some(Noted::HopByHop(TE_AT)) => ResponseField::Te,
         Some(Noted::HopByHop(TRAILER_AT)) => ResponseField::Trailer,
@@ -267,7 +264,7 @@ impl FieldNames {
         let mut underscored = false;
         for name in headers.keys() {
             let text = name.as_str();
-            match noted(text) {
+            match noted(text.as_bytes()) {
                 Some(Noted::HopByHop(i)) => found.hop_by_hop[i] = true,
                 Some(Noted::ForwardedFor) => found.forwarded_for = true,
                 Some(Noted::Forwarded) => found.forwarded = true,
@@ -1222,12 +1219,23 @@ mod tests {
     #[test]
     fn the_hop_by_hop_index_is_the_place_in_the_list() {
         for (i, name) in HOP_BY_HOP.iter().enumerate() {
-            assert_eq!(noted(name.as_str()), Some(Noted::HopByHop(i)), "{name}");
+            assert_eq!(
+                noted(name.as_str().as_bytes()),
+                Some(Noted::HopByHop(i)),
+                "{name}"
+            );
         }
-        assert_eq!(noted(X_FORWARDED_FOR.as_str()), Some(Noted::ForwardedFor));
-        assert_eq!(noted(FORWARDED.as_str()), Some(Noted::Forwarded));
+        assert_eq!(
+            noted(X_FORWARDED_FOR.as_str().as_bytes()),
+            Some(Noted::ForwardedFor)
+        );
+        assert_eq!(noted(FORWARDED.as_str().as_bytes()), Some(Noted::Forwarded));
         for name in [&X_FORWARDED_PROTO, &X_FORWARDED_HOST, &X_REAL_IP] {
-            assert_eq!(noted(name.as_str()), Some(Noted::OtherForwarding), "{name}");
+            assert_eq!(
+                noted(name.as_str().as_bytes()),
+                Some(Noted::OtherForwarding),
+                "{name}"
+            );
         }
         for other in [
             "host",
@@ -1238,7 +1246,7 @@ mod tests {
             "x-real-ips",
             "",
         ] {
-            assert_eq!(noted(other), None, "{other}");
+            assert_eq!(noted(other.as_bytes()), None, "{other}");
         }
     }
 

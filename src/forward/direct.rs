@@ -509,7 +509,9 @@ fn fields_as_lines(
             return None;
         }
         let line = out.len();
-        out.extend(name.iter().map(u8::to_ascii_lowercase));
+        // Copied, then lowered in place: a byte-by-byte push would check the room each time.
+        out.extend_from_slice(name);
+        out[line..].make_ascii_lowercase();
         let lower = &out[line..];
         let kept = match headers::response_field(lower) {
             headers::ResponseField::Kept => {
