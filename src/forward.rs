@@ -146,7 +146,7 @@ pub struct ForwardRequest<'a> {
     /// dropped since).
     pub names: headers::FieldNames,
     /// The `X-Request-Id` tollgate made for a request that carried none, not yet in its map.
-    pub request_id: Option<HeaderValue>,
+    pub request_id: Option<headers::RequestId>,
     /// The route's `max_body_size`: a body growing past it is cut and the request aborted.
     pub max_body_size: Option<u64>,
     /// Where tollgate's own HTTP/1.1 server path takes the response's fields as lines; `None`

@@ -452,13 +452,13 @@ pub fn add_forwarded(headers: &mut HeaderMap, fwd: &ForwardedFor<'_>, names: &Fi
 /// map (about 1,500 instructions).
 #[derive(Default)]
 pub struct Added<'a> {
-    request_id: Option<HeaderValue>,
+    request_id: Option<RequestId>,
     forwarded: Option<ForwardedFor<'a>>,
 }
 
 impl<'a> Added<'a> {
     /// `request_id`: the id [`request_id`] made and did not put in the map.
-    pub fn new(request_id: Option<HeaderValue>) -> Self {
+    pub fn new(request_id: Option<RequestId>) -> Self {
         Added {
             request_id,
             forwarded: None,
@@ -490,7 +490,7 @@ impl<'a> Added<'a> {
         }
         headers.reserve(5);
         if let Some(id) = self.request_id.take() {
-            headers.insert(X_REQUEST_ID.clone(), id);
+            headers.insert(X_REQUEST_ID.clone(), id.to_value());
         }
         if let Some(fwd) = self.forwarded.take() {
             // The scan found none of the client's own: nothing to join, keep or remove.
@@ -682,6 +682,16 @@ pub enum AddTo<'a> {
 }
 
 impl AddTo<'_> {
+    /// Sets `X-Request-Id` to `id` (as a value in the map, copied into the lines).
+    pub fn request_id(&mut self, id: &RequestId) {
+        match self {
+            AddTo::Map(headers) => {
+                headers.insert(X_REQUEST_ID.clone(), id.to_value());
+            }
+            AddTo::Lines(out) => field_line(out, &X_REQUEST_ID, id.as_bytes()),
+        }
+    }
+
     /// Sets `name` to `value` (shared with the map, copied into the lines).
     pub fn value(&mut self, name: &HeaderName, value: &HeaderValue) {
         match self {
@@ -793,19 +803,61 @@ pub fn is_valid_request_id(value: &HeaderValue) -> bool {
     (1..=MAX_REQUEST_ID_LEN).contains(&bytes.len()) && bytes.iter().all(|b| b.is_ascii_graphic())
 }
 
-/// A new request id: 128 random bits as 32 lower-case hex digits. The generator is rand's
-/// thread-local one, seeded from the OS and reseeded by itself: no system call per id.
-pub fn new_request_id() -> HeaderValue {
-    let bits: u128 = rand::random();
-    let mut text = [0u8; 32];
-    // 16 bytes always fit 32 hex digits.
-    let _ = hex::encode_to_slice(bits.to_be_bytes(), &mut text);
-    // The id goes upstream and onto the response: an owned array is one allocation whose
-    // clone is a reference count, where a copied slice is promoted to a second, shared
-    // allocation at its first clone.
-    let value = HeaderValue::from_maybe_shared(bytes::Bytes::from_owner(text))
-        .unwrap_or_else(|_| HeaderValue::from_static("0"));
-    never_indexed(value)
+/// A request's id ([`request_id`]): one tollgate made, or the one a trusted peer sent.
+///
+/// A made id stays a plain array until a map needs it as a field value ([`RequestId::to_value`]:
+/// only hyper's servers and clients do): the simple path writes it into the upstream's head,
+/// the response's lines and the log line from the array, without the allocation, reference
+/// count and free that a shared value cost every request.
+#[derive(Clone, Debug)]
+pub enum RequestId {
+    /// 128 random bits as 32 lower-case hex digits ([`RequestId::new`]).
+    Made([u8; 32]),
+    /// A valid id a trusted peer sent ([`is_valid_request_id`]), marked never indexed.
+    Kept(HeaderValue),
+}
+
+impl RequestId {
+    /// A new id. The generator is rand's thread-local one, seeded from the OS and reseeded
+    /// by itself: no system call per id.
+    pub fn new() -> Self {
+        let bits: u128 = rand::random();
+        let mut text = [0u8; 32];
+        // 16 bytes always fit 32 hex digits.
+        let _ = hex::encode_to_slice(bits.to_be_bytes(), &mut text);
+        RequestId::Made(text)
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        match self {
+            RequestId::Made(text) => text,
+            RequestId::Kept(value) => value.as_bytes(),
+        }
+    }
+
+    /// As text, for the log line: hex digits, or a kept id's visible ASCII.
+    pub fn as_str(&self) -> &str {
+        std::str::from_utf8(self.as_bytes()).unwrap_or("")
+    }
+
+    /// As a field value for a map, marked never indexed.
+    pub fn to_value(&self) -> HeaderValue {
+        match self {
+            // An owned array is one allocation whose clone is a reference count, where a
+            // copied slice is promoted to a second, shared allocation at its first clone.
+            RequestId::Made(text) => never_indexed(
+                HeaderValue::from_maybe_shared(bytes::Bytes::from_owner(*text))
+                    .unwrap_or_else(|_| HeaderValue::from_static("0")),
+            ),
+            RequestId::Kept(value) => value.clone(),
+        }
+    }
+}
+
+impl Default for RequestId {
+    fn default() -> Self {
+        RequestId::new()
+    }
 }
 
 /// `value`, marked to be sent as an HTTP/2 literal that is never indexed (RFC 7541 6.2.3).
@@ -829,20 +881,20 @@ fn never_indexed(mut value: HeaderValue) -> HeaderValue {
 pub fn request_id(
     headers: &mut HeaderMap,
     peer_trusted: impl FnOnce() -> bool,
-) -> (HeaderValue, Option<HeaderValue>) {
+) -> (RequestId, Option<RequestId>) {
     let mut sent = headers.get_all(&X_REQUEST_ID).iter();
     match (sent.next(), sent.next()) {
         (Some(value), None) if is_valid_request_id(value) && peer_trusted() => {
-            (never_indexed(value.clone()), None)
+            (RequestId::Kept(never_indexed(value.clone())), None)
         }
         (None, _) => {
-            let value = new_request_id();
-            (value.clone(), Some(value))
+            let id = RequestId::new();
+            (id.clone(), Some(id))
         }
         _ => {
-            let value = new_request_id();
-            headers.insert(X_REQUEST_ID.clone(), value.clone());
-            (value, None)
+            let id = RequestId::new();
+            headers.insert(X_REQUEST_ID.clone(), id.to_value());
+            (id, None)
         }
     }
 }
@@ -1147,8 +1199,8 @@ mod tests {
             // What the upstream gets: one id, the one logged and answered.
             Added::new(to_add).move_into(&mut h);
             assert_eq!(h.get_all(&X_REQUEST_ID).iter().count(), 1);
-            assert_eq!(h[&X_REQUEST_ID], id);
-            id
+            assert_eq!(h[&X_REQUEST_ID], id.as_bytes());
+            id.as_str().to_string()
         };
         assert_eq!(with(&["trace-1"], true), "trace-1");
         for trusted in [false, true] {
@@ -1169,7 +1221,9 @@ mod tests {
             assert_eq!(id.len(), 32, "{refused:?}");
             assert!(id.as_bytes().iter().all(u8::is_ascii_hexdigit));
         }
-        assert_ne!(new_request_id(), new_request_id());
+        assert_ne!(RequestId::new().as_bytes(), RequestId::new().as_bytes());
+        // In a map, a made id is marked never indexed like a kept one.
+        assert!(RequestId::new().to_value().is_sensitive());
     }
 
     #[test]

@@ -224,7 +224,7 @@ impl Proxy {
                 Some(lines) => headers::AddTo::Lines(&mut lines.bytes),
                 None => headers::AddTo::Map(handled.response.headers_mut()),
             };
-            to.value(&headers::X_REQUEST_ID, &request_id);
+            to.request_id(&request_id);
             let status = handled.response.status().as_u16();
             let route = handled.route.map(|i| &runtime.routes[i]);
             let route_name = match route {
@@ -247,7 +247,7 @@ impl Proxy {
                 duration_ms: &|| log_format::log_ms(started.elapsed()),
                 upstream: handled.upstream.as_deref().unwrap_or(""),
                 grpc_status: handled.grpc_status.map(GrpcCode::as_str),
-                request_id: &request_id,
+                request_id: request_id.as_str(),
             });
             handled.response
         }
@@ -262,7 +262,7 @@ impl Proxy {
         mut req: Request<ClientBody>,
         conn: ConnInfo,
         // The id [`headers::request_id`] made for a request that sent none: added upstream.
-        request_id: Option<HeaderValue>,
+        request_id: Option<headers::RequestId>,
         // As on `handle`.
         mut lines: Option<&'a mut headers::ResponseLines>,
     ) -> impl Future<Output = Handled> + 'a {

@@ -1366,7 +1366,9 @@ mod tests {
                 proto: "https",
                 host,
             };
-            let mut added = Added::new(Some(HeaderValue::from_static("id-1")));
+            let mut added = Added::new(Some(headers::RequestId::Kept(HeaderValue::from_static(
+                "id-1",
+            ))));
             added.forwarding(req.headers_mut(), fwd, &names);
             let mut written = Vec::new();
             encode_request(&req, &added, &mut written);
