@@ -1089,6 +1089,173 @@ mod tests {
         assert_eq!((lines.as_str(), in_map), ("before: 1\r\n", 2));
     }
 
+    /// `framing` as text, for comparing two reads of one head.
+    fn framing_text(framing: &Framing) -> String {
+        match framing {
+            Framing::Length(n) => format!("length {n}"),
+            Framing::Chunked(_) => "chunked".into(),
+            Framing::UntilClose => "until close".into(),
+            Framing::Done => "done".into(),
+            Framing::Failed(_) => "failed".into(),
+        }
+    }
+
+    /// What the client's encoder gets from a head read into the map and carried through the
+    /// forwarder (`forward.rs`: a `Content-Length` beside a `Transfer-Encoding` removed, the
+    /// hop-by-hop fields stripped), with the `Content-Length` fields the encoder writes
+    /// (`simple_h1::encode_head`) and the length it then need not write: the fields sorted by
+    /// name, the framing, the keep-alive; or the error.
+    fn through_the_map(
+        text: &str,
+        head_only: bool,
+    ) -> Result<(Vec<String>, Option<u64>, String, bool), String> {
+        let mut buf = BytesMut::from(text.as_bytes());
+        let head = parse_head(
+            &mut buf,
+            &mut Vec::new(),
+            head_only,
+            &mut Answer::Map { room: 0 },
+        )
+        .map_err(|e| e.to_string())?;
+        let Some(Head::Response {
+            response,
+            framing,
+            keep_alive,
+        }) = head
+        else {
+            return Err("no response".into());
+        };
+        let mut map = response.headers().clone();
+        let names = headers::FieldNames::of(&map, false);
+        if map.contains_key(header::TRANSFER_ENCODING) {
+            map.remove(header::CONTENT_LENGTH);
+        }
+        headers::strip_hop_by_hop(&mut map, &names);
+        let (mut fields, mut length) = (Vec::new(), None);
+        for (name, value) in &map {
+            let line = format!("{name}: {}", String::from_utf8_lossy(value.as_bytes()));
+            if name != header::CONTENT_LENGTH {
+                fields.push(line);
+                continue;
+            }
+            match framing {
+                Framing::Length(0) if head_only => fields.push(line),
+                Framing::Length(0) => {}
+                Framing::Length(n) if length.is_none() => {
+                    length = Some(n);
+                    fields.push(line);
+                }
+                _ => {}
+            }
+        }
+        fields.sort();
+        Ok((fields, length, framing_text(&framing), keep_alive))
+    }
+
+    /// Every head of up to three fields from a set of the ones the lines treat apart, in
+    /// answers of several statuses, to GET and to HEAD: read as lines, a head gives the
+    /// encoder what the map and the forwarder would have given it, or goes through the map.
+    #[test]
+    fn lines_give_the_encoder_what_the_map_would_for_every_small_head() {
+        let pool = [
+            "Content-Length: 2",
+            "content-length: 2",
+            "Content-Length: 0",
+            "Content-Length: 3",
+            "Content-Length: x",
+            "Transfer-Encoding: chunked",
+            "Transfer-Encoding: gzip",
+            "TE: trailers",
+            "Trailer: x-t",
+            "Connection: keep-alive",
+            "Connection: Close",
+            "Connection: x-a",
+            "Keep-Alive: timeout=5",
+            "Proxy-Connection: keep-alive",
+            "Upgrade: h2c",
+            "X-A: 1",
+            "Date: Mon",
+            "Set-Cookie: c=1",
+            "X-Request-Id: up",
+        ];
+        let mut picks: Vec<Vec<&str>> = vec![vec![]];
+        for _ in 0..3 {
+            let longer: Vec<Vec<&str>> = picks
+                .iter()
+                .filter(|p| p.len() == picks.last().map_or(0, Vec::len))
+                .flat_map(|p| pool.iter().map(move |f| [p.clone(), vec![*f]].concat()))
+                .collect();
+            picks.extend(longer);
+        }
+        let (mut as_lines, mut in_map) = (0, 0);
+        for fields in &picks {
+            for status in [
+                "200 OK",
+                "204 No Content",
+                "304 Not Modified",
+                "404 Not Found",
+            ] {
+                for version in ["HTTP/1.1", "HTTP/1.0"] {
+                    for head_only in [false, true] {
+                        let mut text = format!("{version} {status}\r\n");
+                        for field in fields {
+                            text.push_str(field);
+                            text.push_str("\r\n");
+                        }
+                        text.push_str("\r\n");
+                        let map = through_the_map(&text, head_only);
+                        let mut buf = BytesMut::from(text.as_bytes());
+                        let mut lines = headers::ResponseLines::default();
+                        let mut answer = Answer::Lines {
+                            lines: &mut lines,
+                            keep_trailer: false,
+                        };
+                        let read = parse_head(&mut buf, &mut Vec::new(), head_only, &mut answer);
+                        let (response, framing, keep_alive) = match (read, &map) {
+                            (Err(err), Err(expected)) => {
+                                assert_eq!(&err.to_string(), expected, "{text:?}");
+                                assert!(lines.bytes.is_empty(), "{text:?}");
+                                continue;
+                            }
+                            (
+                                Ok(Some(Head::Response {
+                                    response,
+                                    framing,
+                                    keep_alive,
+                                })),
+                                Ok(_),
+                            ) => (response, framing, keep_alive),
+                            (_, map) => panic!("{text:?}: the map gave {map:?}"),
+                        };
+                        let Ok((map_fields, map_length, map_framing, map_keep_alive)) = map else {
+                            unreachable!()
+                        };
+                        assert_eq!(framing_text(&framing), map_framing, "{text:?}");
+                        assert_eq!(keep_alive, map_keep_alive, "{text:?}");
+                        if !response.headers().is_empty() {
+                            in_map += 1;
+                            assert!(lines.bytes.is_empty(), "{text:?}");
+                            continue;
+                        }
+                        as_lines += 1;
+                        let written = String::from_utf8(lines.bytes).expect("text");
+                        let mut fields: Vec<String> = written
+                            .split_terminator("\r\n")
+                            .map(str::to_string)
+                            .collect();
+                        fields.sort();
+                        assert_eq!(fields, map_fields, "{text:?}");
+                        assert_eq!(lines.length, map_length, "{text:?}");
+                        let dated = map_fields.iter().any(|f| f.starts_with("date:"));
+                        assert_eq!(lines.date, dated, "{text:?}");
+                    }
+                }
+            }
+        }
+        // Both ways were taken, many times each.
+        assert!(as_lines > 10_000 && in_map > 10_000, "{as_lines} {in_map}");
+    }
+
     #[test]
     fn heads_the_lines_cannot_carry_go_through_the_map_and_leave_the_lines_alone() {
         for head in [
