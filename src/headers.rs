@@ -92,14 +92,21 @@ pub fn lists_token(value: &[u8], token: &str) -> bool {
 /// The body length that `Content-Length` fields give, as hyper reads them
 /// (`content_length_parse_all`): every comma-separated part digits, all of them the same
 /// number. None when there is no such field, or any part is not digits, or two disagree.
-pub fn content_length<'a>(values: impl Iterator<Item = &'a HeaderValue>) -> Option<u64> {
+pub fn content_length<'a>(values: impl Iterator<Item = &'a [u8]>) -> Option<u64> {
     let mut length = None;
-    for part in values.flat_map(|v| v.as_bytes().split(|&b| b == b',')) {
+    for part in values.flat_map(|v| v.split(|&b| b == b',')) {
         let part = part.trim_ascii();
-        if part.is_empty() || !part.iter().all(u8::is_ascii_digit) {
+        if part.is_empty() {
             return None;
         }
-        let n: u64 = std::str::from_utf8(part).ok()?.parse().ok()?;
+        // Digits folded straight into the number, overflow refused, as `u64::from_str`.
+        let mut n: u64 = 0;
+        for &b in part {
+            if !b.is_ascii_digit() {
+                return None;
+            }
+            n = n.checked_mul(10)?.checked_add(u64::from(b - b'0'))?;
+        }
         if length.is_some_and(|first| first != n) {
             return None;
         }
@@ -981,12 +988,16 @@ mod tests {
         let length = |values: &[&'static str]| {
             let values: Vec<HeaderValue> =
                 values.iter().map(|v| HeaderValue::from_static(v)).collect();
-            content_length(values.iter())
+            content_length(values.iter().map(HeaderValue::as_bytes))
         };
         assert_eq!(length(&["12"]), Some(12));
         assert_eq!(length(&["12, 12"]), Some(12));
         assert_eq!(length(&["12", "12"]), Some(12));
         assert_eq!(length(&["12, 13"]), None);
+        assert_eq!(length(&["18446744073709551615"]), Some(u64::MAX));
+        assert_eq!(length(&["18446744073709551616"]), None);
+        assert_eq!(length(&["+1"]), None);
+        assert_eq!(length(&["1 2"]), None);
         assert_eq!(length(&["12", "13"]), None);
         assert_eq!(length(&["-1"]), None);
         assert_eq!(length(&[""]), None);

@@ -353,14 +353,15 @@ fn parse_head(
                 Ok(framing) => found.settle_lengths(lines, framing, head_only),
                 Err(_) => lines.bytes.truncate(found.start),
             }
-            (HeaderMap::new(), framing?)
+            // The response's own empty map stays: no second one made and dropped.
+            (None, framing?)
         }
         None => {
             // A head handed back by `fields_as_lines` goes through the map from the start.
             reuse = Reuse::new(version);
             let (headers, framing_fields) = fields_into_map(&head, fields, room, &mut reuse)?;
             (
-                headers,
+                Some(headers),
                 framed(status, version, head_only, &framing_fields)?,
             )
         }
@@ -372,7 +373,9 @@ fn parse_head(
     if let Some(reason) = reason {
         response.extensions_mut().insert(reason);
     }
-    *response.headers_mut() = headers;
+    if let Some(headers) = headers {
+        *response.headers_mut() = headers;
+    }
     // A 101 (there was no upgrade to ask for one) ends the connection: the forwarder answers
     // it 502.
     let keep_alive = keep_alive && status != StatusCode::SWITCHING_PROTOCOLS;
@@ -423,7 +426,7 @@ fn framed(
     status: StatusCode,
     version: Version,
     head_only: bool,
-    fields: &FramingFields,
+    fields: &FramingFields<'_>,
 ) -> Result<Framing, RequestError> {
     if head_only {
         Ok(Framing::Length(0))
@@ -434,12 +437,12 @@ fn framed(
 
 /// The head's fields in a map, `room` more to come; the framing fields noted on the way, so
 /// that the framing is not looked up again in the map (two hashed look-ups each).
-fn fields_into_map(
-    head: &Bytes,
+fn fields_into_map<'h>(
+    head: &'h Bytes,
     fields: &[(Range<usize>, Range<usize>)],
     room: usize,
     reuse: &mut Reuse,
-) -> Result<(HeaderMap, FramingFields), RequestError> {
+) -> Result<(HeaderMap, FramingFields<'h>), RequestError> {
     let invalid = |what: &str| unreachable(format!("invalid response head: {what}"));
     let mut headers = HeaderMap::with_capacity(fields.len() + room);
     let mut framing_fields = FramingFields::default();
@@ -456,23 +459,23 @@ fn fields_into_map(
                 continue;
             }
         }
+        if name == header::TRANSFER_ENCODING {
+            framing_fields.transfer_encoding = Some(&head[value.clone()]);
+        } else if name == header::CONTENT_LENGTH {
+            framing_fields.lengths.push(&head[value.clone()]);
+        }
         let value = HeaderValue::from_maybe_shared(head.slice(value.clone()))
             .map_err(|_| invalid("field value"))?;
-        if name == header::TRANSFER_ENCODING {
-            framing_fields.transfer_encoding = Some(value.clone());
-        } else if name == header::CONTENT_LENGTH {
-            framing_fields.lengths.push(value.clone());
-        }
         headers.append(name, value);
     }
     Ok((headers, framing_fields))
 }
 
 /// A head's fields written as lines by [`fields_as_lines`], before its framing is known.
-struct AsLines {
+struct AsLines<'h> {
     /// Where the head's lines start in the buffer.
     start: usize,
-    framing: FramingFields,
+    framing: FramingFields<'h>,
     /// Where each `Content-Length` line is, in order.
     lengths: smallvec::SmallVec<[Range<usize>; 1]>,
 }
@@ -487,13 +490,13 @@ const MAX_NAME: usize = (1 << 16) - 1;
 /// the map's handling: a `Connection` that names other fields, a `TE`, a `Trailer` to keep,
 /// a field tollgate sets itself, a name the map would refuse. httparse has checked every
 /// name (a token) and value (no control but tab) as `HeaderName` and `HeaderValue` would.
-fn fields_as_lines(
-    head: &Bytes,
+fn fields_as_lines<'h>(
+    head: &'h Bytes,
     fields: &[(Range<usize>, Range<usize>)],
     lines: &mut headers::ResponseLines,
     keep_trailer: bool,
     reuse: &mut Reuse,
-) -> Option<AsLines> {
+) -> Option<AsLines<'h>> {
     let out = &mut lines.bytes;
     let start = out.len();
     let mut found = AsLines {
@@ -516,10 +519,7 @@ fn fields_as_lines(
         let kept = match headers::response_field(lower) {
             headers::ResponseField::Kept => {
                 if lower == b"content-length" {
-                    found
-                        .framing
-                        .lengths
-                        .push(HeaderValue::from_maybe_shared(head.slice_ref(value)).ok()?);
+                    found.framing.lengths.push(value);
                     found.lengths.push(line..line);
                 } else if lower == b"date" {
                     date = true;
@@ -528,8 +528,7 @@ fn fields_as_lines(
             }
             headers::ResponseField::HopByHop => {
                 if lower == b"transfer-encoding" {
-                    found.framing.transfer_encoding =
-                        Some(HeaderValue::from_maybe_shared(head.slice_ref(value)).ok()?);
+                    found.framing.transfer_encoding = Some(value);
                 }
                 false
             }
@@ -558,7 +557,7 @@ fn fields_as_lines(
     Some(found)
 }
 
-impl AsLines {
+impl AsLines<'_> {
     /// Leaves among the lines the `Content-Length` lines that hyper's server encoder would
     /// have written from the map for a body so framed, and tells the encoder the length it
     /// need not write again (`server::simple_h1`'s `encode_head`): the first one for a body
@@ -591,7 +590,7 @@ impl AsLines {
 fn framing_of(
     status: StatusCode,
     version: Version,
-    fields: &FramingFields,
+    fields: &FramingFields<'_>,
 ) -> Result<Framing, RequestError> {
     if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
         return Ok(Framing::Length(0));
@@ -601,10 +600,14 @@ fn framing_of(
         if version == Version::HTTP_10 {
             return Err(invalid("Transfer-Encoding in HTTP/1.0"));
         }
-        // As hyper reads it: a value that is not visible ASCII names no coding.
-        let last = last
-            .to_str()
+        // As hyper reads it: a value that is not visible ASCII (`HeaderValue::to_str`) names
+        // no coding.
+        let visible = last
+            .iter()
+            .all(|&b| (0x20..0x7f).contains(&b) || b == b'\t');
+        let last = std::str::from_utf8(last)
             .ok()
+            .filter(|_| visible)
             .and_then(|v| v.rsplit(',').next())
             .map(str::trim);
         return Ok(match last {
@@ -617,19 +620,20 @@ fn framing_of(
     if fields.lengths.is_empty() {
         return Ok(Framing::UntilClose);
     }
-    match crate::headers::content_length(fields.lengths.iter()) {
+    match crate::headers::content_length(fields.lengths.iter().copied()) {
         Some(n) if n <= MAX_LENGTH => Ok(Framing::Length(n)),
         _ => Err(invalid("Content-Length")),
     }
 }
 
-/// The fields of a response head that frame its body, as [`parse_head`] met them.
+/// The fields of a response head that frame its body, as [`parse_head`] met them: their
+/// values, in the head.
 #[derive(Default)]
-struct FramingFields {
+struct FramingFields<'h> {
     /// The last `Transfer-Encoding` line: hyper reads the last coding of the last line.
-    transfer_encoding: Option<HeaderValue>,
+    transfer_encoding: Option<&'h [u8]>,
     /// Every `Content-Length` line, in order; nearly always one.
-    lengths: smallvec::SmallVec<[HeaderValue; 1]>,
+    lengths: smallvec::SmallVec<[&'h [u8]; 1]>,
 }
 
 fn unreachable(text: String) -> RequestError {

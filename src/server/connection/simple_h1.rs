@@ -419,7 +419,7 @@ impl<'a, S: ClientStream> Simple<'a, S> {
         let mut length_fields = None;
         if matches!(known, Length::Unknown) && parts.headers.contains_key(header::CONTENT_LENGTH) {
             let fields = parts.headers.get_all(header::CONTENT_LENGTH).iter();
-            match headers::content_length(fields) {
+            match headers::content_length(fields.map(HeaderValue::as_bytes)) {
                 Some(n) => length_fields = Some(n),
                 None => return self.refused_response(),
             }
@@ -729,19 +729,20 @@ fn request_from(
     fields: &[(Range<usize>, Range<usize>)],
 ) -> Option<Request<ClientBody>> {
     let uri = Uri::from_maybe_shared(head.slice(parsed.target.clone())).ok()?;
+    let mut request = Request::new(ClientBody::Empty);
+    *request.method_mut() = parsed.method.clone();
+    *request.uri_mut() = uri;
+    *request.version_mut() = Version::HTTP_11;
+    // Filled in place: a map made apart would replace the request's own empty one, dropped.
     // Room for what the forwarder may add ([`FORWARDER_FIELDS`]), so the map is not grown
     // (rehashed) on the way upstream.
-    let mut headers = HeaderMap::with_capacity(fields.len() + FORWARDER_FIELDS);
+    let headers = request.headers_mut();
+    headers.reserve(fields.len() + FORWARDER_FIELDS);
     for (name, value) in fields {
         let name = HeaderName::from_bytes(&head[name.clone()]).ok()?;
         let value = HeaderValue::from_maybe_shared(head.slice(value.clone())).ok()?;
         headers.append(name, value);
     }
-    let mut request = Request::new(ClientBody::Empty);
-    *request.method_mut() = parsed.method.clone();
-    *request.uri_mut() = uri;
-    *request.version_mut() = Version::HTTP_11;
-    *request.headers_mut() = headers;
     Some(request)
 }
 
