@@ -740,6 +740,9 @@ impl AddTo<'_> {
     }
 }
 
+/// The most a connection's [`ResponseLines`] keeps allocated between its responses.
+pub const KEPT_LINES: usize = 16 * 1024;
+
 /// A response's field lines for tollgate's own HTTP/1.1 server path, written after its map's
 /// fields (`server::simple_h1`): the fields tollgate sets ([`AddTo::Lines`]) and, ahead of
 /// them, the upstream's own when tollgate's own client read the response
@@ -763,9 +766,14 @@ impl ResponseLines {
         }
     }
 
-    /// Empty again, for the next response, keeping the allocation.
+    /// Empty again, for the next response, keeping the allocation unless an upstream's
+    /// unusually large head grew it past [`KEPT_LINES`]: that much is not held for as long as
+    /// the client keeps its connection.
     pub fn clear(&mut self) {
         self.bytes.clear();
+        if self.bytes.capacity() > KEPT_LINES {
+            self.bytes.shrink_to(KEPT_LINES / 32);
+        }
         self.length = None;
         self.date = false;
     }
@@ -1235,6 +1243,27 @@ mod tests {
         assert_ne!(RequestId::new().as_bytes(), RequestId::new().as_bytes());
         // In a map, a made id is marked never indexed like a kept one.
         assert!(RequestId::new().to_value().is_sensitive());
+    }
+
+    #[test]
+    fn response_lines_grown_by_a_large_head_are_given_back() {
+        let mut lines = ResponseLines::with_capacity(512);
+        lines.bytes.extend_from_slice(&[b'x'; 400]);
+        lines.length = Some(1);
+        lines.date = true;
+        lines.clear();
+        assert_eq!(
+            (lines.bytes.len(), lines.length, lines.date),
+            (0, None, false)
+        );
+        assert!(lines.bytes.capacity() >= 400, "the usual size is kept");
+        lines.bytes.extend_from_slice(&vec![b'x'; 100_000]);
+        lines.clear();
+        assert!(
+            lines.bytes.capacity() <= KEPT_LINES,
+            "{}",
+            lines.bytes.capacity()
+        );
     }
 
     #[test]

@@ -350,7 +350,7 @@ fn parse_head(
         Some((found, lines)) => {
             let framing = framed(status, version, head_only, &found.framing);
             match &framing {
-                Ok(framing) => found.settle_lengths(lines, framing, head_only),
+                Ok(framing) => found.settle(lines, framing, head_only),
                 Err(_) => lines.bytes.truncate(found.start),
             }
             // The response's own empty map stays: no second one made and dropped.
@@ -478,6 +478,8 @@ struct AsLines<'h> {
     framing: FramingFields<'h>,
     /// Where each `Content-Length` line is, in order.
     lengths: smallvec::SmallVec<[Range<usize>; 1]>,
+    /// Whether a `Date` is among the lines.
+    date: bool,
 }
 
 /// The largest field name `HeaderName` takes (a longer one is the map's error to give).
@@ -503,8 +505,8 @@ fn fields_as_lines<'h>(
         start,
         framing: FramingFields::default(),
         lengths: smallvec::SmallVec::new(),
+        date: false,
     };
-    let mut date = false;
     for (name, value) in fields {
         let (name, value) = (&head[name.clone()], &head[value.clone()]);
         if name.len() > MAX_NAME {
@@ -522,7 +524,7 @@ fn fields_as_lines<'h>(
                     found.framing.lengths.push(value);
                     found.lengths.push(line..line);
                 } else if lower == b"date" {
-                    date = true;
+                    found.date = true;
                 }
                 true
             }
@@ -553,22 +555,17 @@ fn fields_as_lines<'h>(
             out.truncate(line);
         }
     }
-    lines.date = date;
     Some(found)
 }
 
 impl AsLines<'_> {
     /// Leaves among the lines the `Content-Length` lines that hyper's server encoder would
-    /// have written from the map for a body so framed, and tells the encoder the length it
-    /// need not write again (`server::simple_h1`'s `encode_head`): the first one for a body
-    /// of known length, all of them in an answer to HEAD, none for an empty body (the
-    /// encoder writes its own `0`) or beside a `Transfer-Encoding` (removed by the forwarder).
-    fn settle_lengths(
-        self,
-        lines: &mut headers::ResponseLines,
-        framing: &Framing,
-        head_only: bool,
-    ) {
+    /// have written from the map for a body so framed: the first one for a body of known
+    /// length, all of them in an answer to HEAD, none for an empty body (the encoder writes
+    /// its own `0`) or beside a `Transfer-Encoding` (removed by the forwarder). Tells the
+    /// encoder (`server::simple_h1`'s `encode_head`) the length it need not write again, and
+    /// whether a `Date` came.
+    fn settle(self, lines: &mut headers::ResponseLines, framing: &Framing, head_only: bool) {
         let keep = match framing {
             _ if self.framing.transfer_encoding.is_some() => 0,
             Framing::Length(0) if head_only => self.lengths.len(),
@@ -579,6 +576,7 @@ impl AsLines<'_> {
             }
             _ => 0,
         };
+        lines.date = self.date;
         // Last first, so that the places of the earlier ones hold.
         for at in self.lengths.iter().skip(keep).rev() {
             lines.bytes.drain(at.clone());
