@@ -334,36 +334,27 @@ fn parse_head(
         Answer::Map { room } => *room,
         Answer::Lines { .. } => 0,
     };
-    let mut reuse = Reuse::new(version);
     // A 101 (never asked for here) is refused by the forwarder, and goes through the map.
     let as_lines = match answer {
         Answer::Lines {
             lines,
             keep_trailer,
         } if status != StatusCode::SWITCHING_PROTOCOLS => {
-            fields_as_lines(&head, fields, lines, *keep_trailer, &mut reuse)
-                .map(|found| (found, &mut **lines))
+            fields_as_lines(&head, fields, lines, *keep_trailer, version)
+                .map(|found| found.finish(lines, status, version, head_only))
         }
         _ => None,
     };
-    let (headers, framing) = match as_lines {
-        Some((found, lines)) => {
-            let framing = framed(status, version, head_only, &found.framing);
-            match &framing {
-                Ok(framing) => found.settle(lines, framing, head_only),
-                Err(_) => lines.bytes.truncate(found.start),
-            }
+    let (headers, framing, reuse) = match as_lines {
+        Some(finished) => {
+            let (framing, reuse) = finished?;
             // The response's own empty map stays: no second one made and dropped.
-            (None, framing?)
+            (None, framing, reuse)
         }
         None => {
-            // A head handed back by `fields_as_lines` goes through the map from the start.
-            reuse = Reuse::new(version);
-            let (headers, framing_fields) = fields_into_map(&head, fields, room, &mut reuse)?;
-            (
-                Some(headers),
-                framed(status, version, head_only, &framing_fields)?,
-            )
+            let (headers, framing, reuse) = fields_into_map(&head, fields, room, version)?;
+            let framing = framing_of(status, version, head_only, &framing)?;
+            (Some(headers), framing, reuse)
         }
     };
     let keep_alive = reuse.keep_alive;
@@ -420,32 +411,19 @@ impl Reuse {
     }
 }
 
-/// The body's framing: for a response to HEAD none, whatever its fields say (hyper decides
-/// this before it looks at them), else [`framing_of`].
-fn framed(
-    status: StatusCode,
-    version: Version,
-    head_only: bool,
-    fields: &FramingFields<'_>,
-) -> Result<Framing, RequestError> {
-    if head_only {
-        Ok(Framing::Length(0))
-    } else {
-        framing_of(status, version, fields)
-    }
-}
-
 /// The head's fields in a map, `room` more to come; the framing fields noted on the way, so
-/// that the framing is not looked up again in the map (two hashed look-ups each).
+/// that the framing is not looked up again in the map (two hashed look-ups each), and whether
+/// the connection may be used again.
 fn fields_into_map<'h>(
     head: &'h Bytes,
     fields: &[(Range<usize>, Range<usize>)],
     room: usize,
-    reuse: &mut Reuse,
-) -> Result<(HeaderMap, FramingFields<'h>), RequestError> {
+    version: Version,
+) -> Result<(HeaderMap, FramingFields<'h>, Reuse), RequestError> {
     let invalid = |what: &str| unreachable(format!("invalid response head: {what}"));
     let mut headers = HeaderMap::with_capacity(fields.len() + room);
     let mut framing_fields = FramingFields::default();
+    let mut reuse = Reuse::new(version);
     for (name, value) in fields {
         let name =
             HeaderName::from_bytes(&head[name.clone()]).map_err(|_| invalid("field name"))?;
@@ -468,7 +446,7 @@ fn fields_into_map<'h>(
             .map_err(|_| invalid("field value"))?;
         headers.append(name, value);
     }
-    Ok((headers, framing_fields))
+    Ok((headers, framing_fields, reuse))
 }
 
 /// A head's fields written as lines by [`fields_as_lines`], before its framing is known.
@@ -480,6 +458,7 @@ struct AsLines<'h> {
     lengths: smallvec::SmallVec<[Range<usize>; 1]>,
     /// Whether a `Date` is among the lines.
     date: bool,
+    reuse: Reuse,
 }
 
 /// The largest field name `HeaderName` takes (a longer one is the map's error to give).
@@ -497,7 +476,7 @@ fn fields_as_lines<'h>(
     fields: &[(Range<usize>, Range<usize>)],
     lines: &mut headers::ResponseLines,
     keep_trailer: bool,
-    reuse: &mut Reuse,
+    version: Version,
 ) -> Option<AsLines<'h>> {
     let out = &mut lines.bytes;
     let start = out.len();
@@ -506,6 +485,7 @@ fn fields_as_lines<'h>(
         framing: FramingFields::default(),
         lengths: smallvec::SmallVec::new(),
         date: false,
+        reuse: Reuse::new(version),
     };
     for (name, value) in fields {
         let (name, value) = (&head[name.clone()], &head[value.clone()]);
@@ -518,11 +498,11 @@ fn fields_as_lines<'h>(
         out.extend_from_slice(name);
         out[line..].make_ascii_lowercase();
         let lower = &out[line..];
+        let is_length = lower == b"content-length";
         let kept = match headers::response_field(lower) {
             headers::ResponseField::Kept => {
-                if lower == b"content-length" {
+                if is_length {
                     found.framing.lengths.push(value);
-                    found.lengths.push(line..line);
                 } else if lower == b"date" {
                     found.date = true;
                 }
@@ -535,7 +515,7 @@ fn fields_as_lines<'h>(
                 false
             }
             headers::ResponseField::Connection if headers::is_plain_connection_option(value) => {
-                reuse.connection(value);
+                found.reuse.connection(value);
                 false
             }
             headers::ResponseField::Trailer if !keep_trailer => false,
@@ -548,8 +528,8 @@ fn fields_as_lines<'h>(
             out.extend_from_slice(b": ");
             out.extend_from_slice(value);
             out.extend_from_slice(b"\r\n");
-            if let Some(at) = found.lengths.last_mut().filter(|at| at.start == line) {
-                at.end = out.len();
+            if is_length {
+                found.lengths.push(line..out.len());
             }
         } else {
             out.truncate(line);
@@ -559,14 +539,28 @@ fn fields_as_lines<'h>(
 }
 
 impl AsLines<'_> {
-    /// Leaves among the lines the `Content-Length` lines that hyper's server encoder would
-    /// have written from the map for a body so framed: the first one for a body of known
-    /// length, all of them in an answer to HEAD, none for an empty body (the encoder writes
-    /// its own `0`) or beside a `Transfer-Encoding` (removed by the forwarder). Tells the
-    /// encoder (`server::simple_h1`'s `encode_head`) the length it need not write again, and
-    /// whether a `Date` came.
-    fn settle(self, lines: &mut headers::ResponseLines, framing: &Framing, head_only: bool) {
-        let keep = match framing {
+    /// The body's framing and the connection's reuse, once the lines are settled: among them
+    /// stay the `Content-Length` lines that hyper's server encoder would have written from
+    /// the map for a body so framed (the first one for a body of known length, all of them in
+    /// an answer to HEAD, none for an empty body, the encoder writing its own `0`, or beside a
+    /// `Transfer-Encoding`, which the forwarder removes), and the encoder
+    /// (`server::simple_h1`'s `encode_head`) learns the length it need not write again and
+    /// whether a `Date` came. A framing that is an error leaves the lines as they were.
+    fn finish(
+        self,
+        lines: &mut headers::ResponseLines,
+        status: StatusCode,
+        version: Version,
+        head_only: bool,
+    ) -> Result<(Framing, Reuse), RequestError> {
+        let framing = match framing_of(status, version, head_only, &self.framing) {
+            Ok(framing) => framing,
+            Err(err) => {
+                lines.bytes.truncate(self.start);
+                return Err(err);
+            }
+        };
+        let keep = match &framing {
             _ if self.framing.transfer_encoding.is_some() => 0,
             Framing::Length(0) if head_only => self.lengths.len(),
             Framing::Length(0) => 0,
@@ -581,16 +575,20 @@ impl AsLines<'_> {
         for at in self.lengths.iter().skip(keep).rev() {
             lines.bytes.drain(at.clone());
         }
+        Ok((framing, self.reuse))
     }
 }
 
-/// How a response's body is delimited (hyper's `Client::decoder`, RFC 9112 6.3).
+/// How a response's body is delimited (hyper's `Client::decoder`, RFC 9112 6.3). A response
+/// to HEAD (`head_only`) has none, whatever its fields say: hyper decides that before it looks
+/// at them.
 fn framing_of(
     status: StatusCode,
     version: Version,
+    head_only: bool,
     fields: &FramingFields<'_>,
 ) -> Result<Framing, RequestError> {
-    if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+    if head_only || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
         return Ok(Framing::Length(0));
     }
     let invalid = |what: &str| unreachable(format!("invalid response head: {what}"));
@@ -998,16 +996,24 @@ impl Body for DirectBody {
 mod tests {
     use super::*;
 
+    /// `text` read as a response head, its fields going where `answer` says.
+    fn read_text(
+        text: &str,
+        head_only: bool,
+        answer: &mut Answer<'_>,
+    ) -> Result<Option<Head>, String> {
+        let mut buf = BytesMut::from(text.as_bytes());
+        parse_head(&mut buf, &mut Vec::new(), head_only, answer).map_err(|e| e.to_string())
+    }
+
+    /// `text` read as a response head into a map.
+    fn read_into_map(text: &str, head_only: bool) -> Result<Option<Head>, String> {
+        read_text(text, head_only, &mut Answer::Map { room: 0 })
+    }
+
     /// The parse of `text` as a response head: its framing and keep-alive, or the error.
     fn parsed(text: &str, head_only: bool) -> Result<Option<(u16, Framing, bool)>, String> {
-        let mut buf = BytesMut::from(text.as_bytes());
-        let head = parse_head(
-            &mut buf,
-            &mut Vec::new(),
-            head_only,
-            &mut Answer::Map { room: 0 },
-        )
-        .map_err(|e| e.to_string())?;
+        let head = read_into_map(text, head_only)?;
         Ok(head.map(|head| match head {
             Head::Informational => (100, Framing::Done, false),
             Head::Response {
@@ -1025,14 +1031,13 @@ mod tests {
         head_only: bool,
         keep_trailer: bool,
     ) -> (String, Option<u64>, bool, usize) {
-        let mut buf = BytesMut::from(text.as_bytes());
         let mut lines = headers::ResponseLines::default();
         lines.bytes.extend_from_slice(b"before: 1\r\n");
         let mut answer = Answer::Lines {
             lines: &mut lines,
             keep_trailer,
         };
-        let head = parse_head(&mut buf, &mut Vec::new(), head_only, &mut answer);
+        let head = read_text(text, head_only, &mut answer);
         let Ok(Some(Head::Response { response, .. })) = head else {
             panic!("no response in {text:?}");
         };
@@ -1111,14 +1116,7 @@ mod tests {
         text: &str,
         head_only: bool,
     ) -> Result<(Vec<String>, Option<u64>, String, bool), String> {
-        let mut buf = BytesMut::from(text.as_bytes());
-        let head = parse_head(
-            &mut buf,
-            &mut Vec::new(),
-            head_only,
-            &mut Answer::Map { room: 0 },
-        )
-        .map_err(|e| e.to_string())?;
+        let head = read_into_map(text, head_only)?;
         let Some(Head::Response {
             response,
             framing,
@@ -1206,16 +1204,15 @@ mod tests {
                         }
                         text.push_str("\r\n");
                         let map = through_the_map(&text, head_only);
-                        let mut buf = BytesMut::from(text.as_bytes());
                         let mut lines = headers::ResponseLines::default();
                         let mut answer = Answer::Lines {
                             lines: &mut lines,
                             keep_trailer: false,
                         };
-                        let read = parse_head(&mut buf, &mut Vec::new(), head_only, &mut answer);
+                        let read = read_text(&text, head_only, &mut answer);
                         let (response, framing, keep_alive) = match (read, &map) {
                             (Err(err), Err(expected)) => {
-                                assert_eq!(&err.to_string(), expected, "{text:?}");
+                                assert_eq!(&err, expected, "{text:?}");
                                 assert!(lines.bytes.is_empty(), "{text:?}");
                                 continue;
                             }
@@ -1282,14 +1279,13 @@ mod tests {
         );
         assert_eq!((lines.as_str(), in_map), ("before: 1\r\n", 1));
         // A head whose framing is an error leaves nothing either.
-        let mut buf =
-            BytesMut::from(&b"HTTP/1.1 200 OK\r\nX-A: 1\r\nContent-Length: x\r\n\r\n"[..]);
         let mut lines = headers::ResponseLines::default();
         let mut answer = Answer::Lines {
             lines: &mut lines,
             keep_trailer: false,
         };
-        assert!(parse_head(&mut buf, &mut Vec::new(), false, &mut answer).is_err());
+        let text = "HTTP/1.1 200 OK\r\nX-A: 1\r\nContent-Length: x\r\n\r\n";
+        assert!(read_text(text, false, &mut answer).is_err());
         assert!(lines.bytes.is_empty());
     }
 
@@ -1397,20 +1393,12 @@ mod tests {
 
     #[test]
     fn an_unusual_reason_phrase_is_kept_and_the_usual_one_is_not() {
-        let reason = |text: &str| {
-            let mut buf = BytesMut::from(text.as_bytes());
-            match parse_head(
-                &mut buf,
-                &mut Vec::new(),
-                false,
-                &mut Answer::Map { room: 0 },
-            ) {
-                Ok(Some(Head::Response { response, .. })) => response
-                    .extensions()
-                    .get::<hyper::ext::ReasonPhrase>()
-                    .map(|r| String::from_utf8_lossy(r.as_bytes()).into_owned()),
-                _ => panic!("{text:?} did not parse"),
-            }
+        let reason = |text: &str| match read_into_map(text, false) {
+            Ok(Some(Head::Response { response, .. })) => response
+                .extensions()
+                .get::<hyper::ext::ReasonPhrase>()
+                .map(|r| String::from_utf8_lossy(r.as_bytes()).into_owned()),
+            _ => panic!("{text:?} did not parse"),
         };
         assert_eq!(reason("HTTP/1.1 200 OK\r\n\r\n"), None);
         assert_eq!(reason("HTTP/1.1 200 Fine\r\n\r\n").as_deref(), Some("Fine"));
