@@ -759,9 +759,12 @@ pub struct ResponseLines {
 }
 
 impl ResponseLines {
-    pub fn with_capacity(capacity: usize) -> Self {
+    /// Room for the usual response's lines (nginx's five fields and tollgate's own).
+    const USUAL: usize = 512;
+
+    pub fn new() -> Self {
         ResponseLines {
-            bytes: Vec::with_capacity(capacity),
+            bytes: Vec::with_capacity(Self::USUAL),
             ..ResponseLines::default()
         }
     }
@@ -772,7 +775,7 @@ impl ResponseLines {
     pub fn clear(&mut self) {
         self.bytes.clear();
         if self.bytes.capacity() > KEPT_LINES {
-            self.bytes.shrink_to(KEPT_LINES / 32);
+            self.bytes.shrink_to(Self::USUAL);
         }
         self.length = None;
         self.date = false;
@@ -826,7 +829,7 @@ pub fn is_valid_request_id(value: &HeaderValue) -> bool {
 /// count and free that a shared value cost every request.
 #[derive(Clone, Debug)]
 pub enum RequestId {
-    /// 128 random bits as 32 lower-case hex digits ([`RequestId::new`]).
+    /// 128 random bits as 32 lower-case hex digits ([`RequestId::random`]).
     Made([u8; 32]),
     /// A valid id a trusted peer sent ([`is_valid_request_id`]), marked never indexed.
     Kept(HeaderValue),
@@ -835,7 +838,7 @@ pub enum RequestId {
 impl RequestId {
     /// A new id. The generator is rand's thread-local one, seeded from the OS and reseeded
     /// by itself: no system call per id.
-    pub fn new() -> Self {
+    pub fn random() -> Self {
         let bits: u128 = rand::random();
         let mut text = [0u8; 32];
         // 16 bytes always fit 32 hex digits.
@@ -869,12 +872,6 @@ impl RequestId {
     }
 }
 
-impl Default for RequestId {
-    fn default() -> Self {
-        RequestId::new()
-    }
-}
-
 /// `value`, marked to be sent as an HTTP/2 literal that is never indexed (RFC 7541 6.2.3).
 ///
 /// For the values that change with every message: the request id, the requests left and the
@@ -903,11 +900,11 @@ pub fn request_id(
             (RequestId::Kept(never_indexed(value.clone())), None)
         }
         (None, _) => {
-            let id = RequestId::new();
+            let id = RequestId::random();
             (id.clone(), Some(id))
         }
         _ => {
-            let id = RequestId::new();
+            let id = RequestId::random();
             headers.insert(X_REQUEST_ID.clone(), id.to_value());
             (id, None)
         }
@@ -1240,14 +1237,17 @@ mod tests {
             assert_eq!(id.len(), 32, "{refused:?}");
             assert!(id.as_bytes().iter().all(u8::is_ascii_hexdigit));
         }
-        assert_ne!(RequestId::new().as_bytes(), RequestId::new().as_bytes());
+        assert_ne!(
+            RequestId::random().as_bytes(),
+            RequestId::random().as_bytes()
+        );
         // In a map, a made id is marked never indexed like a kept one.
-        assert!(RequestId::new().to_value().is_sensitive());
+        assert!(RequestId::random().to_value().is_sensitive());
     }
 
     #[test]
     fn response_lines_grown_by_a_large_head_are_given_back() {
-        let mut lines = ResponseLines::with_capacity(512);
+        let mut lines = ResponseLines::new();
         lines.bytes.extend_from_slice(&[b'x'; 400]);
         lines.length = Some(1);
         lines.date = true;

@@ -98,7 +98,7 @@ pub(super) async fn serve<S: ClientStream>(
         activity,
         buf: BytesMut::with_capacity(READ_BUFFER),
         out: Vec::with_capacity(1024),
-        added: headers::ResponseLines::with_capacity(512),
+        added: headers::ResponseLines::new(),
         fields: Vec::with_capacity(16),
         date: DateField::default(),
         watch: CloseWatch { on: false },
