@@ -454,3 +454,24 @@ fn closest<'k>(key: &str, known: &[&'k str]) -> Option<&'k str> {
     let plausible = distances.filter(|(d, k)| *d <= if k.len() <= 4 { 1 } else { 2 });
     plausible.min_by_key(|(d, _)| *d).map(|(_, k)| k)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn positions_count_characters_and_an_offset_inside_one_counts_from_it() {
+        let src = "a = 1\nnamé = \"x\"\n";
+        let cx = Cx::new(Path::new("t.toml"), src, &|_| None);
+        assert_eq!(cx.position(0), (1, 1));
+        assert_eq!(cx.position(6), (2, 1));
+        // `é` is two bytes; the space after it is the fifth character of the line.
+        let space = src.rfind(" = ").expect("the second line's ` = `");
+        assert_eq!(cx.position(space), (2, 5));
+        // Inside `é` (its second byte): the column of `é` itself, not line 1, column 1.
+        let inside = src.find('é').expect("an `é`") + 1;
+        assert_eq!(cx.position(inside), (2, 4));
+        // Past the end: the end.
+        assert_eq!(cx.position(10_000), (3, 1));
+    }
+}
