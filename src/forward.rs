@@ -427,12 +427,7 @@ impl UpstreamPool {
                 return Ok((response, response_names));
             }
             let announced = response_names.trailer(response.headers());
-            if response.headers().contains_key(header::TRANSFER_ENCODING) {
-                // RFC 9112 6.3: the transfer coding frames the body and overrides a length
-                // sent with it, which a proxy must remove: the client gets the body re-framed
-                // as it actually arrives, not cut at a length that did not frame it.
-                response.headers_mut().remove(header::CONTENT_LENGTH);
-            }
+            headers::settle_response_length(response.headers_mut());
             headers::strip_hop_by_hop(response.headers_mut(), &response_names);
             // hyper's HTTP/1.1 encoder only sends the trailer fields that `Trailer` announces; a
             // client that negotiated trailers (`TE: trailers`, e.g. gRPC) gets the announcement

@@ -373,6 +373,46 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, names: &FieldNames) {
     }
 }
 
+/// An upstream response's length fields as they go on to the client: re-stated, never passed
+/// on ambiguous. A `Content-Length` sent with a `Transfer-Encoding` is removed (RFC 9112 6.3:
+/// the coding frames the body and overrides the length, which a proxy must remove; the client
+/// gets the body re-framed as it actually arrives, not cut at a length that did not frame it).
+/// A length repeated, listed (`2, 2`) or written with leading zeros goes on as one field of
+/// plain digits (RFC 9110 8.6 lets a recipient replace equal values with one; the clients that
+/// read the response refused values that differ): a client must not see two lengths, and
+/// hyper's encoder would answer a HEAD so framed with nothing at all. One that does not read
+/// as a length (only in an answer that has no body, whose length nobody read) is removed.
+pub fn settle_response_length(headers: &mut HeaderMap) {
+    if headers.contains_key(header::TRANSFER_ENCODING) {
+        headers.remove(header::CONTENT_LENGTH);
+        return;
+    }
+    let header::Entry::Occupied(mut lengths) = headers.entry(header::CONTENT_LENGTH) else {
+        return;
+    };
+    if lengths.iter().nth(1).is_none() && is_plain_length(lengths.get().as_bytes()) {
+        return;
+    }
+    match content_length(lengths.iter().map(HeaderValue::as_bytes)) {
+        Some(n) => {
+            lengths.insert(HeaderValue::from(n));
+        }
+        None => {
+            lengths.remove_entry_mult();
+        }
+    }
+}
+
+/// Whether a `Content-Length` value is a length as a sender should write it: digits, without
+/// a leading zero (but `0` itself).
+pub fn is_plain_length(value: &[u8]) -> bool {
+    match value {
+        [] => false,
+        [b'0', _, ..] => false,
+        digits => digits.iter().all(u8::is_ascii_digit),
+    }
+}
+
 /// What the upstream learns about the client.
 #[derive(Clone, Copy)]
 pub struct ForwardedFor<'a> {
@@ -987,6 +1027,44 @@ fn insert(headers: &mut HeaderMap, name: &HeaderName, value: Vec<u8>, indexing: 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_response_length_goes_on_as_one_plain_field() {
+        let settled = |fields: &[(&'static str, &'static str)]| {
+            let mut map = HeaderMap::new();
+            for (name, value) in fields {
+                map.append(*name, HeaderValue::from_static(value));
+            }
+            settle_response_length(&mut map);
+            let lengths = map.get_all(header::CONTENT_LENGTH).iter();
+            lengths
+                .map(|v| v.to_str().unwrap_or("?").to_string())
+                .collect::<Vec<_>>()
+        };
+        let cl = "content-length";
+        assert_eq!(settled(&[(cl, "12")]), ["12"]);
+        assert_eq!(settled(&[(cl, "0")]), ["0"]);
+        assert_eq!(settled(&[(cl, "12"), (cl, "12")]), ["12"]);
+        assert_eq!(settled(&[(cl, "12, 12")]), ["12"]);
+        assert_eq!(settled(&[(cl, "012")]), ["12"]);
+        assert_eq!(settled(&[(cl, "00")]), ["0"]);
+        // Nothing read these as a length (an answer without a body): not passed on.
+        assert_eq!(settled(&[(cl, "x")]), Vec::<String>::new());
+        assert_eq!(settled(&[(cl, "1"), (cl, "2")]), Vec::<String>::new());
+        // Beside a transfer coding: removed (RFC 9112 6.3).
+        let with_te = [(cl, "12"), ("transfer-encoding", "chunked")];
+        assert_eq!(settled(&with_te), Vec::<String>::new());
+        assert!(settled(&[("x-a", "1")]).is_empty());
+        for (value, plain) in [
+            ("0", true),
+            ("10", true),
+            ("", false),
+            ("01", false),
+            ("1 ", false),
+        ] {
+            assert_eq!(is_plain_length(value.as_bytes()), plain, "{value:?}");
+        }
+    }
 
     #[test]
     fn lengths_are_read_as_hyper_reads_them() {

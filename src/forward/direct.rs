@@ -454,8 +454,9 @@ struct AsLines<'h> {
     /// Where the head's lines start in the buffer.
     start: usize,
     framing: FramingFields<'h>,
-    /// Where each `Content-Length` line is, in order.
-    lengths: smallvec::SmallVec<[Range<usize>; 1]>,
+    /// Where the `Content-Length` line is: the first one's, the only one written (a repeated
+    /// length is counted in `framing`, where values that differ are refused, and sent once).
+    length_line: Option<Range<usize>>,
     /// Whether a `Date` is among the lines.
     date: bool,
     reuse: Reuse,
@@ -467,9 +468,11 @@ const MAX_NAME: usize = (1 << 16) - 1;
 /// Writes the fields of a response head that go on to the client into `lines`, as the map
 /// would have carried them through the forwarder and the server's encoder: the name in lower
 /// case, hop-by-hop fields left out, a `Content-Length` left out beside a
-/// `Transfer-Encoding` (RFC 9112 6.3). None, with `lines` as it was, for a head that needs
+/// `Transfer-Encoding` (RFC 9112 6.3) and written once when the upstream repeats it
+/// ([`headers::settle_response_length`]). None, with `lines` as it was, for a head that needs
 /// the map's handling: a `Connection` that names other fields, a `TE`, a `Trailer` to keep,
-/// a field tollgate sets itself, a name the map would refuse. httparse has checked every
+/// a field tollgate sets itself, a name the map would refuse, a `Content-Length` that is not
+/// plain digits. httparse has checked every
 /// name (a token) and value (no control but tab) as `HeaderName` and `HeaderValue` would.
 fn fields_as_lines<'h>(
     head: &'h Bytes,
@@ -483,7 +486,7 @@ fn fields_as_lines<'h>(
     let mut found = AsLines {
         start,
         framing: FramingFields::default(),
-        lengths: smallvec::SmallVec::new(),
+        length_line: None,
         date: false,
         reuse: Reuse::new(version),
     };
@@ -500,13 +503,20 @@ fn fields_as_lines<'h>(
         let lower = &out[line..];
         let is_length = lower == b"content-length";
         let kept = match headers::response_field(lower) {
+            // A length the map would re-state (a list, leading zeros, not a number) goes
+            // through the map; a repeated plain one is written once.
+            headers::ResponseField::Kept if is_length && !headers::is_plain_length(value) => {
+                out.truncate(start);
+                return None;
+            }
             headers::ResponseField::Kept => {
                 if is_length {
                     found.framing.lengths.push(value);
-                } else if lower == b"date" {
-                    found.date = true;
+                    found.length_line.is_none()
+                } else {
+                    found.date |= lower == b"date";
+                    true
                 }
-                true
             }
             headers::ResponseField::HopByHop => {
                 if lower == b"transfer-encoding" {
@@ -529,7 +539,7 @@ fn fields_as_lines<'h>(
             out.extend_from_slice(value);
             out.extend_from_slice(b"\r\n");
             if is_length {
-                found.lengths.push(line..out.len());
+                found.length_line = Some(line..out.len());
             }
         } else {
             out.truncate(line);
@@ -539,11 +549,11 @@ fn fields_as_lines<'h>(
 }
 
 impl AsLines<'_> {
-    /// The body's framing and the connection's reuse, once the lines are settled: among them
-    /// stay the `Content-Length` lines that hyper's server encoder would have written from
-    /// the map for a body so framed (the first one for a body of known length, all of them in
-    /// an answer to HEAD, none for an empty body, the encoder writing its own `0`, or beside a
-    /// `Transfer-Encoding`, which the forwarder removes), and the encoder
+    /// The body's framing and the connection's reuse, once the lines are settled: the
+    /// `Content-Length` line stays where hyper's server encoder would have written it from
+    /// the map for a body so framed (for a body of known length, and in an answer to HEAD; not
+    /// for an empty body, the encoder writing its own `0`, nor beside a `Transfer-Encoding`,
+    /// which the forwarder removes), and the encoder
     /// (`server::simple_h1`'s `encode_head`) learns the length it need not write again and
     /// whether a `Date` came. A framing that is an error leaves the lines as they were.
     fn finish(
@@ -561,19 +571,21 @@ impl AsLines<'_> {
             }
         };
         let keep = match &framing {
-            _ if self.framing.transfer_encoding.is_some() => 0,
-            Framing::Length(0) if head_only => self.lengths.len(),
-            Framing::Length(0) => 0,
+            _ if self.framing.transfer_encoding.is_some() => false,
+            // An answer to HEAD: nothing read its length; one that does not read as a length
+            // (values that differ) is left out, as `headers::settle_response_length` does.
+            Framing::Length(0) => {
+                head_only && headers::content_length(self.framing.lengths.iter().copied()).is_some()
+            }
             Framing::Length(n) => {
                 lines.length = Some(*n);
-                1
+                true
             }
-            _ => 0,
+            _ => false,
         };
         lines.date = self.date;
-        // Last first, so that the places of the earlier ones hold.
-        for at in self.lengths.iter().skip(keep).rev() {
-            lines.bytes.drain(at.clone());
+        if let (false, Some(at)) = (keep, self.length_line) {
+            lines.bytes.drain(at);
         }
         Ok((framing, self.reuse))
     }
@@ -1061,8 +1073,8 @@ mod tests {
              content-length: 5\r\n"
         );
         assert_eq!((length, date, in_map), (Some(5), true, 0));
-        // Of several lengths, the first; none beside a transfer coding, or for an empty body
-        // (the encoder writes its own `0`); all of them in an answer to HEAD.
+        // Of several equal lengths, one; none beside a transfer coding, or for an empty body
+        // (the encoder writes its own `0`); one in an answer to HEAD too.
         let (lines, length, ..) = read(
             "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-B: 1\r\ncontent-length: 2\r\n\r\n",
             false,
@@ -1082,10 +1094,7 @@ mod tests {
         );
         assert_eq!(
             (lines.as_str(), length),
-            (
-                "before: 1\r\ncontent-length: 7\r\ncontent-length: 7\r\n",
-                None
-            )
+            ("before: 1\r\ncontent-length: 7\r\n", None)
         );
         // A client that takes trailers gets the announcement: through the map.
         let (lines, _, _, in_map) = read_as_lines(
@@ -1108,9 +1117,8 @@ mod tests {
     }
 
     /// What the client's encoder gets from a head read into the map and carried through the
-    /// forwarder (`forward.rs`: a `Content-Length` beside a `Transfer-Encoding` removed, the
-    /// hop-by-hop fields stripped), with the `Content-Length` fields the encoder writes
-    /// (`simple_h1::encode_head`) and the length it then need not write: the fields sorted by
+    /// forwarder (`forward.rs`: the length settled, the hop-by-hop fields stripped), with the
+    /// `Content-Length` fields the encoder writes (`simple_h1::encode_head`) and the length it then need not write: the fields sorted by
     /// name, the framing, the keep-alive; or the error.
     fn through_the_map(
         text: &str,
@@ -1127,9 +1135,7 @@ mod tests {
         };
         let mut map = response.headers().clone();
         let names = headers::FieldNames::of(&map, false);
-        if map.contains_key(header::TRANSFER_ENCODING) {
-            map.remove(header::CONTENT_LENGTH);
-        }
+        headers::settle_response_length(&mut map);
         headers::strip_hop_by_hop(&mut map, &names);
         let (mut fields, mut length) = (Vec::new(), None);
         for (name, value) in &map {

@@ -70,6 +70,13 @@ const COPY_LIMIT: usize = 8 * 1024;
 /// A body whose frames keep coming ready is written out once this much has gathered: the
 /// response buffer stays bounded whatever the upstream sends.
 const FLUSH_AT: usize = 64 * 1024;
+/// What a connection's response buffer starts with: room for the usual head and small body.
+const USUAL_OUT: usize = 1024;
+/// The most a connection's response buffer keeps allocated between responses. A large
+/// upstream head (up to about 408 KiB) or a body written in many small frames (up to
+/// [`FLUSH_AT`] and one frame) grows it; kept at that size, a thousand idle keep-alive
+/// connections could hold a hundred MiB.
+const KEPT_OUT: usize = 16 * 1024;
 /// What a connection's read buffer starts with, as hyper's.
 const READ_BUFFER: usize = 8 * 1024;
 /// Room kept for one read ahead while a request is in flight (TLS: [`poll_read_ahead`]).
@@ -97,7 +104,7 @@ pub(super) async fn serve<S: ClientStream>(
         stream,
         activity,
         buf: BytesMut::with_capacity(READ_BUFFER),
-        out: Vec::with_capacity(1024),
+        out: Vec::with_capacity(USUAL_OUT),
         added: headers::ResponseLines::new(),
         fields: Vec::with_capacity(16),
         date: DateField::default(),
@@ -123,6 +130,14 @@ pub(super) async fn serve<S: ClientStream>(
             let _ = conn.stream.shutdown().await;
             return Ending::Closed;
         }
+    }
+}
+
+/// An emptied response buffer, its allocation given back when a response grew it past
+/// [`KEPT_OUT`].
+fn give_back_grown(out: &mut Vec<u8>) {
+    if out.capacity() > KEPT_OUT {
+        *out = Vec::with_capacity(USUAL_OUT);
     }
 }
 
@@ -340,6 +355,7 @@ impl<'a, S: ClientStream> Simple<'a, S> {
             if !self.flush_out().await {
                 return false;
             }
+            give_back_grown(&mut self.out);
             !framing.last
         }
     }
@@ -885,6 +901,23 @@ mod tests {
 
     fn parsed(head: &str) -> Option<ParsedHead> {
         parse_head(head.as_bytes(), &mut Vec::new())
+    }
+
+    #[test]
+    fn a_response_buffer_grown_past_the_kept_size_is_given_back() {
+        let mut out = Vec::with_capacity(USUAL_OUT);
+        out.extend_from_slice(&[b'x'; KEPT_OUT / 2]);
+        out.clear();
+        give_back_grown(&mut out);
+        assert!(out.capacity() >= KEPT_OUT / 2, "a usual size is kept");
+        out.extend_from_slice(&vec![b'x'; FLUSH_AT + COPY_LIMIT]);
+        out.clear();
+        give_back_grown(&mut out);
+        assert!(
+            out.capacity() <= KEPT_OUT,
+            "a grown buffer is given back: {}",
+            out.capacity()
+        );
     }
 
     #[test]
