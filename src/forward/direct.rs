@@ -503,20 +503,21 @@ fn fields_as_lines<'h>(
         let lower = &out[line..];
         let is_length = lower == b"content-length";
         let kept = match headers::response_field(lower) {
-            // A length the map would re-state (a list, leading zeros, not a number) goes
-            // through the map; a repeated plain one is written once.
-            headers::ResponseField::Kept if is_length && !headers::is_plain_length(value) => {
-                out.truncate(start);
-                return None;
+            headers::ResponseField::Kept if is_length => {
+                // A length the map would re-state (a list, leading zeros, not a number) goes
+                // through the map; a repeated plain one is written once.
+                if !headers::is_plain_length(value) {
+                    out.truncate(start);
+                    return None;
+                }
+                found.framing.lengths.push(value);
+                found.length_line.is_none()
             }
             headers::ResponseField::Kept => {
-                if is_length {
-                    found.framing.lengths.push(value);
-                    found.length_line.is_none()
-                } else {
-                    found.date |= lower == b"date";
-                    true
+                if lower == b"date" {
+                    found.date = true;
                 }
+                true
             }
             headers::ResponseField::HopByHop => {
                 if lower == b"transfer-encoding" {
