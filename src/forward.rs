@@ -64,7 +64,7 @@ const TRIM_EVERY: Duration = Duration::from_secs(1);
 
 mod direct;
 
-pub use direct::{read_response, DirectBody, ReadResponse};
+pub use direct::{lines_against_the_map, read_response, DirectBody, ReadResponse, WentAs};
 use direct::{DirectConn, ExchangeError, Parking};
 
 type Connector = HttpsConnector<HttpConnector>;

@@ -6,6 +6,11 @@
 //! in-memory stream; tollgate's reads it with `forward::read_response`. tollgate's must agree,
 //! or be stricter (fail where hyper reads a response), never more lenient: whenever it reads a
 //! response, hyper reads the same status, fields, body and trailers.
+//!
+//! The same head is also read the two ways it can reach tollgate's own HTTP/1.1 server path,
+//! as lines and through the map (`forward::lines_against_the_map`): the lines must carry what
+//! the map, the forwarder and the server's encoder would have sent, or leave the head to the
+//! map.
 #![no_main]
 
 use std::cell::RefCell;
@@ -66,6 +71,9 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let head = first & 1 == 1;
+    if let Err(disagreement) = tollgate::forward::lines_against_the_map(wire, head) {
+        panic!("the lines and the map disagree: {disagreement}");
+    }
     let Ok((response, body, trailers)) = tollgate::forward::read_response(wire, head) else {
         // Failing is always allowed: the request is answered 502.
         return;
