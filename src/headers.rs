@@ -391,8 +391,8 @@ pub fn settle_response_length(headers: &mut HeaderMap) {
         headers.remove(header::CONTENT_LENGTH);
         return;
     }
-    // Looked at before an entry is taken: taking one reserves room, which allocates the empty
-    // map of a response whose fields went as lines (`forward::direct`).
+    // The usual single plain length is recognised before an entry is taken: taking one
+    // reserves room for a field, which may grow the map.
     let mut found = headers.get_all(header::CONTENT_LENGTH).iter();
     match (found.next(), found.next()) {
         (None, _) => return,

@@ -769,6 +769,8 @@ pub enum WentAs {
     Map,
     /// Refused both ways, with the same error.
     Refused,
+    /// No response yet both ways: a 1xx, or a head not all there (the lines left untouched).
+    NoResponse,
 }
 
 /// Reads the response head at the start of `wire` (the answer to a GET, or to a HEAD) both
@@ -822,7 +824,7 @@ pub fn lines_against_the_map(wire: &[u8], head_only: bool) -> Result<WentAs, Str
         ),
         (Ok(None), Ok(None)) | (Ok(Some(Head::Informational)), Ok(Some(Head::Informational))) => {
             return match lines.bytes.is_empty() {
-                true => Ok(WentAs::Map),
+                true => Ok(WentAs::NoResponse),
                 false => Err("lines written for a head that gives no response".into()),
             };
         }
@@ -1309,7 +1311,7 @@ mod tests {
                         match lines_against_the_map(text.as_bytes(), head_only) {
                             Ok(WentAs::Lines) => as_lines += 1,
                             Ok(WentAs::Map) => in_map += 1,
-                            Ok(WentAs::Refused) => {}
+                            Ok(WentAs::Refused | WentAs::NoResponse) => {}
                             Err(disagreement) => panic!("{text:?}: {disagreement}"),
                         }
                     }
