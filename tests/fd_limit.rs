@@ -65,6 +65,7 @@ impl<S: tracing::Subscriber> Layer<S> for AcceptFailureLines {
     }
 }
 
+#[allow(unsafe_code)] // the rlimit calls, as in src/server/open_files.rs
 fn open_file_limit() -> libc::rlimit {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
@@ -78,6 +79,7 @@ fn open_file_limit() -> libc::rlimit {
     limit
 }
 
+#[allow(unsafe_code)]
 fn set_soft_limit(soft: libc::rlim_t) {
     let limit = libc::rlimit {
         rlim_cur: soft,

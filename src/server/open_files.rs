@@ -46,6 +46,8 @@ pub fn raise_open_file_limit() -> io::Result<OpenFileLimit> {
     result
 }
 
+// The libc calls are the crate's only unsafe code (Cargo.toml's `[lints.rust]`).
+#[allow(unsafe_code)]
 fn raise_soft_limit() -> io::Result<OpenFileLimit> {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
@@ -162,6 +164,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(unsafe_code)]
     fn the_soft_limit_is_raised_to_the_hard_limit() {
         let mut limit = libc::rlimit {
             rlim_cur: 0,
