@@ -1,0 +1,227 @@
+//! The `tollgate` command line (docs: README "Command line"): the arguments, where the
+//! configuration file comes from, and one module per command. `main` parses, loads the
+//! configuration and dispatches here; it stays the only place that reads the process
+//! environment (handed down as an [`Env`] function) or decides the exit code.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+mod check;
+mod explain;
+mod logging;
+mod migrate;
+mod output;
+mod request;
+mod reset;
+mod run;
+
+pub use check::{certificate_errors, check};
+pub use explain::explain;
+pub use logging::init_logging;
+pub use migrate::migrate;
+pub use output::Out;
+pub use reset::reset;
+pub use run::run;
+
+/// The process environment as `main` reads it; tests pass their own.
+pub type Env = fn(&str) -> Option<String>;
+
+#[derive(Parser)]
+#[command(
+    name = "tollgate",
+    version,
+    about = "A rate-limiting reverse proxy with counters in PostgreSQL"
+)]
+pub struct Cli {
+    /// Configuration file [default: $TOLLGATE_CONFIG, then ./proxy.toml]
+    #[arg(long, global = true, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Serve until SIGTERM or SIGINT (the default)
+    Run,
+    /// Validate the configuration, print its routes and limits, and exit
+    Check,
+    /// Apply pending database migrations and exit
+    Migrate {
+        /// Also replace the stored key fingerprint with this configuration's (secret rotation)
+        #[arg(long)]
+        accept_new_key: bool,
+    },
+    /// Show which route and limits a request would meet, and whether it would be allowed now
+    /// (reads the counters, never increments them)
+    Explain {
+        /// Client address the request comes from
+        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1")]
+        ip: IpAddr,
+        /// A request header, as 'Name: value' (repeatable)
+        #[arg(long = "header", value_name = "'Name: value'")]
+        headers: Vec<String>,
+        /// Request method, e.g. GET
+        method: String,
+        /// Request URL, e.g. http://api.example.com/oauth/register
+        url: String,
+    },
+    /// Forget what a request's buckets counted (current window, and the previous one), in the
+    /// database and in every running instance's cache of denials
+    Reset {
+        /// Client address the request comes from
+        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1")]
+        ip: IpAddr,
+        /// A request header, as 'Name: value' (repeatable)
+        #[arg(long = "header", value_name = "'Name: value'")]
+        headers: Vec<String>,
+        /// Request method, e.g. POST
+        method: String,
+        /// Request URL, e.g. http://api.example.com/oauth/register
+        url: String,
+    },
+}
+
+/// Where the configuration path came from (SPEC 1: `--config`, then `$TOLLGATE_CONFIG`, then
+/// `./proxy.toml`), so that a missing file's message can say which one to change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConfigFrom {
+    Flag,
+    Env,
+    Default,
+}
+
+pub fn config_path(flag: Option<PathBuf>, env: Env) -> (PathBuf, ConfigFrom) {
+    if let Some(path) = flag {
+        return (path, ConfigFrom::Flag);
+    }
+    match env("TOLLGATE_CONFIG").filter(|p| !p.is_empty()) {
+        Some(path) => (PathBuf::from(path), ConfigFrom::Env),
+        None => (PathBuf::from("proxy.toml"), ConfigFrom::Default),
+    }
+}
+
+/// The second line of a "cannot read" error for a file that does not exist: how the path was
+/// chosen and how to give another. A newcomer who ran `tollgate` in the wrong directory sees
+/// only `proxy.toml: cannot read` otherwise, with no hint that a flag or a variable exists.
+pub fn missing_config_hint(path: &std::path::Path, from: ConfigFrom) -> String {
+    let why = match from {
+        ConfigFrom::Flag => "the file given with --config does not exist".to_owned(),
+        ConfigFrom::Env => format!(
+            "TOLLGATE_CONFIG names {}, which does not exist",
+            path.display()
+        ),
+        ConfigFrom::Default => {
+            "neither --config nor TOLLGATE_CONFIG is set, so tollgate looked for ./proxy.toml"
+                .to_owned()
+        }
+    };
+    format!(
+        "tollgate: {why}; give the configuration file with --config PATH or TOLLGATE_CONFIG=PATH \
+         (proxy.toml.example is a complete one to start from)"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    fn config_env(name: &str) -> Option<String> {
+        (name == "TOLLGATE_CONFIG").then(|| "/etc/tollgate/from-env.toml".to_owned())
+    }
+
+    fn empty_config_env(name: &str) -> Option<String> {
+        (name == "TOLLGATE_CONFIG").then(String::new)
+    }
+
+    #[test]
+    fn the_flag_wins_then_the_variable_then_proxy_toml() {
+        let flag = Some(PathBuf::from("given.toml"));
+        assert_eq!(
+            config_path(flag.clone(), config_env),
+            (PathBuf::from("given.toml"), ConfigFrom::Flag)
+        );
+        assert_eq!(
+            config_path(None, config_env),
+            (
+                PathBuf::from("/etc/tollgate/from-env.toml"),
+                ConfigFrom::Env
+            )
+        );
+        assert_eq!(
+            config_path(None, no_env),
+            (PathBuf::from("proxy.toml"), ConfigFrom::Default)
+        );
+        // An empty variable is as good as unset.
+        assert_eq!(
+            config_path(None, empty_config_env),
+            (PathBuf::from("proxy.toml"), ConfigFrom::Default)
+        );
+    }
+
+    #[test]
+    fn a_missing_file_says_how_its_path_was_chosen() {
+        let path = std::path::Path::new("proxy.toml");
+        let hint = missing_config_hint(path, ConfigFrom::Default);
+        assert!(
+            hint.contains("neither --config nor TOLLGATE_CONFIG"),
+            "{hint}"
+        );
+        let hint = missing_config_hint(path, ConfigFrom::Env);
+        assert!(hint.contains("TOLLGATE_CONFIG names proxy.toml"), "{hint}");
+        let hint = missing_config_hint(path, ConfigFrom::Flag);
+        assert!(hint.contains("given with --config"), "{hint}");
+        for from in [ConfigFrom::Flag, ConfigFrom::Env, ConfigFrom::Default] {
+            let hint = missing_config_hint(path, from);
+            assert!(hint.contains("proxy.toml.example"), "{hint}");
+        }
+    }
+
+    #[test]
+    fn explain_takes_a_method_a_url_and_repeated_headers() {
+        let cli = Cli::try_parse_from([
+            "tollgate",
+            "explain",
+            "--config",
+            "p.toml",
+            "--ip",
+            "192.0.2.7",
+            "--header",
+            "Authorization: Bearer x",
+            "--header",
+            "X-Tenant: a",
+            "POST",
+            "http://api.example.com/login",
+        ])
+        .expect("parses");
+        assert_eq!(cli.config, Some(PathBuf::from("p.toml")));
+        let Some(Command::Explain {
+            ip,
+            headers,
+            method,
+            url,
+        }) = cli.command
+        else {
+            panic!("not explain");
+        };
+        assert_eq!(ip, "192.0.2.7".parse::<IpAddr>().expect("an address"));
+        assert_eq!(headers, ["Authorization: Bearer x", "X-Tenant: a"]);
+        assert_eq!(
+            (method.as_str(), url.as_str()),
+            ("POST", "http://api.example.com/login")
+        );
+    }
+
+    #[test]
+    fn run_is_the_default_command() {
+        let cli = Cli::try_parse_from(["tollgate"]).expect("parses");
+        assert!(cli.command.is_none());
+        assert!(Cli::try_parse_from(["tollgate", "bogus"]).is_err());
+    }
+}

@@ -1,0 +1,248 @@
+//! What `explain` and `reset` share: the request given on the command line, the route and
+//! buckets the proxy would give it (`tollgate::plan`), and the store they read or reset.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri};
+
+use tollgate::config::{self, Config, KeyPart};
+use tollgate::key::BucketHasher;
+use tollgate::normalise::NormaliseError;
+use tollgate::plan::{self, PlanError, RequestPlan};
+use tollgate::store::postgres::{self, InitError, PostgresStore};
+
+use super::output::{say, Out};
+use std::process::ExitCode;
+
+/// A request given on the command line (`explain`, `reset`): the method, URL and headers
+/// parsed, or a usage error.
+pub struct CommandRequest {
+    pub method: Method,
+    pub uri: Uri,
+    pub headers: HeaderMap,
+}
+
+pub fn command_request(
+    method: &str,
+    url: &str,
+    header_args: &[String],
+) -> Result<CommandRequest, String> {
+    let Ok(method) = Method::from_bytes(method.to_ascii_uppercase().as_bytes()) else {
+        return Err(format!("not an HTTP method: {method}"));
+    };
+    let Ok(uri) = url.parse::<Uri>() else {
+        return Err("URL does not parse".to_string());
+    };
+    let mut headers = HeaderMap::new();
+    for arg in header_args {
+        let Some((name, value)) = arg.split_once(':') else {
+            return Err("--header takes 'Name: value'".to_string());
+        };
+        let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name.trim().as_bytes()),
+            HeaderValue::from_str(value.trim()),
+        ) else {
+            return Err("--header has an invalid name or value".to_string());
+        };
+        headers.append(name, value);
+    }
+    Ok(CommandRequest {
+        method,
+        uri,
+        headers,
+    })
+}
+
+/// The one-off commands' budget for a call to the store beyond making its connection: the
+/// request path's `store.timeout` (100 ms by default) is a decision's budget, pool connect
+/// included, and a command that connects afresh on a loaded machine or to a distant database
+/// cannot keep to it (issue 19: `explain` failed under load).
+pub const COMMAND_STORE_GRACE: Duration = Duration::from_secs(5);
+
+/// Why a command could not use the store: the `store` line of `explain`'s output
+/// (`unreachable (...)`), and the cause for the command's one stderr line.
+pub struct StoreProblem {
+    pub line: String,
+    pub cause: String,
+}
+
+impl StoreProblem {
+    /// A store that was reached but did not answer as needed, or could not be set up.
+    pub fn failed(err: impl std::fmt::Display) -> StoreProblem {
+        StoreProblem {
+            line: format!("not usable ({err})"),
+            cause: err.to_string(),
+        }
+    }
+
+    fn from_init(err: InitError) -> StoreProblem {
+        match err {
+            // `run`'s message for this says how to rotate the secret; a command that only
+            // reads or resets must not send an operator off rotating keys: most likely it was
+            // given another file (or secret) than the running instances'.
+            InitError::FingerprintMismatch(_) => StoreProblem {
+                line: "key fingerprint mismatch: the database's counters were made with another \
+                       keys.secret; the buckets below are this configuration's, not the ones the \
+                       running instances count in"
+                    .to_owned(),
+                cause: "this configuration's keys.secret is not the one the database's instances \
+                        use (key fingerprint mismatch): give the command the same configuration, \
+                        and TOLLGATE_KEY_SECRET, as the running instances"
+                    .to_owned(),
+            },
+            InitError::Unreachable(ref m) => StoreProblem {
+                line: format!("unreachable ({m})"),
+                cause: err.to_string(),
+            },
+            other => StoreProblem::failed(other),
+        }
+    }
+}
+
+/// The Postgres store for a command that reads or writes counters: no migration, but the key
+/// fingerprint must match, or the buckets would not be the ones the running instances use.
+/// Every call gets the time to make a connection plus [`COMMAND_STORE_GRACE`].
+pub async fn command_store(
+    config: &Config,
+    hasher: &BucketHasher,
+) -> Result<Arc<PostgresStore>, StoreProblem> {
+    let mut store = config.store.clone();
+    let connect = postgres::connect_deadline_for(&store).map_err(StoreProblem::failed)?;
+    store.timeout = store.timeout.max(connect + COMMAND_STORE_GRACE);
+    let pg = PostgresStore::new(&store).map_err(StoreProblem::failed)?;
+    pg.initialize(&hasher.fingerprint(), false)
+        .await
+        .map_err(StoreProblem::from_init)?;
+    Ok(pg)
+}
+
+/// The first half of `explain` and `reset`: plans `request` as the proxy would and prints
+/// the request and route lines. `Err` is the exit code to stop with: a usage error, or
+/// success when no route matches.
+pub fn plan_and_say_route<'c>(
+    config: &'c Config,
+    hasher: &BucketHasher,
+    ip: IpAddr,
+    request: &CommandRequest,
+    usage: impl Fn(String) -> ExitCode,
+    out: &mut Out<'_>,
+) -> Result<RequestPlan<'c>, ExitCode> {
+    let plan = match plan::plan_request(
+        config,
+        hasher,
+        ip,
+        &request.method,
+        &request.uri,
+        &request.headers,
+    ) {
+        Ok(plan) => plan,
+        Err(PlanError::Normalise(e @ NormaliseError::MissingHost)) => {
+            return Err(usage(format!(
+                "{e} (give an absolute URL or a Host header)"
+            )))
+        }
+        Err(e) => return Err(usage(e.to_string())),
+    };
+    say!(
+        out,
+        "request     {} {}{} from {ip}",
+        request.method,
+        plan.authority,
+        plan.path
+    );
+    if !say_route(config, &plan, out) {
+        return Err(ExitCode::SUCCESS);
+    }
+    Ok(plan)
+}
+
+/// Prints the route line of `explain`/`reset`; false when there is nothing more to say.
+fn say_route(config: &Config, plan: &RequestPlan<'_>, out: &mut Out<'_>) -> bool {
+    let Some((_, route)) = plan.route else {
+        say!(
+            out,
+            "route       none: the request would get 404 and not be forwarded"
+        );
+        return false;
+    };
+    say!(
+        out,
+        "route       {} -> upstream {}",
+        route.name,
+        config.upstream(route).name
+    );
+    if route.limits.is_empty() {
+        say!(out, "limits      none: the request would be forwarded");
+        return false;
+    }
+    true
+}
+
+/// `limit ...: does not apply (no X header)` for a limit whose key the request lacks.
+pub fn say_not_applying(limit: &config::LimitConfig, headers: &HeaderMap, out: &mut Out<'_>) {
+    let missing: Vec<String> = limit
+        .key
+        .parts
+        .iter()
+        .filter_map(|p| match p {
+            KeyPart::Header(h) if !headers.contains_key(h) => Some(h.to_string()),
+            _ => None,
+        })
+        .collect();
+    say!(
+        out,
+        "limit       {}: does not apply (no {} header)",
+        limit.policy_name(),
+        missing.join("/")
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_command_request_is_parsed_like_a_request() {
+        let request = command_request(
+            "post",
+            "http://api.example.com/login?x=1",
+            &[
+                "Authorization: Bearer abc".to_owned(),
+                "X-Tenant:  a ".to_owned(),
+            ],
+        )
+        .expect("valid");
+        assert_eq!(request.method, Method::POST);
+        assert_eq!(request.uri.path(), "/login");
+        assert_eq!(request.headers["authorization"], "Bearer abc");
+        assert_eq!(request.headers["x-tenant"], "a");
+    }
+
+    #[test]
+    fn a_repeated_header_is_kept_twice() {
+        let request = command_request("GET", "/", &["X-Key: a".to_owned(), "X-Key: b".to_owned()])
+            .expect("valid");
+        assert_eq!(request.headers.get_all("x-key").iter().count(), 2);
+    }
+
+    #[test]
+    fn bad_arguments_are_usage_errors_that_say_what_is_wrong() {
+        let err = |method: &str, url: &str, header: &str| {
+            command_request(method, url, &[header.to_owned()])
+                .err()
+                .expect("refused")
+        };
+        assert_eq!(
+            err("GET", "http://a/", "no colon"),
+            "--header takes 'Name: value'"
+        );
+        assert_eq!(
+            err("GET", "http://a/", "Bad Name: x"),
+            "--header has an invalid name or value"
+        );
+        assert_eq!(err("GET", "http://a b/", "X: y"), "URL does not parse");
+        assert_eq!(err("G(T", "http://a/", "X: y"), "not an HTTP method: G(T");
+    }
+}

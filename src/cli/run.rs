@@ -1,0 +1,66 @@
+//! `tollgate run`: the server started, then driven by signals (SIGHUP reloads; SIGTERM and
+//! SIGINT drain and stop).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use prometheus_client::metrics::counter::Counter;
+
+use tollgate::config::Config;
+use tollgate::Server;
+
+use super::Env;
+
+/// `tollgate run`: serves until SIGTERM or SIGINT; SIGHUP reloads the file at `path`.
+pub async fn run(config: Config, path: PathBuf, log_drops: Counter, env: Env) -> ExitCode {
+    // Before anything is bound: every connection and upstream request needs a descriptor
+    // (SPEC 9). It logs the figure, or why it could not.
+    let _ = tollgate::server::raise_open_file_limit();
+    let mut server = match Server::builder(config).log_drops(log_drops).start().await {
+        Ok(server) => server,
+        Err(err) => {
+            eprintln!("tollgate: {err}");
+            return ExitCode::from(1);
+        }
+    };
+    let signals = Signals::install();
+    let Ok(mut signals) = signals else {
+        eprintln!("tollgate: cannot install signal handlers");
+        return ExitCode::from(1);
+    };
+    loop {
+        tokio::select! {
+            _ = signals.hangup.recv() => {
+                tracing::info!("SIGHUP: reloading {}", path.display());
+                server.reload_from(&path, env).await;
+            }
+            _ = signals.terminate.recv() => break,
+            _ = signals.interrupt.recv() => break,
+            message = server.fatal() => {
+                eprintln!("tollgate: {message}");
+                server.shutdown().await;
+                return ExitCode::from(1);
+            }
+        }
+    }
+    tracing::info!("stopping: finishing in-flight requests");
+    server.shutdown().await;
+    ExitCode::SUCCESS
+}
+
+struct Signals {
+    hangup: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+    interrupt: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> std::io::Result<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Signals {
+            hangup: signal(SignalKind::hangup())?,
+            terminate: signal(SignalKind::terminate())?,
+            interrupt: signal(SignalKind::interrupt())?,
+        })
+    }
+}
