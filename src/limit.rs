@@ -4,9 +4,10 @@
 //! increment, is at most its `requests`. All of a request's increments go to the store in one
 //! batch. The store's answer is bounded by `store.timeout`; when the store fails, the caller
 //! applies the route's failure policy, and a [`Breaker`] stops paying a full timeout per
-//! request while the store stays down: after a run of failures it fails fast for a moment,
-//! then lets one probe through, and closes again as soon as a call succeeds. A probe whose
-//! request is cancelled frees its place for the next request, so the breaker always recovers.
+//! request while the store stays down: after a run of failures (two, when one of them cost
+//! most of the timeout) it fails fast for a moment, then lets one probe through, and closes again as
+//! soon as a call succeeds. A probe whose request is cancelled frees its place for the next
+//! request, so the breaker always recovers.
 //! Every decision's outcome is reported to the store, so that readiness follows decisions.
 //!
 //! Once a bucket is known to be over its limit, [`Exhausted`] remembers it until its window
@@ -28,7 +29,7 @@
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::num::NonZeroUsize;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -238,7 +239,7 @@ impl Limiter {
             store,
             timeout,
             deadlines: Deadlines::with_tick(workers, crate::deadline::tick_for(timeout)),
-            breaker: Breaker::new(),
+            breaker: Breaker::new(timeout),
             exhausted: Arc::new(Exhausted::new()),
             clock,
             local: LocalFallback::new(
@@ -307,9 +308,8 @@ impl Limiter {
                 }
             }
         };
-        self.metrics
-            .store_seconds
-            .observe(started.elapsed().as_secs_f64());
+        let took = started.elapsed();
+        self.metrics.store_seconds.observe(took.as_secs_f64());
         let counted = match answer {
             Ok(counted) if counted.len() == plans.len() => {
                 attempt.succeeded();
@@ -319,11 +319,11 @@ impl Limiter {
             }
             Ok(_) => {
                 let err = StoreError::Query("store answered a short batch".into());
-                self.on_store_error(attempt, &err);
+                self.on_store_error(attempt, took, &err);
                 return Verdict::StoreFailed;
             }
             Err(err) => {
-                self.on_store_error(attempt, &err);
+                self.on_store_error(attempt, took, &err);
                 return Verdict::StoreFailed;
             }
         };
@@ -367,10 +367,10 @@ impl Limiter {
 
     /// The store's own log line names the cause and the database (at most once a second
     /// per cause); this one only says when the breaker starts skipping the store.
-    fn on_store_error(&self, attempt: Attempt<'_>, err: &StoreError) {
+    fn on_store_error(&self, attempt: Attempt<'_>, took: Duration, err: &StoreError) {
         self.metrics.store_errors.inc();
         self.store.decision_outcome(false);
-        if attempt.failed() {
+        if attempt.failed(took) {
             tracing::warn!(error = %err, "rate-limit store failing: skipping it for a moment");
         } else {
             tracing::debug!(error = %err, "rate-limit store call failed");
@@ -673,9 +673,17 @@ pub fn judge(outcomes: &[LimitOutcome]) -> Verdict {
     }
 }
 
-/// Fails fast while the store is down. Closed: every call goes to the store. After
-/// [`Breaker::THRESHOLD`] consecutive failures it opens for [`Breaker::COOL_DOWN`]; then one
-/// call at a time probes the store until one succeeds.
+/// Fails fast while the store is down. Closed: every call goes to the store. It opens for
+/// [`Breaker::COOL_DOWN`] after [`Breaker::THRESHOLD`] consecutive failures, or after
+/// [`Breaker::THRESHOLD_IF_SLOW`] when one of them was slow (took at least half of
+/// `store.timeout`); then one call at a time probes the store until one succeeds.
+///
+/// A slow failure cost its request most of a timeout, and the next call to a store that
+/// hangs, or that refuses connections while the pool waits its whole budget for one, costs
+/// as much: waiting for five such failures made the first five requests per instance pay a
+/// full timeout each (docs/operations.md, "When the store fails"). One slow failure alone
+/// may be a straggler on a healthy store, which the next success forgets; a second failure
+/// with no success in between means the store is failing.
 ///
 /// A call holds an [`Attempt`] while it waits for the store. The probe's permit is released
 /// when the attempt is dropped without an outcome (the request was cancelled: client gone,
@@ -683,16 +691,15 @@ pub fn judge(outcomes: &[LimitOutcome]) -> Verdict {
 /// for good (SPEC 5: it always recovers by itself).
 pub struct Breaker {
     base: Instant,
-    consecutive_failures: AtomicU32,
+    /// Consecutive failures since the last success: all of them in the low half, the slow
+    /// ones in the high half. One word, so that a success on a healthy store reads one atomic
+    /// and writes nothing.
+    failures: AtomicU64,
+    /// A failure that took at least this long is slow.
+    slow: Duration,
     /// Milliseconds since `base` until which calls are skipped; 0 = closed.
     open_until_ms: AtomicU64,
     probing: AtomicBool,
-}
-
-impl Default for Breaker {
-    fn default() -> Self {
-        Self::new()
-    }
 }
 
 /// Leave to call the store, from [`Breaker::attempt`]; report how the call ended with
@@ -711,10 +718,11 @@ impl Attempt<'_> {
         self.breaker.record_success();
     }
 
-    /// Returns true when this failure opened the breaker (it was closed until now).
-    pub fn failed(mut self) -> bool {
+    /// The call failed after `took`. Returns true when this failure opened the breaker (it
+    /// was closed until now).
+    pub fn failed(mut self, took: Duration) -> bool {
         self.probe = false;
-        self.breaker.record_failure()
+        self.breaker.record_failure(took >= self.breaker.slow)
     }
 }
 
@@ -727,14 +735,22 @@ impl Drop for Attempt<'_> {
     }
 }
 
+/// One failure in [`Breaker::failures`]; a slow one adds [`SLOW_FAILURE`] too.
+const FAILURE: u64 = 1;
+const SLOW_FAILURE: u64 = 1 << 32;
+
 impl Breaker {
     pub const THRESHOLD: u32 = 5;
+    /// Consecutive failures that open the breaker when one of them was slow.
+    pub const THRESHOLD_IF_SLOW: u32 = 2;
     pub const COOL_DOWN: Duration = Duration::from_millis(500);
 
-    pub fn new() -> Self {
+    /// A breaker for store calls bounded by `timeout` (`store.timeout`).
+    pub fn new(timeout: Duration) -> Self {
         Breaker {
             base: Instant::now(),
-            consecutive_failures: AtomicU32::new(0),
+            failures: AtomicU64::new(0),
+            slow: timeout / 2,
             open_until_ms: AtomicU64::new(0),
             probing: AtomicBool::new(false),
         }
@@ -767,15 +783,37 @@ impl Breaker {
     }
 
     fn record_success(&self) {
-        self.consecutive_failures.store(0, Ordering::Release);
+        // Every decision on a healthy store ends here: reading finds nothing to reset and
+        // leaves the cache lines shared between the workers. (A failure racing with this is
+        // as if it came after it.) `probing` is only ever set while open.
+        if self.failures.load(Ordering::Acquire) == 0
+            && self.open_until_ms.load(Ordering::Acquire) == 0
+        {
+            return;
+        }
+        self.failures.store(0, Ordering::Release);
         self.open_until_ms.store(0, Ordering::Release);
         self.probing.store(false, Ordering::Release);
     }
 
-    fn record_failure(&self) -> bool {
-        let failures = self.consecutive_failures.fetch_add(1, Ordering::AcqRel) + 1;
+    fn record_failure(&self, slow: bool) -> bool {
+        let add = if slow {
+            FAILURE + SLOW_FAILURE
+        } else {
+            FAILURE
+        };
+        let failures = self
+            .failures
+            .fetch_add(add, Ordering::AcqRel)
+            .wrapping_add(add);
+        let (all, slow) = (failures as u32, (failures >> 32) as u32);
         let was_probing = self.probing.swap(false, Ordering::AcqRel);
-        if failures >= Self::THRESHOLD || was_probing {
+        let threshold = if slow > 0 {
+            Self::THRESHOLD_IF_SLOW
+        } else {
+            Self::THRESHOLD
+        };
+        if all >= threshold || was_probing {
             let until = self.now_ms() + Self::COOL_DOWN.as_millis() as u64;
             let before = self.open_until_ms.swap(until.max(1), Ordering::AcqRel);
             return before == 0;
@@ -1066,29 +1104,61 @@ mod tests {
         assert_eq!(window_left_secs(-1, 60), 1);
     }
 
+    /// The breaker of a 1 s `store.timeout`, and failures that took little and half of it.
+    const BUDGET: Duration = Duration::from_secs(1);
+    const QUICK: Duration = Duration::from_millis(10);
+    const SLOW: Duration = Duration::from_millis(500);
+
     #[test]
     fn breaker_opens_and_probes() {
-        let b = Breaker::new();
+        let b = Breaker::new(BUDGET);
         for _ in 0..Breaker::THRESHOLD - 1 {
-            assert!(!b.attempt().expect("closed").failed());
+            assert!(!b.attempt().expect("closed").failed(QUICK));
         }
-        assert!(b.attempt().expect("closed").failed(), "opens");
+        assert!(b.attempt().expect("closed").failed(QUICK), "opens");
         assert!(b.attempt().is_none());
         std::thread::sleep(Breaker::COOL_DOWN + Duration::from_millis(20));
         let probe = b.attempt().expect("one probe after the cool-down");
         assert!(b.attempt().is_none(), "only one probe at a time");
-        assert!(!probe.failed(), "a failed probe re-opens, no new warning");
+        assert!(
+            !probe.failed(QUICK),
+            "a failed probe re-opens, no new warning"
+        );
         assert!(b.attempt().is_none());
         std::thread::sleep(Breaker::COOL_DOWN + Duration::from_millis(20));
         b.attempt().expect("probe").succeeded();
         assert!(b.attempt().is_some());
     }
 
+    /// Issue 47, item 5: two failures in a row open the breaker when one of them cost most
+    /// of a timeout, rather than five; a slow one alone, followed by a success, is forgotten
+    /// (a straggler).
+    #[test]
+    fn two_failures_in_a_row_open_the_breaker_when_one_was_slow() {
+        let b = Breaker::new(BUDGET);
+        let fail = |took| b.attempt().expect("closed").failed(took);
+        assert!(!fail(SLOW), "one may be a straggler");
+        b.attempt().expect("closed").succeeded();
+        assert!(!fail(QUICK), "the straggler was forgotten by the success");
+        assert!(fail(SLOW), "a quick and a slow one open");
+        assert!(b.attempt().is_none());
+        std::thread::sleep(Breaker::COOL_DOWN + Duration::from_millis(20));
+        b.attempt().expect("probe").succeeded();
+        assert!(!fail(SLOW));
+        assert!(fail(SLOW), "two slow ones open");
+        std::thread::sleep(Breaker::COOL_DOWN + Duration::from_millis(20));
+        b.attempt().expect("probe").succeeded();
+        for _ in 0..Breaker::THRESHOLD - 1 {
+            assert!(!fail(QUICK), "closed again, the counts start over");
+        }
+        assert!(fail(QUICK), "five quick ones open");
+    }
+
     #[test]
     fn a_dropped_probe_lets_the_next_call_probe() {
-        let b = Breaker::new();
+        let b = Breaker::new(BUDGET);
         for _ in 0..Breaker::THRESHOLD {
-            let _ = b.attempt().expect("closed").failed();
+            let _ = b.attempt().expect("closed").failed(QUICK);
         }
         std::thread::sleep(Breaker::COOL_DOWN + Duration::from_millis(20));
         let probe = b.attempt().expect("probe");
@@ -1135,11 +1205,17 @@ mod tests {
     async fn a_silent_store_fails_each_decision_at_its_timeout() {
         let timeout = Duration::from_millis(150);
         let metrics = Arc::new(Metrics::new());
-        let limiter = Limiter::new(Arc::new(SilentStore), timeout, 3, metrics, Clock::system());
         let plans = [plan("peer:ip", 10, 60, false)];
         let mut outcomes = Outcomes::new();
-        // The breaker opens after a few failures; the first decisions each wait the budget.
         for worker in 0..3 {
+            // A limiter per lane: its breaker opens after two such failures.
+            let limiter = Limiter::new(
+                Arc::new(SilentStore),
+                timeout,
+                3,
+                metrics.clone(),
+                Clock::system(),
+            );
             let started = Instant::now();
             let decision = limiter.decide(worker, &plans, &mut outcomes);
             let verdict = tokio::time::timeout(Duration::from_secs(5), decision)
@@ -1158,6 +1234,27 @@ mod tests {
                 "worker {worker}: failed only after {took:?}"
             );
         }
+    }
+
+    /// Issue 47, item 5: of eight decisions in a row on a store that never answers, the first
+    /// two wait out the timeout and the breaker answers the rest at once (it waited for five).
+    #[tokio::test]
+    async fn a_silent_store_costs_two_timeouts_then_the_breaker_answers() {
+        let timeout = Duration::from_millis(150);
+        let metrics = Arc::new(Metrics::new());
+        let limiter = Limiter::new(Arc::new(SilentStore), timeout, 1, metrics, Clock::system());
+        let plans = [plan("peer:ip", 10, 60, false)];
+        let mut outcomes = Outcomes::new();
+        let mut took = Vec::new();
+        for _ in 0..8 {
+            let started = Instant::now();
+            let verdict = limiter.decide(0, &plans, &mut outcomes).await;
+            took.push(started.elapsed());
+            assert!(matches!(verdict, Verdict::StoreFailed), "{verdict:?}");
+        }
+        let waited = took.iter().filter(|t| **t >= timeout / 2).count();
+        assert_eq!(waited, 2, "decisions that waited the timeout: {took:?}");
+        assert!(took[..2].iter().all(|t| *t >= timeout), "{took:?}");
     }
 
     #[test]

@@ -89,7 +89,7 @@ async fn limit_holds(client: &H1Client, proxy: &Proxy, key: &str, requests: usiz
 /// stream reset, idle close), the breaker never lets another call through, and with the
 /// default on_error = allow every limit is off until a restart."
 ///
-/// The store hangs (a stalled relay), five decisions time out and open the breaker; after the
+/// The store hangs (a stalled relay), decisions time out and open the breaker; after the
 /// cool-down the one probe is an HTTP/2 request whose stream the client resets while the probe
 /// waits on the hung store. Once the store answers again, decisions must be counted again and
 /// a limit of 3 must deny the 4th request.
