@@ -328,7 +328,7 @@ upstream = "app"
             None => first_denial = Some(state),
             Some(first) => {
                 // The cache does not count the other limit: it reports its window's end
-                // (the same epoch-aligned window) and its quota as what is left at most.
+                // (the same epoch-aligned window) and what the store's denial left of it.
                 assert!(first[1].2.abs_diff(state[1].2) <= 1, "{first:?} {state:?}");
                 assert!(state[1].1 >= first[1].1, "{first:?} {state:?}");
             }
