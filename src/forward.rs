@@ -111,6 +111,16 @@ struct Lane {
     h2: Vec<Option<http2::SendRequest<RequestBody>>>,
 }
 
+/// Who sends a request upstream: the connection worker whose connections it uses (see
+/// [`UpstreamPool`]), where connect failures are counted, and whether tollgate's own client
+/// may carry it ([`ForwardRequest::direct_client`]).
+#[derive(Clone, Copy)]
+struct Via<'a> {
+    worker: usize,
+    metrics: &'a Metrics,
+    direct_client: bool,
+}
+
 struct Idle<C> {
     conn: C,
     since: Instant,
@@ -157,6 +167,9 @@ pub struct ForwardRequest<'a> {
     /// The connection worker sending it, whose own upstream connections it uses (see
     /// [`UpstreamPool`]).
     pub worker: usize,
+    /// Whether it may go on tollgate's own client ([`direct`]) when it has no body; false
+    /// only in tests that hold hyper's client to the same contract.
+    pub direct_client: bool,
 }
 
 /// Where the `Host` of a forwarded request comes from.
@@ -378,10 +391,15 @@ impl UpstreamPool {
                 None => (req.map(RequestBody::unlimited), None),
             };
             let worker = fwd.worker % self.lanes.len();
+            let via = Via {
+                worker,
+                metrics: fwd.metrics,
+                direct_client: fwd.direct_client,
+            };
             let sent = self.deadlines.timeout(
                 worker,
                 self.config.response_timeout,
-                self.send(worker, req, &host, added, &mut answer, fwd.metrics),
+                self.send(via, req, &host, added, &mut answer),
             );
             let sent = sent.await;
             // Whatever the upstream connection made of it, a body cut at the limit is the
@@ -453,14 +471,18 @@ impl UpstreamPool {
     #[allow(clippy::manual_async_fn)]
     fn send<'a, 'l>(
         &'a self,
-        worker: usize,
+        via: Via<'a>,
         mut req: Request<RequestBody>,
         host: &'a HostHeader,
         mut added: headers::Added<'a>,
         answer: &'a mut direct::Answer<'l>,
-        metrics: &'a Metrics,
     ) -> impl Future<Output = Result<Response<UpstreamBody>, RequestError>> + use<'a, 'l> {
         async move {
+            let Via {
+                worker,
+                metrics,
+                direct_client,
+            } = via;
             let count = self.origins.len();
             let start = self.pick();
             // Filled only while some origin rests, so a request allocates nothing otherwise.
@@ -490,7 +512,9 @@ impl UpstreamPool {
                     added.move_into(req.headers_mut());
                     self.send_h2(worker, origin, req).await
                 } else {
-                    self.send_h1(worker, origin, req, &mut added, answer).await
+                    let direct = direct_client && req.body().is_absent();
+                    self.send_h1(worker, origin, req, &mut added, answer, direct)
+                        .await
                 };
                 match attempt {
                     Ok(response) => {
@@ -594,10 +618,12 @@ impl UpstreamPool {
         mut req: Request<RequestBody>,
         added: &'a mut headers::Added<'b>,
         answer: &'a mut direct::Answer<'l>,
+        direct: bool,
     ) -> impl Future<Output = Result<Response<UpstreamBody>, Failure>> + use<'a, 'b, 'l> {
         async move {
-            // A request without a body to a plain-HTTP origin goes on tollgate's own client.
-            if req.body().is_absent() && self.origins[origin].scheme == Scheme::HTTP {
+            // A request without a body (`direct`: it has none and may go so) to a plain-HTTP
+            // origin goes on tollgate's own client.
+            if direct && self.origins[origin].scheme == Scheme::HTTP {
                 return self.send_direct(worker, origin, req, added, answer).await;
             }
             added.move_into(req.headers_mut());
