@@ -322,14 +322,13 @@ impl UpstreamPool {
             }
             let connect = req.method() == Method::CONNECT;
             let client_takes_trailers = names.accepts_trailers(req.headers());
-            // `Trailer` is hop-by-hop, but hyper's HTTP/1.1 encoder sends only the trailer fields
-            // it announces: towards an HTTP/1.1 upstream the client's announcement goes along, or
-            // the request's trailers would be dropped (SPEC 5: trailers pass through). HTTP/2
-            // sends trailers unannounced.
+            // Towards an HTTP/1.1 upstream the client's `Trailer` goes along with a body that
+            // carries trailers, or they would be dropped (`FieldNames::trailer`; trailers pass
+            // through: docs/architecture.md, `headers.rs`). HTTP/2 sends trailers unannounced.
             let announced_trailers = if self.config.http2 {
                 None
             } else {
-                names.trailer(req.headers())
+                names.trailer(req.headers(), req.body())
             };
             let headers = req.headers_mut();
             headers::strip_hop_by_hop(headers, names);
@@ -444,12 +443,12 @@ impl UpstreamPool {
                 headers.insert(header::UPGRADE, headers::websocket_upgrade());
                 return Ok((response, response_names));
             }
-            let announced = response_names.trailer(response.headers());
+            let announced = response_names.trailer(response.headers(), response.body());
             headers::settle_response_length(response.headers_mut());
             headers::strip_hop_by_hop(response.headers_mut(), &response_names);
-            // hyper's HTTP/1.1 encoder only sends the trailer fields that `Trailer` announces; a
-            // client that negotiated trailers (`TE: trailers`, e.g. gRPC) gets the announcement
-            // back so its trailers actually arrive.
+            // A client that negotiated trailers (`TE: trailers`, e.g. gRPC) gets the
+            // announcement back with a body that carries them, so that they actually arrive
+            // (`FieldNames::trailer`).
             if let (true, Some(announced)) = (client_takes_trailers, announced) {
                 response.headers_mut().insert(header::TRAILER, announced);
             }
