@@ -111,6 +111,16 @@ struct Lane {
     h2: Vec<Option<http2::SendRequest<RequestBody>>>,
 }
 
+/// Who sends a request upstream: the connection worker whose connections it uses (see
+/// [`UpstreamPool`]), where connect failures are counted, and whether tollgate's own client
+/// may carry it ([`ForwardRequest::direct_client`]).
+#[derive(Clone, Copy)]
+struct Via<'a> {
+    worker: usize,
+    metrics: &'a Metrics,
+    direct_client: bool,
+}
+
 struct Idle<C> {
     conn: C,
     since: Instant,
@@ -157,6 +167,9 @@ pub struct ForwardRequest<'a> {
     /// The connection worker sending it, whose own upstream connections it uses (see
     /// [`UpstreamPool`]).
     pub worker: usize,
+    /// Whether it may go on tollgate's own client ([`direct`]) when it has no body; false
+    /// only in tests that hold hyper's client to the same contract.
+    pub direct_client: bool,
 }
 
 /// Where the `Host` of a forwarded request comes from.
@@ -309,14 +322,13 @@ impl UpstreamPool {
             }
             let connect = req.method() == Method::CONNECT;
             let client_takes_trailers = names.accepts_trailers(req.headers());
-            // `Trailer` is hop-by-hop, but hyper's HTTP/1.1 encoder sends only the trailer fields
-            // it announces: towards an HTTP/1.1 upstream the client's announcement goes along, or
-            // the request's trailers would be dropped (SPEC 5: trailers pass through). HTTP/2
-            // sends trailers unannounced.
+            // Towards an HTTP/1.1 upstream the client's `Trailer` goes along with a body that
+            // carries trailers, or they would be dropped (`FieldNames::trailer`; trailers pass
+            // through: docs/architecture.md, `headers.rs`). HTTP/2 sends trailers unannounced.
             let announced_trailers = if self.config.http2 {
                 None
             } else {
-                names.trailer(req.headers())
+                names.trailer(req.headers(), req.body())
             };
             let headers = req.headers_mut();
             headers::strip_hop_by_hop(headers, names);
@@ -378,10 +390,15 @@ impl UpstreamPool {
                 None => (req.map(RequestBody::unlimited), None),
             };
             let worker = fwd.worker % self.lanes.len();
+            let via = Via {
+                worker,
+                metrics: fwd.metrics,
+                direct_client: fwd.direct_client,
+            };
             let sent = self.deadlines.timeout(
                 worker,
                 self.config.response_timeout,
-                self.send(worker, req, &host, added, &mut answer, fwd.metrics),
+                self.send(via, req, &host, added, &mut answer),
             );
             let sent = sent.await;
             // Whatever the upstream connection made of it, a body cut at the limit is the
@@ -426,12 +443,12 @@ impl UpstreamPool {
                 headers.insert(header::UPGRADE, headers::websocket_upgrade());
                 return Ok((response, response_names));
             }
-            let announced = response_names.trailer(response.headers());
+            let announced = response_names.trailer(response.headers(), response.body());
             headers::settle_response_length(response.headers_mut());
             headers::strip_hop_by_hop(response.headers_mut(), &response_names);
-            // hyper's HTTP/1.1 encoder only sends the trailer fields that `Trailer` announces; a
-            // client that negotiated trailers (`TE: trailers`, e.g. gRPC) gets the announcement
-            // back so its trailers actually arrive.
+            // A client that negotiated trailers (`TE: trailers`, e.g. gRPC) gets the
+            // announcement back with a body that carries them, so that they actually arrive
+            // (`FieldNames::trailer`).
             if let (true, Some(announced)) = (client_takes_trailers, announced) {
                 response.headers_mut().insert(header::TRAILER, announced);
             }
@@ -453,14 +470,18 @@ impl UpstreamPool {
     #[allow(clippy::manual_async_fn)]
     fn send<'a, 'l>(
         &'a self,
-        worker: usize,
+        via: Via<'a>,
         mut req: Request<RequestBody>,
         host: &'a HostHeader,
         mut added: headers::Added<'a>,
         answer: &'a mut direct::Answer<'l>,
-        metrics: &'a Metrics,
     ) -> impl Future<Output = Result<Response<UpstreamBody>, RequestError>> + use<'a, 'l> {
         async move {
+            let Via {
+                worker,
+                metrics,
+                direct_client,
+            } = via;
             let count = self.origins.len();
             let start = self.pick();
             // Filled only while some origin rests, so a request allocates nothing otherwise.
@@ -490,7 +511,9 @@ impl UpstreamPool {
                     added.move_into(req.headers_mut());
                     self.send_h2(worker, origin, req).await
                 } else {
-                    self.send_h1(worker, origin, req, &mut added, answer).await
+                    let direct = direct_client && req.body().is_absent();
+                    self.send_h1(worker, origin, req, &mut added, answer, direct)
+                        .await
                 };
                 match attempt {
                     Ok(response) => {
@@ -594,10 +617,12 @@ impl UpstreamPool {
         mut req: Request<RequestBody>,
         added: &'a mut headers::Added<'b>,
         answer: &'a mut direct::Answer<'l>,
+        direct: bool,
     ) -> impl Future<Output = Result<Response<UpstreamBody>, Failure>> + use<'a, 'b, 'l> {
         async move {
-            // A request without a body to a plain-HTTP origin goes on tollgate's own client.
-            if req.body().is_absent() && self.origins[origin].scheme == Scheme::HTTP {
+            // A request without a body (`direct`: it has none and may go so) to a plain-HTTP
+            // origin goes on tollgate's own client.
+            if direct && self.origins[origin].scheme == Scheme::HTTP {
                 return self.send_direct(worker, origin, req, added, answer).await;
             }
             added.move_into(req.headers_mut());

@@ -23,6 +23,7 @@ use std::net::IpAddr;
 
 use http::header::{self, HeaderName, HeaderValue};
 use http::HeaderMap;
+use http_body::Body;
 
 use crate::config::RateLimitHeaders;
 use crate::limit::LimitOutcome;
@@ -301,11 +302,20 @@ impl FieldNames {
         self.hop_by_hop[TE_AT] && accepts_trailers(headers)
     }
 
-    /// The trailer fields the message announces, as one `Trailer` value: hyper's HTTP/1.1
-    /// encoder sends only announced trailer fields, so every `Trailer` line counts (several
-    /// are joined with ", ", as a list field may be).
-    pub fn trailer(&self, headers: &HeaderMap) -> Option<HeaderValue> {
-        if !self.hop_by_hop[TRAILER_AT] {
+    /// The `Trailer` announcement for the message's next HTTP/1.1 hop, taken before
+    /// [`strip_hop_by_hop`] removes it: the trailer fields the message announces, as one
+    /// value, when `body` can still carry trailers there; else None.
+    ///
+    /// `Trailer` is hop-by-hop, but hyper's HTTP/1.1 encoder (and `simple_h1`'s) sends only
+    /// the trailer fields it announces, so the forwarder puts it back for a body whose
+    /// trailers pass through. Only a chunked body carries trailers (RFC 9112 7.1.2), and an
+    /// encoder chunks only a body that has not ended and whose length it does not know: any
+    /// other (a request without a body, a body sent with its length, the answer to a HEAD)
+    /// ends without trailers, and its `Trailer` would be a hop-by-hop field passed on with
+    /// nothing to announce. Every `Trailer` line counts (several are joined with ", ", as a
+    /// list field may be).
+    pub fn trailer(&self, headers: &HeaderMap, body: &impl Body) -> Option<HeaderValue> {
+        if !self.hop_by_hop[TRAILER_AT] || !may_carry_trailers(body) {
             return None;
         }
         let mut lines = headers.get_all(header::TRAILER).iter();
@@ -321,6 +331,12 @@ impl FieldNames {
         // Joined from valid values with a valid separator: never refused.
         HeaderValue::from_bytes(&joined).ok()
     }
+}
+
+/// Whether `body` may end in trailers on an HTTP/1.1 hop: it has not ended, and its length
+/// is not known, so the encoder chunks it ([`FieldNames::trailer`]).
+fn may_carry_trailers(body: &impl Body) -> bool {
+    !body.is_end_stream() && body.size_hint().exact().is_none()
 }
 
 /// Whether a `Connection` value is one option that names no header of the message
@@ -1134,22 +1150,62 @@ mod tests {
         drop_underscored(h, &names);
     }
 
+    /// A body as an HTTP/1.1 encoder sees it before sending: `None` for one whose length is
+    /// unknown (chunked), `Some(n)` for one of `n` bytes (0: ended). It is never polled.
+    struct Known(Option<u64>);
+
+    impl Body for Known {
+        type Data = bytes::Bytes;
+        type Error = std::convert::Infallible;
+
+        fn poll_frame(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+            std::task::Poll::Ready(None)
+        }
+
+        fn is_end_stream(&self) -> bool {
+            self.0 == Some(0)
+        }
+
+        fn size_hint(&self) -> http_body::SizeHint {
+            self.0
+                .map_or_else(http_body::SizeHint::new, http_body::SizeHint::with_exact)
+        }
+    }
+
+    const CHUNKED: Known = Known(None);
+
     /// Every `Trailer` line is part of the announcement: hyper's HTTP/1.1 encoder would drop
     /// the trailers of a second line that the forwarded message lacked.
     #[test]
     fn the_trailer_announcement_covers_every_trailer_line() {
         let mut h = HeaderMap::new();
-        assert_eq!(FieldNames::of(&h, false).trailer(&h), None);
+        assert_eq!(FieldNames::of(&h, false).trailer(&h, &CHUNKED), None);
         h.append(header::TRAILER, HeaderValue::from_static("grpc-status"));
         let names = FieldNames::of(&h, false);
-        assert_eq!(names.trailer(&h).unwrap(), "grpc-status");
+        assert_eq!(names.trailer(&h, &CHUNKED).unwrap(), "grpc-status");
         h.append(header::TRAILER, HeaderValue::from_static("grpc-message"));
         h.append(header::TRAILER, HeaderValue::from_static("x-checksum"));
         let names = FieldNames::of(&h, false);
         assert_eq!(
-            names.trailer(&h).unwrap(),
+            names.trailer(&h, &CHUNKED).unwrap(),
             "grpc-status, grpc-message, x-checksum"
         );
+    }
+
+    /// Only a body that goes chunked can carry trailers on an HTTP/1.1 hop: with no body, or
+    /// one of known length, `Trailer` is not announced (issue 47: a bodyless GET carried the
+    /// client's `Trailer` to the upstream).
+    #[test]
+    fn the_trailer_announcement_goes_only_with_a_body_that_carries_trailers() {
+        let mut h = HeaderMap::new();
+        h.append(header::TRAILER, HeaderValue::from_static("x-checksum"));
+        let names = FieldNames::of(&h, false);
+        assert_eq!(names.trailer(&h, &CHUNKED).unwrap(), "x-checksum");
+        assert_eq!(names.trailer(&h, &Known(Some(0))), None, "no body");
+        assert_eq!(names.trailer(&h, &Known(Some(3))), None, "a known length");
     }
 
     /// The scan answers as the functions it saves a lookup for, and its answer survives
@@ -1191,10 +1247,14 @@ mod tests {
             assert_eq!(h, unscanned);
             assert_eq!(names.wants_websocket(&h), wants_websocket(&h), "{h:?}");
             assert_eq!(names.accepts_trailers(&h), accepts_trailers(&h), "{h:?}");
-            assert_eq!(names.trailer(&h), h.get(header::TRAILER).cloned(), "{h:?}");
+            assert_eq!(
+                names.trailer(&h, &CHUNKED),
+                h.get(header::TRAILER).cloned(),
+                "{h:?}"
+            );
             seen[0] |= names.wants_websocket(&h);
             seen[1] |= names.accepts_trailers(&h);
-            seen[2] |= names.trailer(&h).is_some();
+            seen[2] |= names.trailer(&h, &CHUNKED).is_some();
             for (i, hop) in HOP_BY_HOP.iter().enumerate() {
                 assert_eq!(names.hop_by_hop[i], h.contains_key(hop), "{hop} in {h:?}");
             }

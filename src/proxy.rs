@@ -157,6 +157,9 @@ pub struct Proxy {
     limiter: Limiter,
     hasher: BucketHasher,
     metrics: Arc<Metrics>,
+    /// Whether tollgate's own HTTP/1.1 client may carry requests (`forward::direct`;
+    /// `ServerBuilder::http1_direct_client`). Here, not in the runtime: a reload keeps it.
+    direct_client: bool,
 }
 
 /// How a request ended, for the log and metrics.
@@ -184,7 +187,14 @@ impl Proxy {
             limiter,
             hasher,
             metrics,
+            direct_client: true,
         }
+    }
+
+    /// `on`: whether tollgate's own HTTP/1.1 client may carry requests (default: it may).
+    pub fn with_direct_client(mut self, on: bool) -> Self {
+        self.direct_client = on;
+        self
     }
 
     /// Swaps in new rules for requests that start from now on.
@@ -455,6 +465,7 @@ impl Proxy {
                 lines: lines.as_deref_mut(),
                 metrics: &self.metrics,
                 worker: conn.worker.index(),
+                direct_client: self.direct_client,
             };
             let upstream_started = Instant::now();
             let result = route.upstream.forward(req, fwd).await;

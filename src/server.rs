@@ -95,6 +95,19 @@ pub struct ServerBuilder {
     config: Config,
     store: StoreOptions,
     log_drops: Option<Counter>,
+    paths: Http1Paths,
+}
+
+/// Which of tollgate's own HTTP/1.1 implementations may carry requests; each has hyper's
+/// beside it, which can carry every request (docs/architecture.md, `server` and `forward.rs`
+/// in "Modules"). Both are on in production: the switches exist so that a test can send the
+/// same request through every pairing of server and client and hold them to one contract.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Http1Paths {
+    /// tollgate's own server path for simple requests (`connection::simple_h1`).
+    pub(crate) fast_server: bool,
+    /// tollgate's own client for bodyless plain-HTTP requests (`forward::direct`).
+    pub(crate) direct_client: bool,
 }
 
 impl ServerBuilder {
@@ -120,10 +133,28 @@ impl ServerBuilder {
         self
     }
 
+    /// Whether HTTP/1.1 connections begin on tollgate's own server path for simple requests
+    /// (default: true). False: every HTTP/1.1 request goes through the framing guard and
+    /// hyper's server, as one the simple path hands over does. For tests that hold both
+    /// servers to one contract.
+    pub fn http1_fast_path(mut self, on: bool) -> Self {
+        self.paths.fast_server = on;
+        self
+    }
+
+    /// Whether a request without a body to a plain-HTTP, HTTP/1.1 upstream goes on tollgate's
+    /// own client (`forward::direct`; default: true). False: hyper's client carries every
+    /// request, as it does those with a body. For tests that hold both clients to one
+    /// contract; kept across reloads.
+    pub fn http1_direct_client(mut self, on: bool) -> Self {
+        self.paths.direct_client = on;
+        self
+    }
+
     /// Binds every listener, starts the store and begins serving.
     pub async fn start(self) -> Result<RunningServer, StartupError> {
         let metrics = Metrics::with_log_drops(self.log_drops.unwrap_or_default());
-        Server::start_with(self.config, self.store, Arc::new(metrics)).await
+        Server::start_with(self.config, self.store, Arc::new(metrics), self.paths).await
     }
 }
 
@@ -168,6 +199,10 @@ impl Server {
             config,
             store: StoreOptions::default(),
             log_drops: None,
+            paths: Http1Paths {
+                fast_server: true,
+                direct_client: true,
+            },
         }
     }
 
@@ -175,6 +210,7 @@ impl Server {
         mut config: Config,
         store_options: StoreOptions,
         metrics: Arc<Metrics>,
+        paths: Http1Paths,
     ) -> Result<RunningServer, StartupError> {
         // Decided once: the worker count sizes per-worker state (upstream clients), and a
         // reload keeps it.
@@ -252,7 +288,8 @@ impl Server {
                 pg.listen_for_resets(move |event| denials.on_reset(event)),
             ));
         }
-        let proxy = Arc::new(Proxy::new(runtime, limiter, hasher, metrics.clone()));
+        let proxy = Proxy::new(runtime, limiter, hasher, metrics.clone());
+        let proxy = Arc::new(proxy.with_direct_client(paths.direct_client));
 
         let (phase, phase_rx) = watch::channel(Phase::Running);
         let max_connections = u32::try_from(config.server.max_connections).unwrap_or(u32::MAX);
@@ -260,6 +297,7 @@ impl Server {
         let settings = ConnSettings {
             header_read_timeout: config.server.header_read_timeout,
             idle_timeout: config.server.idle_timeout,
+            fast_path: paths.fast_server,
         };
         let mut listen_addrs = Vec::new();
         let mut tls_addrs = Vec::new();

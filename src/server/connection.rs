@@ -42,6 +42,8 @@ const H2_MAX_STREAMS: u32 = 100;
 pub(super) struct ConnSettings {
     pub(super) header_read_timeout: Duration,
     pub(super) idle_timeout: Duration,
+    /// Whether HTTP/1.1 connections begin on the simple path (`ServerBuilder::http1_fast_path`).
+    pub(super) fast_path: bool,
 }
 
 impl ConnSettings {
@@ -122,7 +124,7 @@ pub(super) async fn serve_connection<S>(
     S: ClientStream,
 {
     let activity = Arc::new(Activity::new(clock));
-    let (buffered, served) = if stream.may_speak_h1() {
+    let (buffered, served) = if settings.fast_path && stream.may_speak_h1() {
         let simple = simple_h1::serve(&mut stream, &info, &proxy, &activity);
         tokio::pin!(simple);
         let begin_drain = |_: Pin<&mut _>| activity.begin_drain();
@@ -679,6 +681,7 @@ mod tests {
         ConnSettings {
             header_read_timeout: idle,
             idle_timeout: idle,
+            fast_path: true,
         }
     }
 
