@@ -23,8 +23,8 @@
 # `fixed` and `sliding` are the texts a direct connection prepares today (FIXED_UPSERT_SQL and
 # SLIDING_UPSERT_SQL, read from src/store/postgres.rs), `slideone` SLIDING_ONE_SQL (hot only),
 # `slidefn` the function's call with sliding limits: `STATEMENTS="fixed sliding slideone
-# slidefn"` prices a sliding batch against a fixed one, every way (docs/performance.md, "Ninth
-# December session").
+# slidefn"` prices a sliding batch against a fixed one, every way (docs/performance.md,
+# "Database side").
 #
 # Usage: [KNOB=value ...] bench/statement_cost.sh
 # Knobs: SECONDS_RUN [6] ROUNDS [2] CPU_LOAD [0] STATEMENTS ["function upsert direct"]

@@ -35,8 +35,8 @@ pub const QUEUE_BYTES: usize = 2 << 20;
 pub const FLUSH_WAIT: Duration = Duration::from_secs(2);
 /// How long the writer rests after writing a batch before it looks for the next one. Lines
 /// logged meanwhile are batched without waking it, so a busy server pays one wake-up per batch
-/// instead of one per line: a wake-up per access-log line (a futex call, and a context switch
-/// on the worker's own CPU) cost a quarter of the memory mode's throughput in `bench/run.sh`.
+/// instead of one per line (a futex call, and a context switch on the worker's own CPU, per
+/// line otherwise; docs/performance.md, row "Log writer without an allocation per line").
 /// It is also the most a line waits in the batch when the writer keeps up.
 pub const BATCH_EVERY: Duration = Duration::from_millis(5);
 

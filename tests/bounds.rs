@@ -387,7 +387,7 @@ async fn header_read_timeout_does_not_close_http2_connections() {
 /// upstream connection is closed at once, not held until the response comes (nginx's default,
 /// `proxy_ignore_client_abort off`, does the same). On plain TCP tollgate notices the close
 /// with a peek while the request is in flight, in place of hyper's read, which is off there
-/// (`half_close(true)`; docs/performance.md, thirteenth December session).
+/// (`half_close(true)`; docs/performance.md, row "Client close seen by a peek").
 #[tokio::test]
 async fn a_client_that_goes_away_mid_request_cancels_its_upstream_request() {
     client_gone_while_upstream_works(b"GET /slow/20000 HTTP/1.1\r\nHost: t\r\n\r\n").await;

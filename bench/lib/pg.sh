@@ -13,7 +13,7 @@
 # PG_SSLMODE [disable]: Debian's PostgreSQL has `ssl = on` (a snakeoil certificate), so the
 # URL's default `prefer` would encrypt the loopback connection of every tollgate since issue 15
 # and of none before it, and an A/B across issue 15 would compare TLS with plaintext
-# (docs/performance.md, fifth December session). `prefer` or `require` measures what TLS to
+# (docs/performance.md, "Database side"). `prefer` or `require` measures what TLS to
 # the database costs.
 PG_SSLMODE=${PG_SSLMODE:-disable}
 

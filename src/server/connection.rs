@@ -254,8 +254,8 @@ pub(super) async fn serve_connection<S>(
 /// `work` is polled at every wake-up; the watchdog's timer and the shutdown phase only when
 /// one of them woke the task (they have a waker of their own, [`SideWake`]). A `select!` over
 /// the three polled all of them at each of the two or three wake-ups a request causes, about
-/// 400 instructions per request for a timer and a phase that had not moved (callgrind,
-/// docs/performance.md).
+/// 700 instructions per request for a timer and a phase that had not moved (callgrind;
+/// docs/performance.md, row "Watchdog polled only when it woke the task").
 async fn supervise<F: Future>(
     mut work: Pin<&mut F>,
     activity: &Activity,
