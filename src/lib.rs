@@ -24,7 +24,6 @@ pub mod body;
 pub mod config;
 pub mod deadline;
 pub mod error;
-pub mod fallback;
 pub mod forward;
 pub mod framing;
 pub mod headers;

@@ -575,7 +575,7 @@ fn rate_limit_members(answer: &Answer) -> Vec<(String, u64)> {
 /// the same address with another token is allowed at once. (Judged by "was it counted", the
 /// 429 listed `peer:ip` as violated with `r=0`. The false entry it also put in the limiter's
 /// cache of exhausted buckets ended when it was made, as the estimate admitted the request,
-/// so token B was allowed even then; `src/limit.rs` checks the cache itself.)
+/// so token B was allowed even then; `src/limit/exhausted.rs` checks the cache itself.)
 async fn another_limits_denial_does_not_exhaust_a_sliding_limit(store: &str) {
     let upstream = Upstream::start().await;
     let text = other_limit_config_text(store);

@@ -23,22 +23,18 @@
 //! `LISTEN` session); an instance whose session cannot hear resets caches nothing.
 //!
 //! Routes whose store-failure policy is `local` are decided by [`Limiter::decide_locally`]
-//! when the store fails (SPEC 5b, `fallback.rs`); the first decision the store makes again
+//! when the store fails (docs/configuration.md, `on_error = "local"`; [`fallback`]); the first decision the store makes again
 //! ends local limiting, so the way back is the breaker's own recovery.
 
-use std::collections::HashMap;
-use std::hash::BuildHasher;
 use std::num::NonZeroUsize;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use smallvec::SmallVec;
 
 use crate::deadline::{Deadlines, Elapsed};
-use crate::fallback::{Instances, LocalFallback};
+use crate::limit::fallback::{Instances, LocalFallback};
 use crate::metrics::Metrics;
-use crate::store::postgres::ResetEvent;
 use crate::store::{Clock, Increment, Store, StoreError};
 
 /// Buckets are hashed on every request, twice (shard, then map), and SipHash over an
@@ -46,6 +42,14 @@ use crate::store::{Clock, Increment, Store, StoreError};
 /// process like std's hasher, and a bucket's name ends in a SHA-256 or HMAC digest, so a
 /// client cannot line up colliding names.
 type RandomState = foldhash::fast::RandomState;
+
+mod breaker;
+mod exhausted;
+pub mod fallback;
+
+pub use breaker::{Attempt, Breaker};
+use exhausted::Denial;
+pub use exhausted::Exhausted;
 
 /// How many limits a request's vectors hold without a heap allocation: most routes have one
 /// or two. The planned limits, their increments and their outcomes were three heap vectors
@@ -403,305 +407,6 @@ pub(crate) fn increments(plans: &[PlannedLimit]) -> Increments {
         .collect()
 }
 
-/// Bucket -> its [`Denial`].
-type ExhaustedShard = HashMap<Arc<str>, Denial, RandomState>;
-
-/// What one store answer said of a bucket: that it is exhausted (it denies some limits), or,
-/// for a request that another limit denied, its count. Times are unix milliseconds on the
-/// limiter's [`Clock`].
-#[derive(Debug, Clone, Copy)]
-struct Denial {
-    /// When the store said so. A clock that has gone back before it (the system clock
-    /// stepped back, a test set its clock back) drops the entry rather than let it deny for
-    /// longer than the store's answer said.
-    since_ms: i64,
-    /// Until when the entry holds: while it denies, or the end of the window it counts.
-    until_ms: i64,
-    /// The end of the window whose counts these are. The store's remaining time measured
-    /// from `since_ms`, which is no later than the store's own "now", so never after the
-    /// window really ends: the counts are never carried into the next window.
-    window_end_ms: i64,
-    /// The count seen (this window's).
-    count: u32,
-    /// Sliding windows: the previous window's count, weighed when a cached denial reports it.
-    previous: u32,
-    /// The largest `requests` it denies.
-    denies_up_to: u32,
-}
-
-impl Denial {
-    /// What the store's answer `c` for `plan`, asked at `now_ms`, says of its bucket:
-    /// `exceeded` when this limit denied the request.
-    fn answered(
-        plan: &PlannedLimit,
-        c: &crate::store::Counted,
-        exceeded: bool,
-        now_ms: i64,
-    ) -> Self {
-        // The store's "now" is no earlier than `now_ms` (read before the call; on the memory
-        // store by the same clock), so deadlines measured from `now_ms` are no later than the
-        // moments they stand for: the entry never outlives the window or the denial.
-        let window_left_ms = c.window_end_ms.saturating_sub(c.now_ms).max(0);
-        let window_end_ms = now_ms.saturating_add(window_left_ms);
-        // A fixed window's count only grows until the window ends, so it denies every limit
-        // below it until then; so does a sliding one's (its estimate is at least the
-        // current count). A sliding denial is known only for the limit it was decided
-        // against, until the moment its estimate would admit one request if nothing else
-        // were admitted meanwhile (anything admitted meanwhile, by another instance, only
-        // pushes that moment later, so the denial stays exact); a reload that raised the
-        // limit must ask the store again.
-        let (until_ms, denies_up_to) = if exceeded && plan.sliding {
-            let len_ms = i64::from(plan.window_secs) * 1000;
-            let elapsed = len_ms - window_left_ms;
-            let wait = sliding_wait_ms(plan.requests, c.previous, c.count, elapsed, len_ms);
-            (now_ms.saturating_add(wait.max(0)), plan.requests)
-        } else {
-            (window_end_ms, c.count.saturating_sub(1))
-        };
-        Denial {
-            since_ms: now_ms,
-            until_ms,
-            window_end_ms,
-            count: c.count,
-            previous: c.previous,
-            denies_up_to,
-        }
-    }
-
-    fn holds_at(&self, now_ms: i64) -> bool {
-        self.since_ms <= now_ms && now_ms < self.until_ms
-    }
-
-    /// Whether it denies `plan`: a reload may have raised the limit above what it is known
-    /// to deny.
-    fn denies(&self, plan: &PlannedLimit) -> bool {
-        plan.requests <= self.denies_up_to
-    }
-
-    /// Where `plan` stands in a cached denial at `now_ms`, from what is `known` of its bucket
-    /// (an entry that holds at `now_ms`). See [`Exhausted::deny`].
-    fn outcome(known: Option<Denial>, plan: &PlannedLimit, now_ms: i64) -> LimitOutcome {
-        // Counts of a window that has ended say nothing of the current one.
-        let current = known.filter(|k| now_ms < k.window_end_ms);
-        let reset_secs = current.map_or_else(
-            || window_left_secs(now_ms, plan.window_secs),
-            |k| seconds_until(now_ms, k.window_end_ms),
-        );
-        let (count, sliding) = match known.filter(|k| k.denies(plan)) {
-            // A cached sliding denial: `t` is still the end of the window; `Retry-After`
-            // is the moment the entry ends.
-            Some(k) => {
-                let sliding = plan.sliding.then(|| SlidingOutcome {
-                    admitted: false,
-                    weighted_previous: 0.0,
-                    retry_secs: seconds_until(now_ms, k.until_ms),
-                });
-                (k.count, sliding)
-            }
-            None => {
-                let (count, previous) = current.map_or((0, 0), |k| (k.count, k.previous));
-                let len_ms = i64::from(plan.window_secs) * 1000;
-                let left_ms = current.map_or(len_ms, |k| k.window_end_ms - now_ms);
-                let sliding = plan.sliding.then(|| SlidingOutcome {
-                    admitted: true,
-                    weighted_previous: weighted_previous(previous, left_ms, len_ms),
-                    retry_secs: reset_secs,
-                });
-                (count, sliding)
-            }
-        };
-        LimitOutcome {
-            policy: plan.policy.clone(),
-            requests: plan.requests,
-            window_secs: plan.window_secs,
-            count,
-            reset_secs,
-            shadow: false,
-            sliding,
-        }
-    }
-}
-
-/// Buckets over their limit, with the moment their window ends, and, next to them, the counts
-/// the store gave the other limits of the requests it denied (what a cached denial reports for
-/// them, [`Exhausted::deny`]). Sharded so that concurrent requests rarely meet on one lock;
-/// bounded so that a flood of distinct keys cannot grow it without limit: at most
-/// [`Exhausted::PER_SHARD`] entries in each of [`Exhausted::SHARDS`] shards. A full shard
-/// first drops the entries whose window has ended; if it is still full, the new entry is
-/// simply not cached and that bucket's requests keep going to the store, which decides them
-/// exactly (it only costs the round trip the cache would have saved).
-pub struct Exhausted {
-    shards: Vec<Mutex<ExhaustedShard>>,
-    hasher: RandomState,
-    /// False while resets cannot reach this instance (its `LISTEN` session is deaf): then
-    /// nothing is cached, so every request goes to the store and a reset holds at once.
-    enabled: AtomicBool,
-}
-
-impl Default for Exhausted {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Exhausted {
-    const SHARDS: usize = 16;
-    const PER_SHARD: usize = 8192;
-
-    pub fn new() -> Self {
-        Exhausted {
-            shards: (0..Self::SHARDS).map(|_| Mutex::default()).collect(),
-            hasher: RandomState::default(),
-            enabled: AtomicBool::new(true),
-        }
-    }
-
-    /// Forgets `bucket` (a `tollgate reset` of it).
-    pub fn forget(&self, bucket: &str) {
-        if let Ok(mut shard) = self.shard(bucket).lock() {
-            shard.remove(bucket);
-        }
-    }
-
-    /// Forgets every bucket.
-    pub fn clear(&self) {
-        for shard in &self.shards {
-            if let Ok(mut shard) = shard.lock() {
-                shard.clear();
-            }
-        }
-    }
-
-    /// What the store's `LISTEN` session heard (SPEC 3b): a reset bucket is forgotten; after
-    /// a (re)connect, or while notifications do not arrive, nothing cached can be trusted.
-    pub fn on_reset(&self, event: ResetEvent<'_>) {
-        match event {
-            ResetEvent::Bucket(bucket) => self.forget(bucket),
-            ResetEvent::Missed => self.clear(),
-            ResetEvent::Hearing(hearing) => {
-                self.enabled.store(hearing, Ordering::Release);
-                if !hearing {
-                    self.clear();
-                }
-            }
-        }
-    }
-
-    /// Entries held, in every shard.
-    pub fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| s.lock().map_or(0, |shard| shard.len()))
-            .sum()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    fn shard(&self, bucket: &str) -> &Mutex<ExhaustedShard> {
-        let index = self.hasher.hash_one(bucket) as usize % Self::SHARDS;
-        &self.shards[index]
-    }
-
-    /// Remembers what a store answer said of `bucket` (see [`Denial::answered`]). An entry
-    /// that still holds and denies more is kept: an answer about another limit of the bucket
-    /// (a route sharing it with a higher `requests`) must not make it forget a denial.
-    fn insert(&self, bucket: &Arc<str>, denial: Denial) {
-        if !self.enabled.load(Ordering::Relaxed) {
-            return;
-        }
-        let Ok(mut shard) = self.shard(bucket).lock() else {
-            return;
-        };
-        if let Some(held) = shard.get_mut(&**bucket) {
-            if !held.holds_at(denial.since_ms) || held.denies_up_to <= denial.denies_up_to {
-                *held = denial;
-            }
-            return;
-        }
-        if shard.len() >= Self::PER_SHARD {
-            shard.retain(|_, held| held.holds_at(denial.since_ms));
-            if shard.len() >= Self::PER_SHARD {
-                return;
-            }
-        }
-        shard.insert(bucket.clone(), denial);
-    }
-
-    /// A denial for `plans` if an enforced limit among them is known to be exhausted, without
-    /// a store round trip.
-    ///
-    /// Like a denial decided by the store, it has an outcome for every enforced limit that
-    /// applies, in plan order, so the rate-limit fields list them all (docs/operations.md,
-    /// "Exhausted buckets"). For an exhausted limit the cache knows the count it last saw and
-    /// when the entry ends. A limit that is not exhausted is not counted (this request never
-    /// reaches the store): its outcome has the count the cache remembered from the last
-    /// denial the store decided for one of its requests (counts only grow within a window, so
-    /// its `r` is at most what that answer left, never an amount the limit already spent), or
-    /// count 0 when nothing of its current window is remembered, so that `r` says the most it
-    /// can honestly promise, the limit's quota. Its `t` is the end of the window that answer
-    /// gave, else of its current epoch-aligned window by this process's clock (exact on the
-    /// memory store, off by the clock skew to the database on Postgres). Shadow limits are
-    /// left out: they are not counted here either, and never appear in the fields. `now_ms`:
-    /// unix milliseconds on the limiter's clock. `outcomes` is cleared, then holds the
-    /// denial's outcomes.
-    pub fn deny(
-        &self,
-        plans: &[PlannedLimit],
-        now_ms: i64,
-        outcomes: &mut Outcomes,
-    ) -> Option<Verdict> {
-        outcomes.clear();
-        if !self.enabled.load(Ordering::Relaxed) {
-            return None;
-        }
-        // Most requests are not denied: find the first exhausted limit before building
-        // anything, keeping what was found of the limits up to it, so that no bucket is
-        // looked up twice.
-        let mut seen: SmallVec<[Option<Denial>; INLINE_LIMITS]> = SmallVec::new();
-        let denied = plans.iter().any(|plan| {
-            let known = if plan.shadow {
-                None
-            } else {
-                self.known(plan, now_ms)
-            };
-            seen.push(known);
-            known.is_some_and(|k| k.denies(plan))
-        });
-        if !denied {
-            return None;
-        }
-        let cached = plans
-            .iter()
-            .enumerate()
-            .filter(|(_, plan)| !plan.shadow)
-            .map(|(i, plan)| {
-                let known = match seen.get(i) {
-                    Some(known) => *known,
-                    None => self.known(plan, now_ms),
-                };
-                Denial::outcome(known, plan, now_ms)
-            });
-        outcomes.extend(cached);
-        Some(judge(outcomes))
-    }
-
-    /// What is remembered of `plan`'s bucket at `now_ms`. An entry that no longer holds (its
-    /// window or denial has ended, or the clock went back before it) is dropped.
-    fn known(&self, plan: &PlannedLimit, now_ms: i64) -> Option<Denial> {
-        let Ok(mut shard) = self.shard(&plan.bucket).lock() else {
-            return None;
-        };
-        let denial = *shard.get(&*plan.bucket)?;
-        if !denial.holds_at(now_ms) {
-            shard.remove(&*plan.bucket);
-            return None;
-        }
-        Some(denial)
-    }
-}
-
 /// Whole seconds from `unix_ms` to the end of the epoch-aligned window of `window_secs`
 /// containing it (at least 1).
 fn window_left_secs(unix_ms: i64, window_secs: u32) -> u64 {
@@ -732,158 +437,25 @@ pub fn judge(outcomes: &[LimitOutcome]) -> Verdict {
     }
 }
 
-/// Fails fast while the store is down. Closed: every call goes to the store. It opens for
-/// [`Breaker::COOL_DOWN`] after [`Breaker::THRESHOLD`] consecutive failures, or after
-/// [`Breaker::THRESHOLD_IF_SLOW`] when one of them was slow (took at least half of
-/// `store.timeout`); then one call at a time probes the store until one succeeds.
-///
-/// A slow failure cost its request most of a timeout, and the next call to a store that
-/// hangs, or that refuses connections while the pool waits its whole budget for one, costs
-/// as much: waiting for five such failures made the first five requests per instance pay a
-/// full timeout each (docs/operations.md, "When the store fails"). One slow failure alone
-/// may be a straggler on a healthy store, which the next success forgets; a second failure
-/// with no success in between means the store is failing.
-///
-/// A call holds an [`Attempt`] while it waits for the store. The probe's permit is released
-/// when the attempt is dropped without an outcome (the request was cancelled: client gone,
-/// stream reset, idle close, shutdown), so a cancelled probe never leaves the breaker open
-/// for good (SPEC 5: it always recovers by itself).
-pub struct Breaker {
-    base: Instant,
-    /// Consecutive failures since the last success: all of them in the low half, the slow
-    /// ones in the high half. One word, so that a success on a healthy store reads one atomic
-    /// and writes nothing.
-    failures: AtomicU64,
-    /// A failure that took at least this long is slow.
-    slow: Duration,
-    /// Milliseconds since `base` until which calls are skipped; 0 = closed.
-    open_until_ms: AtomicU64,
-    probing: AtomicBool,
-}
-
-/// Leave to call the store, from [`Breaker::attempt`]; report how the call ended with
-/// [`Attempt::succeeded`] or [`Attempt::failed`]. Dropping it without either (a cancelled
-/// call) tells the breaker nothing about the store, but frees the probe it may hold.
-#[must_use = "an attempt reports how the store call ended"]
-pub struct Attempt<'a> {
-    breaker: &'a Breaker,
-    /// This call is the one probe after a cool-down.
-    probe: bool,
-}
-
-impl Attempt<'_> {
-    pub fn succeeded(mut self) {
-        self.probe = false;
-        self.breaker.record_success();
-    }
-
-    /// The call failed after `took`. Returns true when this failure opened the breaker (it
-    /// was closed until now).
-    pub fn failed(mut self, took: Duration) -> bool {
-        self.probe = false;
-        self.breaker.record_failure(took >= self.breaker.slow)
-    }
-}
-
-impl Drop for Attempt<'_> {
-    fn drop(&mut self) {
-        if self.probe {
-            // The cool-down is over, so the next call probes at once.
-            self.breaker.probing.store(false, Ordering::Release);
-        }
-    }
-}
-
-/// One failure in [`Breaker::failures`]; a slow one adds [`SLOW_FAILURE`] too.
-const FAILURE: u64 = 1;
-const SLOW_FAILURE: u64 = 1 << 32;
-
-impl Breaker {
-    pub const THRESHOLD: u32 = 5;
-    /// Consecutive failures that open the breaker when one of them was slow.
-    pub const THRESHOLD_IF_SLOW: u32 = 2;
-    pub const COOL_DOWN: Duration = Duration::from_millis(500);
-
-    /// A breaker for store calls bounded by `timeout` (`store.timeout`).
-    pub fn new(timeout: Duration) -> Self {
-        Breaker {
-            base: Instant::now(),
-            failures: AtomicU64::new(0),
-            slow: timeout / 2,
-            open_until_ms: AtomicU64::new(0),
-            probing: AtomicBool::new(false),
-        }
-    }
-
-    fn now_ms(&self) -> u64 {
-        self.base.elapsed().as_millis() as u64
-    }
-
-    /// Leave to call the store now, or `None` while the breaker skips it.
-    pub fn attempt(&self) -> Option<Attempt<'_>> {
-        let until = self.open_until_ms.load(Ordering::Acquire);
-        if until == 0 {
-            return Some(Attempt {
-                breaker: self,
-                probe: false,
-            });
-        }
-        if self.now_ms() < until {
-            return None;
-        }
-        // Cool-down over: exactly one caller probes.
-        self.probing
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-            .ok()
-            .map(|_| Attempt {
-                breaker: self,
-                probe: true,
-            })
-    }
-
-    fn record_success(&self) {
-        // Every decision on a healthy store ends here: reading finds nothing to reset and
-        // leaves the cache lines shared between the workers. (A failure racing with this is
-        // as if it came after it.) `probing` is only ever set while open.
-        if self.failures.load(Ordering::Acquire) == 0
-            && self.open_until_ms.load(Ordering::Acquire) == 0
-        {
-            return;
-        }
-        self.failures.store(0, Ordering::Release);
-        self.open_until_ms.store(0, Ordering::Release);
-        self.probing.store(false, Ordering::Release);
-    }
-
-    fn record_failure(&self, slow: bool) -> bool {
-        let add = if slow {
-            FAILURE + SLOW_FAILURE
-        } else {
-            FAILURE
-        };
-        let failures = self
-            .failures
-            .fetch_add(add, Ordering::AcqRel)
-            .wrapping_add(add);
-        let (all, slow) = (failures as u32, (failures >> 32) as u32);
-        let was_probing = self.probing.swap(false, Ordering::AcqRel);
-        let threshold = if slow > 0 {
-            Self::THRESHOLD_IF_SLOW
-        } else {
-            Self::THRESHOLD
-        };
-        if all >= threshold || was_probing {
-            let until = self.now_ms() + Self::COOL_DOWN.as_millis() as u64;
-            let before = self.open_until_ms.swap(until.max(1), Ordering::AcqRel);
-            return before == 0;
-        }
-        false
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    pub(super) fn plan(
+        policy: &str,
+        requests: u32,
+        window_secs: u32,
+        shadow: bool,
+    ) -> PlannedLimit {
+        PlannedLimit {
+            policy: Arc::from(policy),
+            bucket: Arc::from(format!("{policy}:bucket")),
+            requests,
+            window_secs,
+            shadow,
+            sliding: false,
+        }
+    }
 
     fn outcome(count: u32, requests: u32, reset: u64, shadow: bool) -> LimitOutcome {
         LimitOutcome {
@@ -938,90 +510,6 @@ mod tests {
         assert_eq!(seconds_until(0, 1000), 1);
         assert_eq!(seconds_until(0, 1001), 2);
         assert_eq!(seconds_until(5000, 1000), 1);
-    }
-
-    fn plan(policy: &str, requests: u32, window_secs: u32, shadow: bool) -> PlannedLimit {
-        PlannedLimit {
-            policy: Arc::from(policy),
-            bucket: Arc::from(format!("{policy}:bucket")),
-            requests,
-            window_secs,
-            shadow,
-            sliding: false,
-        }
-    }
-
-    /// An entry said at `since` of a window ending at `until`, with `count` (previous 0),
-    /// denying limits of up to `denies_up_to`.
-    fn denial(since: i64, until: i64, count: u32, denies_up_to: u32) -> Denial {
-        Denial {
-            since_ms: since,
-            until_ms: until,
-            window_end_ms: until,
-            count,
-            previous: 0,
-            denies_up_to,
-        }
-    }
-
-    #[test]
-    fn a_cached_denial_has_an_outcome_for_every_enforced_limit() {
-        let cache = Exhausted::new();
-        let now = crate::store::unix_now_ms();
-        let plans = [
-            plan("a:ip", 5, 60, false),
-            plan("s:ip", 1, 60, true),
-            plan("b:ip", 100, 86_400, false),
-        ];
-        let mut outcomes = Outcomes::new();
-        assert!(
-            cache.deny(&plans, now, &mut outcomes).is_none(),
-            "nothing exhausted yet"
-        );
-        assert!(outcomes.is_empty());
-        cache.insert(&plans[2].bucket, denial(now, now + 30_000, 101, 100));
-        let Some(Verdict::Deny {
-            retry_after,
-            violated,
-        }) = cache.deny(&plans, now, &mut outcomes)
-        else {
-            panic!("expected a cached denial");
-        };
-        let names: Vec<&str> = outcomes.iter().map(|o| &*o.policy).collect();
-        assert_eq!(names, ["a:ip", "b:ip"], "plan order, shadow left out");
-        // Not counted: its quota, and its own window's end.
-        assert_eq!(outcomes[0].remaining(), 5);
-        assert!((1..=60).contains(&outcomes[0].reset_secs));
-        assert_eq!((outcomes[1].count, outcomes[1].remaining()), (101, 0));
-        assert_eq!(retry_after, 30);
-        assert_eq!(violated, [Arc::<str>::from("b:ip")]);
-        // A reload that raised the limit above the remembered count: no cached denial.
-        let raised = [plan("b:ip", 200, 86_400, false)];
-        assert!(cache.deny(&raised, now, &mut outcomes).is_none());
-        assert!(outcomes.is_empty(), "no stale outcomes: {outcomes:?}");
-    }
-
-    /// The cache's deadlines are on the clock it is handed, not on real time: it denies until
-    /// the deadline, not at it, and lets go of an entry when that clock goes back before it.
-    #[test]
-    fn a_cached_denial_holds_from_its_answer_until_its_deadline_on_the_given_clock() {
-        let cache = Exhausted::new();
-        let plans = [plan("a:ip", 5, 60, false)];
-        let t = 1_800_000_000_000;
-        cache.insert(&plans[0].bucket, denial(t, t + 2_500, 6, 5));
-        let retry = |now| match cache.deny(&plans, now, &mut Outcomes::new()) {
-            Some(Verdict::Deny { retry_after, .. }) => Some(retry_after),
-            Some(other) => panic!("{other:?}"),
-            None => None,
-        };
-        assert_eq!(retry(t), Some(3), "2.5 s left, rounded up");
-        assert_eq!(retry(t + 2_499), Some(1));
-        // Back before the answer: not trusted, dropped.
-        assert_eq!(retry(t - 1), None);
-        assert!(cache.is_empty());
-        cache.insert(&plans[0].bucket, denial(t, t + 2_500, 6, 5));
-        assert_eq!(retry(t + 2_500), None, "the deadline itself admits");
-        assert!(cache.is_empty(), "an ended entry is dropped when it is met");
     }
 
     /// The estimate of one more request `t_ms` from now, if nothing is admitted meanwhile:
@@ -1179,53 +667,6 @@ mod tests {
         );
     }
 
-    /// Issue 47: a cached denial reports the limits it was not denied by with the counts the
-    /// store's last denial of their bucket gave, before and after the exhausted limit, as long
-    /// as their window lasts; a sliding one's previous window weighed as the time has come.
-    #[test]
-    fn a_cached_denial_reports_the_other_limits_remembered_counts() {
-        let cache = Exhausted::new();
-        let t = 1_800_000_000_000;
-        let sliding = PlannedLimit {
-            sliding: true,
-            ..plan("s:global", 100, 100, false)
-        };
-        let plans = [
-            plan("a:global", 50, 60, false),
-            plan("b:ip", 2, 60, false),
-            sliding,
-        ];
-        cache.insert(&plans[0].bucket, denial(t, t + 20_000, 7, 6));
-        cache.insert(&plans[1].bucket, denial(t, t + 20_000, 3, 2));
-        let mut s = denial(t, t + 50_000, 10, 9);
-        s.previous = 40;
-        cache.insert(&plans[2].bucket, s);
-        let mut outcomes = Outcomes::new();
-        let at = |now| {
-            let mut outcomes = Outcomes::new();
-            let verdict = cache.deny(&plans, now, &mut outcomes);
-            (verdict.map(|v| matches!(v, Verdict::Deny { .. })), outcomes)
-        };
-        let (denied, got) = at(t + 10_000);
-        assert_eq!(denied, Some(true));
-        let left: Vec<u32> = got.iter().map(LimitOutcome::remaining).collect();
-        // 40 * 40 / 100 = 16 of the previous window, 10 of this one.
-        assert_eq!(left, [43, 0, 74], "{got:?}");
-        let resets: Vec<u64> = got.iter().map(|o| o.reset_secs).collect();
-        assert_eq!(resets, [10, 10, 40]);
-        // A known count denies no limit above it, here or anywhere else.
-        assert!(cache.deny(&plans[..1], t, &mut outcomes).is_none());
-        assert!(cache.deny(&plans[2..], t, &mut outcomes).is_none());
-        // A fixed window's count past its window: dropped with the window.
-        let (denied, _) = at(t + 20_000);
-        assert_eq!(denied, None, "the exhausted bucket's window has ended");
-        assert_eq!(cache.len(), 1, "only the sliding bucket's window lasts");
-        // An answer about another limit of a bucket does not undo its denial.
-        cache.insert(&plans[1].bucket, denial(t, t + 20_000, 3, 2));
-        cache.insert(&plans[1].bucket, denial(t + 1, t + 20_000, 1, 0));
-        assert_eq!(at(t + 2).0, Some(true));
-    }
-
     #[test]
     fn window_left_is_up_to_the_epoch_aligned_end() {
         assert_eq!(window_left_secs(60_000, 60), 60);
@@ -1233,73 +674,6 @@ mod tests {
         assert_eq!(window_left_secs(119_000, 60), 1);
         assert_eq!(window_left_secs(119_999, 60), 1);
         assert_eq!(window_left_secs(-1, 60), 1);
-    }
-
-    /// The breaker of a 1 s `store.timeout`, and failures that took little and half of it.
-    const BUDGET: Duration = Duration::from_secs(1);
-    const QUICK: Duration = Duration::from_millis(10);
-    const SLOW: Duration = Duration::from_millis(500);
-
-    #[test]
-    fn breaker_opens_and_probes() {
-        let b = Breaker::new(BUDGET);
-        for _ in 0..Breaker::THRESHOLD - 1 {
-            assert!(!b.attempt().expect("closed").failed(QUICK));
-        }
-        assert!(b.attempt().expect("closed").failed(QUICK), "opens");
-        assert!(b.attempt().is_none());
-        std::thread::sleep(Breaker::COOL_DOWN + Duration::from_millis(20));
-        let probe = b.attempt().expect("one probe after the cool-down");
-        assert!(b.attempt().is_none(), "only one probe at a time");
-        assert!(
-            !probe.failed(QUICK),
-            "a failed probe re-opens, no new warning"
-        );
-        assert!(b.attempt().is_none());
-        std::thread::sleep(Breaker::COOL_DOWN + Duration::from_millis(20));
-        b.attempt().expect("probe").succeeded();
-        assert!(b.attempt().is_some());
-    }
-
-    /// Issue 47, item 5: two failures in a row open the breaker when one of them cost most
-    /// of a timeout, rather than five; a slow one alone, followed by a success, is forgotten
-    /// (a straggler).
-    #[test]
-    fn two_failures_in_a_row_open_the_breaker_when_one_was_slow() {
-        let b = Breaker::new(BUDGET);
-        let fail = |took| b.attempt().expect("closed").failed(took);
-        assert!(!fail(SLOW), "one may be a straggler");
-        b.attempt().expect("closed").succeeded();
-        assert!(!fail(QUICK), "the straggler was forgotten by the success");
-        assert!(fail(SLOW), "a quick and a slow one open");
-        assert!(b.attempt().is_none());
-        std::thread::sleep(Breaker::COOL_DOWN + Duration::from_millis(20));
-        b.attempt().expect("probe").succeeded();
-        assert!(!fail(SLOW));
-        assert!(fail(SLOW), "two slow ones open");
-        std::thread::sleep(Breaker::COOL_DOWN + Duration::from_millis(20));
-        b.attempt().expect("probe").succeeded();
-        for _ in 0..Breaker::THRESHOLD - 1 {
-            assert!(!fail(QUICK), "closed again, the counts start over");
-        }
-        assert!(fail(QUICK), "five quick ones open");
-    }
-
-    #[test]
-    fn a_dropped_probe_lets_the_next_call_probe() {
-        let b = Breaker::new(BUDGET);
-        for _ in 0..Breaker::THRESHOLD {
-            let _ = b.attempt().expect("closed").failed(QUICK);
-        }
-        std::thread::sleep(Breaker::COOL_DOWN + Duration::from_millis(20));
-        let probe = b.attempt().expect("probe");
-        assert!(b.attempt().is_none());
-        drop(probe);
-        let next = b
-            .attempt()
-            .expect("the cancelled probe's place goes to the next call");
-        next.succeeded();
-        assert!(b.attempt().is_some(), "closed again");
     }
 
     /// A store that never answers: every increment stays pending.
