@@ -45,8 +45,13 @@
 //! - **TLS** (SPEC 6): connections go through [`super::pg_tls`]'s rustls connector, which
 //!   also reads `sslmode` and `sslrootcert` out of the URL before tokio-postgres parses it.
 //! - **Bounds on waiting**: a call waits at most `store.timeout` (pool wait included); a
-//!   connection attempt, start-up exchange included, at most its connect timeout per host;
-//!   start-up statements carry their own `SET LOCAL` timeouts, whatever the role's are.
+//!   connection attempt, start-up exchange included, at most its connect timeout per host.
+//! - **Timeouts of its own statements** (SPEC 6), whatever the role's (`ALTER ROLE ... SET
+//!   statement_timeout = '1ms'`): on a session that is its backend's own, set for the session
+//!   as it is made ([`statement_bound`], [`super::direct::settle`]); through a pooler, only
+//!   when the role's are shorter, `SET LOCAL` in a transaction around each statement
+//!   ([`LocalTimeouts`]), pipelined in the same round trip. Start-up, the sweep and the other
+//!   transactions set theirs with `SET LOCAL` first.
 //!
 //! Construction never touches the database: SPEC 1 says a database that is down at start must
 //! not stop tollgate. Until [`PostgresStore::initialize`] has succeeded the store answers
@@ -67,7 +72,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Client;
 
 use super::coalesce::{position, Folded};
-use super::direct::{BackendSocket, Directness};
+use super::direct::{self, Directness};
 use super::pg_tls::{self, MakeRustls};
 use super::{Counted, Increment, Peeked, Store, StoreError, StoreFuture};
 use crate::config::StoreConfig;
@@ -101,6 +106,9 @@ const INIT_IDLE_IN_TRANSACTION: Duration = Duration::from_secs(10);
 /// Server-side bound on one sweep batch, so a batch abandoned by the client does not go on
 /// deleting on the server.
 const SWEEP_STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
+/// How far past `store.timeout` the server lets tollgate's own statements run before it
+/// cancels them ([`statement_bound`]).
+const STATEMENT_BOUND_MARGIN: Duration = Duration::from_secs(1);
 /// How long a background connection error explains a timeout (see [`PostgresStore::pool_error`]).
 const CONNECT_ERROR_RELEVANCE: Duration = Duration::from_secs(10);
 
@@ -679,6 +687,11 @@ pub struct PooledClient {
     /// Whether this connection reaches its backend directly ([`super::direct`]): only then is
     /// the increment prepared on it. Answered in the background after the connect.
     direct: Arc<Directness>,
+    /// `Some` on a session that is not its backend's own (a pooler) when the role's own
+    /// timeouts are shorter than tollgate's: every statement then runs in a transaction of
+    /// its own that sets them first ([`PooledClient::run`]). `None`: the session's timeouts
+    /// are tollgate's already (set on it at connect, [`direct::settle`]), or long enough.
+    local_timeouts: Option<LocalTimeouts>,
     /// The increment statements prepared on this connection (direct connections only), by
     /// [`IncrementStatement::slot`].
     prepared: [std::sync::OnceLock<tokio_postgres::Statement>; 4],
@@ -706,15 +719,33 @@ impl PooledClient {
     /// and `PostgresStore::bounded`: an `async fn` that takes a future by value and awaits
     /// it holds it twice, and the increment's future is copied into a box per statement
     /// (`the_increment_future_stays_small`).
+    ///
+    /// With [`PooledClient::local_timeouts`] the statement goes between `BEGIN` with `SET
+    /// LOCAL` and `COMMIT`, pipelined: still one round trip, and one server connection of a
+    /// transaction pooler for all three (boxed: only that configuration pays for the larger
+    /// future).
     async fn run<T, F: std::future::Future<Output = Result<T, tokio_postgres::Error>>>(
         &self,
         statement: impl FnOnce() -> F,
     ) -> Result<T, tokio_postgres::Error> {
-        let result = self.tracked(statement).await;
+        let result = match &self.local_timeouts {
+            None => self.tracked(statement).await,
+            Some(local) => Box::pin(self.tracked(|| local.around(&self.client, statement()))).await,
+        };
         if let Err(err) = &result {
             self.note_read_only(err);
         }
         result
+    }
+
+    /// Opens a transaction under tollgate's timeouts: with [`PooledClient::local_timeouts`]
+    /// it sets them first (the session's are tollgate's already otherwise).
+    async fn begin(&mut self) -> Result<tokio_postgres::Transaction<'_>, tokio_postgres::Error> {
+        let tx = self.client.transaction().await?;
+        if let Some(local) = &self.local_timeouts {
+            tx.batch_execute(&local.set).await?;
+        }
+        Ok(tx)
     }
 
     /// Awaits the future `work` makes, on this client marked in flight: cut off midway, the
@@ -742,9 +773,8 @@ impl PooledClient {
     /// a transaction open.
     async fn probe_increment(&mut self, async_commit: bool) -> Result<(), tokio_postgres::Error> {
         self.in_flight.store(true, Ordering::Release);
-        let client = &mut self.client;
         let result = async {
-            let tx = client.transaction().await?;
+            let tx = self.begin().await?;
             let buckets = [PROBE_BUCKET];
             let windows = [1i64];
             let amounts = [1i64];
@@ -921,6 +951,58 @@ impl PooledClient {
     }
 }
 
+/// The `statement_timeout` and `lock_timeout` of tollgate's own statements on pool
+/// connections, whatever the role's (SPEC 6; set by [`direct::settle`] or
+/// [`LocalTimeouts`]): a second past the longest tollgate waits for one (`store.timeout`), so
+/// the server never cancels what tollgate still waits for, and stops soon after what it gave
+/// up on. Statements that may take longer set their own for their transaction (the sweep,
+/// the migrations).
+fn statement_bound(timeout: Duration) -> Duration {
+    timeout + STATEMENT_BOUND_MARGIN
+}
+
+/// tollgate's timeouts for one transaction at a time, on a session that is not its backend's
+/// own (a transaction pooler may hand every transaction to another server connection, and a
+/// session `SET` would stay on one that other clients get).
+struct LocalTimeouts {
+    /// `BEGIN; SET LOCAL statement_timeout = ...; SET LOCAL lock_timeout = ...`.
+    begin: String,
+    /// The same without the `BEGIN`, for a transaction already open.
+    set: String,
+}
+
+impl LocalTimeouts {
+    fn new(bound: Duration) -> LocalTimeouts {
+        let set = direct::set_local_timeouts(bound);
+        LocalTimeouts {
+            begin: format!("BEGIN; {set}"),
+            set,
+        }
+    }
+
+    /// `statement` between [`LocalTimeouts::begin`] and `COMMIT`, pipelined: sent in the
+    /// order they are first polled, answered in that order, one round trip. A failed
+    /// `COMMIT` fails the statement (what it wrote is not there); a failed `BEGIN` matters
+    /// only if the statement failed too (else it ran, and committed, on its own).
+    async fn around<T>(
+        &self,
+        client: &Client,
+        statement: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+    ) -> Result<T, tokio_postgres::Error> {
+        let (begun, result, ended) = tokio::join!(
+            client.batch_execute(&self.begin),
+            statement,
+            client.batch_execute("COMMIT")
+        );
+        let result = match (begun, result) {
+            (Err(why), Err(_)) => return Err(why),
+            (_, result) => result?,
+        };
+        ended?;
+        Ok(result)
+    }
+}
+
 /// What [`PostgresStore::inspect_a_connection`] found on one pool connection.
 #[doc(hidden)]
 #[derive(Debug)]
@@ -954,6 +1036,8 @@ pub struct Manager {
     tls: MakeRustls,
     /// Bound on one whole attempt: the connect timeout for every host it may try.
     deadline: Duration,
+    /// The timeouts of tollgate's own statements on these connections ([`statement_bound`]).
+    bound: Duration,
 }
 
 #[async_trait::async_trait]
@@ -967,14 +1051,20 @@ impl bb8::ManageConnection for Manager {
                 .await
                 .map_err(|_| PoolError::Deadline(self.deadline))??;
         tokio::spawn(drive(connection));
-        let backend = tokio::time::timeout(self.deadline, backend_socket(&client))
+        let settled = tokio::time::timeout(self.deadline, direct::settle(&client, self.bound))
             .await
             .map_err(|_| PoolError::Deadline(self.deadline))??;
+        // A session that is not its backend's own is not direct, whatever the socket table
+        // says: nothing may be prepared or `SET` on it.
+        let backend = settled.backend.filter(|_| settled.own);
+        let local_timeouts =
+            (!settled.own && settled.short_defaults).then(|| LocalTimeouts::new(self.bound));
         Ok(PooledClient {
             client,
             in_flight: AtomicBool::new(false),
             read_only: AtomicBool::new(false),
             direct: Directness::look_up(backend),
+            local_timeouts,
             prepared: Default::default(),
             stale: AtomicBool::new(false),
         })
@@ -988,28 +1078,6 @@ impl bb8::ManageConnection for Manager {
     fn has_broken(&self, conn: &mut PooledClient) -> bool {
         conn.unusable()
     }
-}
-
-/// The TCP connection the backend of `client` serves, as the backend names it (`None` over a
-/// Unix socket), for [`Directness::look_up`]. One unnamed statement, once per pool connection.
-async fn backend_socket(client: &Client) -> Result<Option<BackendSocket>, tokio_postgres::Error> {
-    let row = client
-        .query_typed_one(
-            "SELECT host(inet_client_addr()), inet_client_port(), \
-                    host(inet_server_addr()), inet_server_port()",
-            &[],
-        )
-        .await?;
-    let end = |addr: Option<String>, port: Option<i32>| -> Option<std::net::SocketAddr> {
-        let ip: std::net::IpAddr = addr?.parse().ok()?;
-        Some(std::net::SocketAddr::new(ip, u16::try_from(port?).ok()?))
-    };
-    Ok((|| {
-        Some(BackendSocket {
-            client: end(row.try_get(0).ok()?, row.try_get(1).ok()?)?,
-            server: end(row.try_get(2).ok()?, row.try_get(3).ok()?)?,
-        })
-    })())
 }
 
 /// Runs one pooled connection until it closes. NOTICEs (routine: "already exists,
@@ -1057,6 +1125,9 @@ pub struct PostgresStore {
     /// How to open the `LISTEN` session, which lives outside the pool (see
     /// [`PostgresStore::listen_for_resets`]).
     session: (tokio_postgres::Config, MakeRustls),
+    /// The listen session's `application_name` once it knows the session is its backend's
+    /// own (`tollgate-listen`, when the URL names none); `None`: it keeps the pool's.
+    listen_name: Option<&'static str>,
     /// This process's row in `tollgate_instances`: random, nothing about the host.
     instance_id: String,
 }
@@ -1094,12 +1165,15 @@ impl PostgresStore {
         let last_connect_error = LastConnectError::default();
         let failures = FailureLog::new(&pg);
         let timeout = cfg.timeout.max(Duration::from_millis(1));
-        let mut listen = pg.clone();
-        if listen.get_application_name() == Some("tollgate") {
-            // Told apart from the pool's sessions in pg_stat_activity (one per instance).
-            listen.application_name("tollgate-listen");
-        }
-        let session = (listen, tls.clone());
+        // Told apart from the pool's sessions in pg_stat_activity (one per instance), but only
+        // by a `SET` on a session of its own: it connects with the pool's name, so through a
+        // pooler tollgate's clients all carry one name, and the pooler never has to `SET` it
+        // on a server connection for them (a statement under the role's timeouts, which a
+        // role's 1 ms cancels; PgBouncer then drops the server connection and fails the
+        // client with "invalid server parameter").
+        let listen_name =
+            (pg.get_application_name() == Some("tollgate")).then_some("tollgate-listen");
+        let session = (pg.clone(), tls.clone());
         let pool = Pool::builder()
             .max_size(cfg.pool_size.max(1))
             .connection_timeout(timeout)
@@ -1107,6 +1181,7 @@ impl PostgresStore {
             .error_sink(Box::new(last_connect_error.clone()))
             .build_unchecked(Manager {
                 deadline: connect_deadline(&pg),
+                bound: statement_bound(timeout),
                 pg,
                 tls,
             });
@@ -1121,6 +1196,7 @@ impl PostgresStore {
             probe_gate: tokio::sync::Mutex::new(()),
             async_commit: !cfg.synchronous_commit,
             session,
+            listen_name,
             instance_id: format!("{:032x}", rand::random::<u128>()),
         }))
     }
@@ -1308,6 +1384,10 @@ impl PostgresStore {
     async fn sweep_batch(&self, batch_size: i64) -> Result<Option<u64>, StoreError> {
         let mut conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
         let tx = conn.transaction().await.map_err(query_error)?;
+        // Its own timeouts before anything else, whatever the session's (a role's 1 ms).
+        tx.batch_execute(&direct::set_local_timeouts(SWEEP_STATEMENT_TIMEOUT))
+            .await
+            .map_err(query_error)?;
         let won: bool = tx
             .query_typed_one(
                 "SELECT pg_try_advisory_xact_lock($1)",
@@ -1321,10 +1401,6 @@ impl PostgresStore {
             tx.rollback().await.map_err(query_error)?;
             return Ok(None);
         }
-        let ms = SWEEP_STATEMENT_TIMEOUT.as_millis();
-        tx.batch_execute(&format!("SET LOCAL statement_timeout = {ms}"))
-            .await
-            .map_err(query_error)?;
         let n = tx
             .execute_typed(SWEEP_SQL, &[(&batch_size, Type::INT8)])
             .await
@@ -1797,7 +1873,7 @@ impl PostgresStore {
         let (names, windows) = columns(&batch)?;
         let mut conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
         let rows = async {
-            let tx = conn.transaction().await?;
+            let tx = conn.begin().await?;
             let delete: [(&(dyn ToSql + Sync), Type); 2] =
                 [(&names, Type::TEXT_ARRAY), (&windows, Type::INT8_ARRAY)];
             let rows = tx.query_typed(RESET_SQL, &delete).await?;
@@ -1906,8 +1982,32 @@ impl PostgresStore {
             }
         });
         let _driver = AbortOnDrop(driver.abort_handle());
+        // Its timeouts (the liveness check's `SELECT 1` included) set to the listen session's
+        // own bound, whatever the role's.
+        let settle = direct::settle(&client, LISTEN_STATEMENT_TIMEOUT);
+        let own = match tokio::time::timeout(LISTEN_STATEMENT_TIMEOUT, settle).await {
+            Ok(Ok(settled)) => settled.own,
+            Ok(Err(e)) => return describe(&e),
+            Err(_) => return "the session did not answer".to_owned(),
+        };
         let listen = format!("LISTEN {RESET_CHANNEL}");
-        match tokio::time::timeout(LISTEN_STATEMENT_TIMEOUT, client.batch_execute(&listen)).await {
+        let name = match self.listen_name {
+            Some(name) if own => format!("SET application_name = '{name}'"),
+            _ => String::new(),
+        };
+        // Pipelined, the `LISTEN` last: one round trip.
+        let named_and_listening = async {
+            let named = async {
+                if name.is_empty() {
+                    Ok(())
+                } else {
+                    client.batch_execute(&name).await
+                }
+            };
+            let (named, listened) = tokio::join!(named, client.batch_execute(&listen));
+            named.and(listened)
+        };
+        match tokio::time::timeout(LISTEN_STATEMENT_TIMEOUT, named_and_listening).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => return describe(&e),
             Err(_) => return "LISTEN did not answer".to_owned(),
@@ -2584,13 +2684,21 @@ async fn apply_migrations(client: &mut Client) -> Result<Vec<&'static str>, Init
     }
     // Something is to be applied: first make sure the server can take it, so that an old
     // server gets a sentence instead of a syntax error from the middle of a migration.
-    let version = client
-        .query_typed_one(
-            "SELECT current_setting('server_version_num')::int4, current_setting('server_version')",
-            &[],
-        )
-        .await
-        .map_err(|e| classify(e, InitError::Database))?;
+    let version = async {
+        // In a transaction for its own timeouts, as every start-up statement.
+        let tx = client.transaction().await?;
+        own_timeouts(&tx).await?;
+        let version = tx
+            .query_typed_one(
+                "SELECT current_setting('server_version_num')::int4, current_setting('server_version')",
+                &[],
+            )
+            .await?;
+        tx.rollback().await?;
+        Ok(version)
+    }
+    .await
+    .map_err(|e| classify(e, InitError::Database))?;
     supported_server(version.get(0), version.get(1))?;
     let mut applied = Vec::new();
     for migration in MIGRATIONS {
