@@ -932,6 +932,95 @@ async fn ask_every_server_connection(
     seen
 }
 
+/// Waits until a captured log line contains `text`, for at most `within`.
+async fn until_logged(log: &common::log::CapturedLog, text: &str, within: Duration) {
+    let deadline = Instant::now() + within;
+    while !log.text().contains(text) {
+        assert!(
+            Instant::now() < deadline,
+            "no log line with {text:?} within {within:?}:\n{}",
+            log.text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Issue 47, item 4: through PgBouncer in transaction mode, the reset listener's `LISTEN` went
+/// through the pooler, landed on whichever server connection that statement got, and stayed
+/// there: a server connection other clients of the pool are handed reported a listening
+/// channel (`pg_listening_channels()`), where a fresh one reports none. After tollgate ran
+/// through the pooler (start-up, the listener's start and its liveness checks up to the
+/// moment it reports that notifications do not reach it, decisions, shutdown), no server
+/// connection of the pool listens on anything (docs/operations.md, "Connection poolers").
+#[tokio::test(flavor = "current_thread")]
+async fn transaction_mode_leaves_no_listen_on_any_server_connection_of_the_pool() {
+    let (log, _guard) = common::log::CapturedLog::warnings();
+    let db = TestDb::new().await;
+    let bouncer = PgBouncer::start(&db, PoolMode::Transaction, 3);
+    let upstream = Upstream::start().await;
+    let url = bouncer.url(&db);
+    let mut proxy = Proxy::start(config_from(&config_text(&url), upstream.addr, &[])).await;
+    // The listener has made up its mind once it says so; before that it has connected and
+    // (where it sends LISTEN) listened and sent its checks.
+    until_logged(&log, "notifications do not reach", Duration::from_secs(30)).await;
+    let ok = flood(&[proxy.addr], 60).await;
+    assert!((LIMIT..=60).contains(&ok), "{ok} allowed");
+    proxy.shutdown().await;
+
+    let pg = db.client().await;
+    let user: String = pg
+        .query_one("SELECT current_user::text", &[])
+        .await
+        .expect("user")
+        .get(0);
+    let seen = ask_every_server_connection(
+        &bouncer,
+        &url,
+        &user,
+        &pg,
+        &db,
+        "coalesce(string_agg(c, ','), '') FROM pg_listening_channels() AS c",
+    )
+    .await;
+    assert!(
+        seen.iter().all(|(_, channels)| channels.is_empty()),
+        "server connections of the pool listening (pid, channels): {seen:?}"
+    );
+    // The other symptom: a notification reaching an idle server connection, which PgBouncer
+    // keeps (and logs) rather than closes.
+    let log = bouncer.log();
+    assert!(!log.contains("when not linked"), "{log}");
+}
+
+/// Through PgBouncer in session mode too the reset listener sends no `LISTEN`: PgBouncer
+/// announces a cancel key of its own there as well, and a `LISTEN` would outlive tollgate's
+/// session on the server connection unless `server_reset_query` cleans it up. It says at
+/// once that notifications do not reach it (docs/operations.md, "Connection poolers").
+#[tokio::test(flavor = "current_thread")]
+async fn session_mode_the_reset_listener_sends_no_listen_either() {
+    let db = TestDb::new().await;
+    let bouncer = PgBouncer::start(&db, PoolMode::Session, 4);
+    let started = Instant::now();
+    let hears = listener_hears(&bouncer.url(&db), Duration::from_secs(15)).await;
+    assert_eq!(hears, Some(false));
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "it knew only after {:?}, as if it had waited for its checks",
+        started.elapsed()
+    );
+}
+
+/// An L4 relay (a TCP proxy: HAProxy in TCP mode, a cloud SQL proxy) changes nothing: the
+/// session is still its backend's own (the backend's key comes through), so the reset
+/// listener listens and hears its checks.
+#[tokio::test(flavor = "current_thread")]
+async fn through_an_l4_relay_the_reset_listener_still_listens() {
+    let db = TestDb::new().await;
+    let relay = common::faulty::FaultyTcp::start(db.server_addr(), true).await;
+    let hears = listener_hears(&db.url_through(relay.addr), Duration::from_secs(15)).await;
+    assert_eq!(hears, Some(true));
+}
+
 /// A login role of the test's own whose `statement_timeout` and `lock_timeout` are 1 ms
 /// (`ALTER ROLE ... SET`), owner of the test's database so it can migrate it. Dropped with
 /// that database when the guard goes.

@@ -32,8 +32,9 @@
 //! - **Reset** (SPEC 3b): [`PostgresStore::reset`] deletes buckets' current and previous
 //!   windows and `NOTIFY`s every instance; [`PostgresStore::listen_for_resets`] is the one
 //!   `LISTEN` session per instance, on a connection of its own outside the pool, that
-//!   reconnects by itself and checks that notifications really arrive (they never do through
-//!   a transaction-mode pooler).
+//!   reconnects by itself and checks that notifications really arrive. It sends `LISTEN` only
+//!   on a session that is its backend's own ([`super::direct`]): through a pooler the
+//!   statement would stay on a server connection that other clients get.
 //! - **Readiness** (SPEC 7): [`PostgresStore::ping`] answers from the outcome of recent
 //!   decisions, and with no recent traffic runs the real increment inside a transaction that
 //!   is rolled back, so a missing table, a revoked privilege or a read-only database is "not
@@ -1725,6 +1726,9 @@ const LISTEN_STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
 const LISTEN_CHECK_EVERY: Duration = Duration::from_secs(5);
 const LISTEN_CHECK_WAIT: Duration = Duration::from_secs(3);
 const LISTEN_CHECKS_MISSED: u32 = 2;
+/// How often an instance whose `store.url` is a pooler looks again whether it now reaches a
+/// session of its own (the URL's host now the database itself, say).
+const LISTEN_RECHECK: Duration = Duration::from_secs(30);
 /// Reconnect back-off of the listen session: from the first to the last, doubling.
 const LISTEN_RETRY_FIRST: Duration = Duration::from_millis(250);
 const LISTEN_RETRY_LAST: Duration = Duration::from_secs(5);
@@ -1791,6 +1795,15 @@ pub struct ResetBucket {
     pub count: u32,
     /// The count of the previous window, if it still had a row.
     pub previous: Option<u32>,
+}
+
+/// How one listen session ended.
+enum ListenEnd {
+    /// It failed, or its connection did; why.
+    Lost(String),
+    /// It reaches the database through a pooler ([`direct::Settled::own`] false): it sent no
+    /// `LISTEN`, which would stay on a server connection other clients get.
+    Pooled,
 }
 
 /// What the listen session reports to its owner (the limiter's cache of denials).
@@ -1917,21 +1930,46 @@ impl PostgresStore {
     /// connection task throws notifications away), listening on [`RESET_CHANNEL`], and `on`
     /// told of each reset bucket.
     ///
+    /// It sends `LISTEN` only on a session that is its backend's own ([`direct::settle`]):
+    /// through a pooler (PgBouncer in either mode) the statement would land on a server
+    /// connection that stays in the pool, listening, for other clients, and in transaction
+    /// mode notifications would not come back anyway. There it reports
+    /// [`ResetEvent::Hearing`] `false` at once, logs it once, and looks again every
+    /// [`LISTEN_RECHECK`] (docs/operations.md, "Connection poolers").
+    ///
     /// It survives database restarts and failover: a lost session is reopened with back-off
     /// ([`LISTEN_RETRY_FIRST`] to [`LISTEN_RETRY_LAST`]), and every (re)start reports
     /// [`ResetEvent::Missed`], since resets made while it was away were not heard. Every
     /// [`LISTEN_CHECK_EVERY`] it sends itself a notification through the pool:
     /// [`LISTEN_CHECKS_MISSED`] in a row that do not arrive within [`LISTEN_CHECK_WAIT`] while
-    /// the session still answers mean notifications are not delivered to it ([`ResetEvent::Hearing`] `false`: a
-    /// transaction-mode pooler between tollgate and the database, see docs/operations.md);
-    /// a session that no longer answers is reopened.
+    /// the session still answers mean notifications are not delivered to it
+    /// ([`ResetEvent::Hearing`] `false`); a session that no longer answers is reopened.
     pub async fn listen_for_resets(self: Arc<Self>, mut on: impl FnMut(ResetEvent<'_>) + Send) {
         let mut delay = LISTEN_RETRY_FIRST;
         let mut hearing: Option<bool> = None;
         let mut was_up = false;
         loop {
             let started = Instant::now();
-            let err = self.listen_session(&mut on, &mut hearing, was_up).await;
+            let err = match self.listen_session(&mut on, &mut hearing, was_up).await {
+                ListenEnd::Lost(why) => why,
+                ListenEnd::Pooled => {
+                    if hearing != Some(false) {
+                        tracing::error!(
+                            "reset listener: store.url reaches the database through a connection \
+                             pooler, so this instance sends no LISTEN (it would stay behind on a \
+                             server connection that other clients get) and notifications do not \
+                             reach this instance; it stops caching denials so that tollgate reset \
+                             still takes effect here at once (every denied request then costs a \
+                             statement); see docs/operations.md"
+                        );
+                        hearing = Some(false);
+                        on(ResetEvent::Hearing(false));
+                    }
+                    delay = LISTEN_RETRY_FIRST;
+                    tokio::time::sleep(LISTEN_RECHECK).await;
+                    continue;
+                }
+            };
             if started.elapsed() > LISTEN_RETRY_LAST * 2 {
                 delay = LISTEN_RETRY_FIRST;
             }
@@ -1952,14 +1990,14 @@ impl PostgresStore {
         on: &mut (impl FnMut(ResetEvent<'_>) + Send),
         hearing: &mut Option<bool>,
         reconnect: bool,
-    ) -> String {
+    ) -> ListenEnd {
         let (pg, tls) = &self.session;
         let deadline = connect_deadline(pg);
         let (client, mut connection) =
             match tokio::time::timeout(deadline, pg.connect(tls.clone())).await {
                 Ok(Ok(pair)) => pair,
-                Ok(Err(e)) => return describe(&e),
-                Err(_) => return format!("no connection within {deadline:?}"),
+                Ok(Err(e)) => return ListenEnd::Lost(describe(&e)),
+                Err(_) => return ListenEnd::Lost(format!("no connection within {deadline:?}")),
             };
         // The connection is driven here rather than by a spawned task of tokio-postgres', so
         // that its notifications come out. Bounded: past LISTEN_QUEUE waiting, the rest are
@@ -1982,19 +2020,22 @@ impl PostgresStore {
             }
         });
         let _driver = AbortOnDrop(driver.abort_handle());
-        // Its timeouts (the liveness check's `SELECT 1` included) set to the listen session's
-        // own bound, whatever the role's.
+        // Whose session this is, and its timeouts (the liveness check's `SELECT 1` included)
+        // set to the listen session's own bound, whatever the role's.
         let settle = direct::settle(&client, LISTEN_STATEMENT_TIMEOUT);
-        let own = match tokio::time::timeout(LISTEN_STATEMENT_TIMEOUT, settle).await {
-            Ok(Ok(settled)) => settled.own,
-            Ok(Err(e)) => return describe(&e),
-            Err(_) => return "the session did not answer".to_owned(),
-        };
+        match tokio::time::timeout(LISTEN_STATEMENT_TIMEOUT, settle).await {
+            Ok(Ok(settled)) if settled.own => {}
+            Ok(Ok(_)) => return ListenEnd::Pooled,
+            Ok(Err(e)) => return ListenEnd::Lost(describe(&e)),
+            Err(_) => return ListenEnd::Lost("the session did not answer".to_owned()),
+        }
+        // A statement of its own, after the check: the session is its backend's for good, and
+        // `pg_stat_activity.query` shows `LISTEN tollgate_reset` (docs/operations.md).
         let listen = format!("LISTEN {RESET_CHANNEL}");
-        let name = match self.listen_name {
-            Some(name) if own => format!("SET application_name = '{name}'"),
-            _ => String::new(),
-        };
+        let name = self
+            .listen_name
+            .map(|name| format!("SET application_name = '{name}'"))
+            .unwrap_or_default();
         // Pipelined, the `LISTEN` last: one round trip.
         let named_and_listening = async {
             let named = async {
@@ -2009,8 +2050,8 @@ impl PostgresStore {
         };
         match tokio::time::timeout(LISTEN_STATEMENT_TIMEOUT, named_and_listening).await {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => return describe(&e),
-            Err(_) => return "LISTEN did not answer".to_owned(),
+            Ok(Err(e)) => return ListenEnd::Lost(describe(&e)),
+            Err(_) => return ListenEnd::Lost("LISTEN did not answer".to_owned()),
         }
         if reconnect {
             tracing::info!("reset listener: listening again; cached denials forgotten, since resets may have been missed");
@@ -2046,10 +2087,10 @@ impl PostgresStore {
                     Some(payload) if payload.starts_with(LISTEN_CHECK_PREFIX) => {}
                     Some(bucket) => on(ResetEvent::Bucket(&bucket)),
                     None => {
-                        return match driver_result(&client) {
+                        return ListenEnd::Lost(match driver_result(&client) {
                             Some(why) => why,
                             None => "the session ended".to_owned(),
-                        };
+                        });
                     }
                 },
                 _ = check.tick(), if awaiting.is_none() => {
@@ -2068,7 +2109,8 @@ impl PostgresStore {
                             if missed >= LISTEN_CHECKS_MISSED && *hearing != Some(false) {
                                 tracing::error!(
                                     "reset listener: notifications do not reach this instance's LISTEN session \
-                                     (is store.url a pooler in transaction mode?); this instance stops caching \
+                                     (something between tollgate and the database that passes the \
+                                     backend's key on but not its notifications?); this instance stops caching \
                                      denials so that tollgate reset still takes effect here at once \
                                      (every denied request then costs a statement); see docs/operations.md"
                                 );
@@ -2076,8 +2118,8 @@ impl PostgresStore {
                                 on(ResetEvent::Hearing(false));
                             }
                         }
-                        Ok(Err(e)) => return describe(&e),
-                        Err(_) => return "the session stopped answering".to_owned(),
+                        Ok(Err(e)) => return ListenEnd::Lost(describe(&e)),
+                        Err(_) => return ListenEnd::Lost("the session stopped answering".to_owned()),
                     }
                 }
             }
