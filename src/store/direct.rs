@@ -31,21 +31,21 @@
 //! A weaker question has a cheaper, wider answer: is the backend that runs this session's
 //! statements the one the session started with? Then session state (a `SET`, a `LISTEN`)
 //! stays with tollgate's session and dies with it; otherwise a pooler in between may leave it
-//! on a server connection that other clients get (SPEC 6; issue 47). The server announces its
-//! backend at start-up (BackendKeyData: the backend's process id and a secret, for cancel
-//! requests). A pooler cannot pass a backend's key on, since its clients move between
+//! on a server connection that other clients get (docs/operations.md, "Connection
+//! poolers"). The server announces its backend at start-up (BackendKeyData: the backend's
+//! process id and a secret, for cancel requests). A pooler cannot pass a backend's key on, since its clients move between
 //! backends (in transaction mode at every transaction) and a cancel request must reach the
 //! one serving the client now; PgBouncer, in either mode, announces a key of its own. So the
 //! session is its backend's own when `pg_backend_pid()` is the announced process id. An L4
 //! proxy or NAT in between changes nothing here: the key comes through.
 //!
 //! [`settle`] answers both questions with one pipelined round trip as a connection is made,
-//! and sets the timeouts of tollgate's own statements (SPEC 6: a role's `statement_timeout`
-//! or `lock_timeout`, say 1 ms, must not cancel them): for the session, on a session of its
+//! and sets the timeouts of tollgate's own statements (a role's `statement_timeout` or
+//! `lock_timeout`, say 1 ms, must not cancel them): for the session, on a session of its
 //! own; in that transaction only, otherwise, so nothing stays on a pooler's server
 //! connection. There the caller wraps its statements in `SET LOCAL` when the role's own
-//! timeouts are shorter than tollgate's ([`Settled::short_defaults`], docs/operations.md,
-//! "Connection poolers").
+//! timeouts are shorter than tollgate's ([`Settled::short_defaults`]; docs/operations.md,
+//! "Connection poolers", "Timeouts of its own").
 
 use std::io::BufRead;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};

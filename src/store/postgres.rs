@@ -47,12 +47,13 @@
 //!   also reads `sslmode` and `sslrootcert` out of the URL before tokio-postgres parses it.
 //! - **Bounds on waiting**: a call waits at most `store.timeout` (pool wait included); a
 //!   connection attempt, start-up exchange included, at most its connect timeout per host.
-//! - **Timeouts of its own statements** (SPEC 6), whatever the role's (`ALTER ROLE ... SET
-//!   statement_timeout = '1ms'`): on a session that is its backend's own, set for the session
-//!   as it is made ([`statement_bound`], [`super::direct::settle`]); through a pooler, only
-//!   when the role's are shorter, `SET LOCAL` in a transaction around each statement
-//!   ([`LocalTimeouts`]), pipelined in the same round trip. Start-up, the sweep and the other
-//!   transactions set theirs with `SET LOCAL` first.
+//! - **Timeouts of its own statements**, whatever the role's (`ALTER ROLE ... SET
+//!   statement_timeout = '1ms'`; docs/operations.md, "Connection poolers", "Timeouts of its
+//!   own"): on a session that is its backend's own, set for the session as it is made
+//!   ([`statement_bound`], [`super::direct::settle`]); through a pooler, only when the role's
+//!   are shorter, `SET LOCAL` in a transaction around each statement ([`LocalTimeouts`]),
+//!   pipelined in the same round trip. Start-up, the sweep and the other transactions set
+//!   theirs with `SET LOCAL` first.
 //!
 //! Construction never touches the database: SPEC 1 says a database that is down at start must
 //! not stop tollgate. Until [`PostgresStore::initialize`] has succeeded the store answers
@@ -953,11 +954,11 @@ impl PooledClient {
 }
 
 /// The `statement_timeout` and `lock_timeout` of tollgate's own statements on pool
-/// connections, whatever the role's (SPEC 6; set by [`direct::settle`] or
-/// [`LocalTimeouts`]): a second past the longest tollgate waits for one (`store.timeout`), so
-/// the server never cancels what tollgate still waits for, and stops soon after what it gave
-/// up on. Statements that may take longer set their own for their transaction (the sweep,
-/// the migrations).
+/// connections, whatever the role's (set by [`direct::settle`] or [`LocalTimeouts`];
+/// docs/operations.md, "Timeouts of its own"): a second past the longest tollgate waits for
+/// one (`store.timeout`), so the server never cancels what tollgate still waits for, and
+/// stops soon after what it gave up on. Statements that may take longer set their own for
+/// their transaction (the sweep, the migrations).
 fn statement_bound(timeout: Duration) -> Duration {
     timeout + STATEMENT_BOUND_MARGIN
 }
