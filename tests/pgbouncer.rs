@@ -16,6 +16,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::Full;
+use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
 
 use common::db::TestDb;
@@ -857,4 +858,425 @@ async fn a_crowded_socket_table_never_delays_a_decision() {
         counts.push(counted[0].count);
     }
     assert_eq!(counts, [1, 2, 3]);
+}
+
+/// What every server connection of PgBouncer's pool for `url`'s user answers to `what` (an
+/// expression, or an expression and a `FROM`, giving one text value): as many clients as the
+/// pool may have server connections, each in an open transaction, so each holds a server
+/// connection of its own and together they hold all of them (PgBouncer opens at most
+/// `pool_size` per user and database, and a client in a transaction keeps its server). The
+/// direct connection `pg` then confirms that every backend of that user on the database was
+/// among them. Answers `(backend pid, value)`, one per server connection. A question the
+/// role's own `statement_timeout` cancels (a fresh backend's first statement loads its
+/// catalog caches) is asked again in a new transaction.
+async fn ask_every_server_connection(
+    bouncer: &PgBouncer,
+    url: &str,
+    user: &str,
+    pg: &tokio_postgres::Client,
+    db: &TestDb,
+    what: &str,
+) -> Vec<(i32, String)> {
+    let mut clients = Vec::new();
+    let mut seen = Vec::new();
+    for _ in 0..bouncer.pool_size {
+        let client = connect(url).await;
+        let mut attempts = 0;
+        let answer = loop {
+            client.batch_execute("BEGIN").await.expect("BEGIN");
+            let asked = client
+                .simple_query(&format!("SELECT pg_backend_pid()::text, {what}"))
+                .await;
+            match asked {
+                Err(e) if e.code() == Some(&SqlState::QUERY_CANCELED) && attempts < 20 => {
+                    attempts += 1;
+                    client.batch_execute("ROLLBACK").await.expect("ROLLBACK");
+                }
+                asked => break asked.expect("ask a server connection"),
+            }
+        };
+        let row = answer
+            .into_iter()
+            .find_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(row) => Some((
+                    row.get(0).expect("pid").parse::<i32>().expect("a pid"),
+                    row.get(1).unwrap_or_default().to_owned(),
+                )),
+                _ => None,
+            })
+            .expect("a row");
+        seen.push(row);
+        clients.push(client);
+    }
+    let backends: Vec<i32> = pg
+        .query(
+            "SELECT pid FROM pg_stat_activity \
+             WHERE datname = $1 AND usename = $2 AND backend_type = 'client backend' \
+               AND pid <> pg_backend_pid()",
+            &[&db.name, &user],
+        )
+        .await
+        .expect("pg_stat_activity")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    for client in &clients {
+        client.batch_execute("ROLLBACK").await.expect("ROLLBACK");
+    }
+    for pid in &backends {
+        assert!(
+            seen.iter().any(|(p, _)| p == pid),
+            "backend {pid} of {user} was not among the server connections asked: {seen:?}"
+        );
+    }
+    seen
+}
+
+/// Waits until a captured log line contains `text`, for at most `within`.
+async fn until_logged(log: &common::log::CapturedLog, text: &str, within: Duration) {
+    let deadline = Instant::now() + within;
+    while !log.text().contains(text) {
+        assert!(
+            Instant::now() < deadline,
+            "no log line with {text:?} within {within:?}:\n{}",
+            log.text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Issue 47, item 4: through PgBouncer in transaction mode, the reset listener's `LISTEN` went
+/// through the pooler, landed on whichever server connection that statement got, and stayed
+/// there: a server connection other clients of the pool are handed reported a listening
+/// channel (`pg_listening_channels()`), where a fresh one reports none. After tollgate ran
+/// through the pooler (start-up, the listener's start and its liveness checks up to the
+/// moment it reports that notifications do not reach it, decisions, shutdown), no server
+/// connection of the pool listens on anything (docs/operations.md, "Connection poolers").
+#[tokio::test(flavor = "current_thread")]
+async fn transaction_mode_leaves_no_listen_on_any_server_connection_of_the_pool() {
+    let (log, _guard) = common::log::CapturedLog::warnings();
+    let db = TestDb::new().await;
+    let bouncer = PgBouncer::start(&db, PoolMode::Transaction, 3);
+    let upstream = Upstream::start().await;
+    let url = bouncer.url(&db);
+    let mut proxy = Proxy::start(config_from(&config_text(&url), upstream.addr, &[])).await;
+    // The listener has made up its mind once it says so; before that it has connected and
+    // (where it sends LISTEN) listened and sent its checks.
+    until_logged(&log, "notifications do not reach", Duration::from_secs(30)).await;
+    let ok = flood(&[proxy.addr], 60).await;
+    assert!((LIMIT..=60).contains(&ok), "{ok} allowed");
+    proxy.shutdown().await;
+
+    let pg = db.client().await;
+    let user: String = pg
+        .query_one("SELECT current_user::text", &[])
+        .await
+        .expect("user")
+        .get(0);
+    let seen = ask_every_server_connection(
+        &bouncer,
+        &url,
+        &user,
+        &pg,
+        &db,
+        "coalesce(string_agg(c, ','), '') FROM pg_listening_channels() AS c",
+    )
+    .await;
+    assert!(
+        seen.iter().all(|(_, channels)| channels.is_empty()),
+        "server connections of the pool listening (pid, channels): {seen:?}"
+    );
+    // The other symptom: a notification reaching an idle server connection, which PgBouncer
+    // keeps (and logs) rather than closes.
+    let log = bouncer.log();
+    assert!(!log.contains("when not linked"), "{log}");
+}
+
+/// Through PgBouncer in session mode too the reset listener sends no `LISTEN`: PgBouncer
+/// announces a cancel key of its own there as well, and a `LISTEN` would outlive tollgate's
+/// session on the server connection unless `server_reset_query` cleans it up. It says at
+/// once that notifications do not reach it (docs/operations.md, "Connection poolers").
+#[tokio::test(flavor = "current_thread")]
+async fn session_mode_the_reset_listener_sends_no_listen_either() {
+    let db = TestDb::new().await;
+    let bouncer = PgBouncer::start(&db, PoolMode::Session, 4);
+    let started = Instant::now();
+    let hears = listener_hears(&bouncer.url(&db), Duration::from_secs(15)).await;
+    assert_eq!(hears, Some(false));
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "it knew only after {:?}, as if it had waited for its checks",
+        started.elapsed()
+    );
+}
+
+/// An L4 relay (a TCP proxy: HAProxy in TCP mode, a cloud SQL proxy) changes nothing: the
+/// session is still its backend's own (the backend's key comes through), so the reset
+/// listener listens and hears its checks.
+#[tokio::test(flavor = "current_thread")]
+async fn through_an_l4_relay_the_reset_listener_still_listens() {
+    let db = TestDb::new().await;
+    let relay = common::faulty::FaultyTcp::start(db.server_addr(), true).await;
+    let hears = listener_hears(&db.url_through(relay.addr), Duration::from_secs(15)).await;
+    assert_eq!(hears, Some(true));
+}
+
+/// A login role of the test's own whose `statement_timeout` and `lock_timeout` are 1 ms
+/// (`ALTER ROLE ... SET`), owner of the test's database so it can migrate it. Dropped with
+/// that database when the guard goes.
+struct ShortTimeoutRole {
+    name: String,
+    database: String,
+    admin: tokio_postgres::Config,
+}
+
+impl ShortTimeoutRole {
+    async fn create(db: &TestDb) -> ShortTimeoutRole {
+        let name = format!("{}_short", db.name);
+        let pg = db.client().await;
+        pg.batch_execute(&format!(
+            "CREATE ROLE \"{name}\" LOGIN; \
+             ALTER DATABASE \"{database}\" OWNER TO \"{name}\"; \
+             ALTER ROLE \"{name}\" SET statement_timeout = '1ms'; \
+             ALTER ROLE \"{name}\" SET lock_timeout = '1ms'",
+            database = db.name
+        ))
+        .await
+        .expect("create the role");
+        let mut admin: tokio_postgres::Config = db.url.parse().expect("the test URL parses");
+        admin.dbname("postgres");
+        ShortTimeoutRole {
+            name,
+            database: db.name.clone(),
+            admin,
+        }
+    }
+
+    /// A connection string for the role on the test's database at `addr`, with tollgate's
+    /// own `application_name`: the test's clients then never make PgBouncer `SET` it on a
+    /// server connection, a statement of PgBouncer's under the role's 1 ms that this test is
+    /// not about (docs/operations.md, "Connection poolers").
+    fn url(&self, addr: SocketAddr) -> String {
+        format!(
+            "host={} port={} dbname={} user={} application_name=tollgate",
+            addr.ip(),
+            addr.port(),
+            self.database,
+            self.name
+        )
+    }
+}
+
+impl Drop for ShortTimeoutRole {
+    fn drop(&mut self) {
+        // As TestDb's drop: a thread with a runtime of its own. The database goes first (the
+        // role owns it); TestDb's own drop then finds it gone.
+        let admin = self.admin.clone();
+        // Two statements: DROP DATABASE cannot run in a multi-statement string's implicit
+        // transaction.
+        let sql = [
+            format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.database),
+            format!("DROP ROLE IF EXISTS \"{}\"", self.name),
+        ];
+        let dropped = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            rt.block_on(async {
+                let (client, conn) = admin
+                    .connect(tokio_postgres::NoTls)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                tokio::spawn(conn);
+                for statement in &sql {
+                    client
+                        .batch_execute(statement)
+                        .await
+                        .map_err(|e| format!("{statement}: {e:?}"))?;
+                }
+                Ok::<(), String>(())
+            })
+        })
+        .join();
+        match dropped {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => eprintln!("warning: could not drop the role {}: {e}", self.name),
+            Err(_) => eprintln!("warning: dropping the role {} panicked", self.name),
+        }
+    }
+}
+
+/// A limit of 5 per hour on `/limited`, under `on_error = "deny"`.
+fn deny_config(url: &str) -> String {
+    let store = format!(
+        "url = \"{url}\"\ntimeout = \"2s\"\npool_size = 4\non_error = \"deny\"\n\
+         sweep_interval = \"300ms\""
+    );
+    let route = r#"
+[[routes]]
+name = "limited"
+path_prefix = "/limited"
+upstream = "app"
+
+  [[routes.limits]]
+  key = "global"
+  requests = 5
+  window = "1h"
+"#;
+    limits_config(&store, "", route)
+}
+
+/// The reset listener of a store on `url`: whether it reports that notifications reach it,
+/// within `within` (`None`: it said neither).
+async fn listener_hears(url: &str, within: Duration) -> Option<bool> {
+    let store =
+        tollgate::store::postgres::PostgresStore::new(&TestDb::store_config_for(url.to_owned()))
+            .expect("store");
+    store.initialize("fp", true).await.expect("initialize");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let listener = tokio::spawn(store.listen_for_resets(move |event| {
+        if let tollgate::store::postgres::ResetEvent::Hearing(hearing) = event {
+            let _ = tx.send(hearing);
+        }
+    }));
+    let heard = tokio::time::timeout(within, rx.recv()).await.ok().flatten();
+    listener.abort();
+    heard
+}
+
+/// Issue 47, item 6: a login role with `statement_timeout` and `lock_timeout` of 1 ms. tollgate
+/// started and migrated, then its first decisions failed with `canceling statement due to
+/// statement timeout (57014)` (503 under `on_error = "deny"`), and were not counted. tollgate
+/// sets the timeouts of its own statements on every session it opens: decisions succeed and
+/// count, and so do the migrations, the sweep, the instance registry, the reset listener and
+/// (directly) the prepared increment; through a transaction pooler without a `SET` left on a
+/// server connection that the pool's other clients get (they see the role's 1 ms).
+async fn a_roles_1ms_timeouts_fail_nothing(through: Option<PoolMode>) {
+    let (log, _guard) = common::log::CapturedLog::warnings();
+    let db = TestDb::new().await;
+    let role = ShortTimeoutRole::create(&db).await;
+    let bouncer =
+        through.map(|mode| PgBouncer::start_with_users(&db, mode, 3, &[role.name.as_str()]));
+    let url = role.url(
+        bouncer
+            .as_ref()
+            .map_or_else(|| db.server_addr(), |b| b.addr),
+    );
+    let path = format!("{through:?}");
+    assert_eq!(
+        show(&connect(&url).await, "statement_timeout").await,
+        "1ms",
+        "the role's own setting"
+    );
+
+    let upstream = Upstream::start().await;
+    let mut proxy = Proxy::start(config_from(&deny_config(&url), upstream.addr, &[])).await;
+    let client = h1_client();
+    let mut statuses = Vec::new();
+    for _ in 0..8 {
+        statuses.push(get(&client, &proxy.url("/limited")).await.status.as_u16());
+    }
+    assert_eq!(
+        statuses,
+        [200, 200, 200, 200, 200, 429, 429, 429],
+        "{path}: decisions under the role's 1 ms timeouts; log:\n{}",
+        log.text()
+    );
+    let pg = db.client().await;
+    let counted: i64 = pg
+        .query_one("SELECT coalesce(sum(count), 0)::int8 FROM rate_limits", &[])
+        .await
+        .expect("count")
+        .get(0);
+    // The five allowed and at least the first denial; later denials may come from the cache.
+    assert!((6..=8).contains(&counted), "{path}: {counted} counted");
+
+    // The sweep (every 300 ms) and the registry (at start) ran under the role as well.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while proxy.server().metrics().sweep_last_success.get() == 0.0 {
+        assert!(
+            Instant::now() < deadline,
+            "{path}: no sweep succeeded; log:\n{}",
+            log.text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let registered: i64 = pg
+        .query_one("SELECT count(*) FROM tollgate_instances", &[])
+        .await
+        .expect("registry")
+        .get(0);
+    assert_eq!(registered, 1, "{path}: this instance's row");
+    proxy.shutdown().await;
+
+    // `tollgate migrate --accept-new-key` under the role, for the stores below (key "fp").
+    let store =
+        tollgate::store::postgres::PostgresStore::new(&TestDb::store_config_for(url.clone()))
+            .expect("store");
+    let report = store.migrate("fp", true).await.expect("migrate");
+    assert_eq!(
+        report.fingerprint,
+        tollgate::store::postgres::FingerprintChange::Replaced
+    );
+    drop(store);
+
+    // The reset listener: it hears its own checks on a session of its own; through the
+    // transaction pooler it knows at once that it cannot.
+    let hears = listener_hears(&url, Duration::from_secs(15)).await;
+    assert_eq!(hears, Some(through.is_none()), "{path}: the reset listener");
+    if through.is_none() {
+        // A direct pool connection prepares its increment (src/store/direct.rs), and counts.
+        let store = one_connection_store(url.clone(), Duration::from_secs(2)).await;
+        // Once the background look-up has answered: until then nothing is prepared.
+        assert!(settled(&store).await.0, "a loopback connection is direct");
+        let mut counts = Vec::new();
+        for _ in 0..3 {
+            use tollgate::store::Store;
+            counts.push(
+                store
+                    .increment(&[one("t:direct")])
+                    .await
+                    .expect("increment")[0]
+                    .count,
+            );
+        }
+        let (_, seen) = settled(&store).await;
+        assert_eq!(counts, [1, 2, 3]);
+        assert_eq!(
+            seen.prepared,
+            [tollgate::store::postgres::fixed_upsert_sql()],
+            "the increment prepared under the role's timeouts"
+        );
+    }
+    let logs = log.text();
+    for cancelled in ["57014", "55P03", "sweep failed", "cannot refresh"] {
+        assert!(!logs.contains(cancelled), "{path}: {cancelled}:\n{logs}");
+    }
+
+    if let Some(bouncer) = &bouncer {
+        // Nothing tollgate set stays on a server connection: every one still has the role's.
+        let seen = ask_every_server_connection(
+            bouncer,
+            &url,
+            &role.name,
+            &pg,
+            &db,
+            "current_setting('statement_timeout') || ' ' || current_setting('lock_timeout')",
+        )
+        .await;
+        for (pid, settings) in &seen {
+            assert_eq!(settings, "1ms 1ms", "{path}: server connection {pid}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_roles_1ms_timeouts_fail_no_decision_on_a_direct_connection() {
+    a_roles_1ms_timeouts_fail_nothing(None).await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_roles_1ms_timeouts_fail_no_decision_through_a_transaction_pooler() {
+    a_roles_1ms_timeouts_fail_nothing(Some(PoolMode::Transaction)).await;
 }

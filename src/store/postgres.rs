@@ -32,8 +32,9 @@
 //! - **Reset** (SPEC 3b): [`PostgresStore::reset`] deletes buckets' current and previous
 //!   windows and `NOTIFY`s every instance; [`PostgresStore::listen_for_resets`] is the one
 //!   `LISTEN` session per instance, on a connection of its own outside the pool, that
-//!   reconnects by itself and checks that notifications really arrive (they never do through
-//!   a transaction-mode pooler).
+//!   reconnects by itself and checks that notifications really arrive. It sends `LISTEN` only
+//!   on a session that is its backend's own ([`super::direct`]): through a pooler the
+//!   statement would stay on a server connection that other clients get.
 //! - **Readiness** (SPEC 7): [`PostgresStore::ping`] answers from the outcome of recent
 //!   decisions, and with no recent traffic runs the real increment inside a transaction that
 //!   is rolled back, so a missing table, a revoked privilege or a read-only database is "not
@@ -45,8 +46,14 @@
 //! - **TLS** (SPEC 6): connections go through [`super::pg_tls`]'s rustls connector, which
 //!   also reads `sslmode` and `sslrootcert` out of the URL before tokio-postgres parses it.
 //! - **Bounds on waiting**: a call waits at most `store.timeout` (pool wait included); a
-//!   connection attempt, start-up exchange included, at most its connect timeout per host;
-//!   start-up statements carry their own `SET LOCAL` timeouts, whatever the role's are.
+//!   connection attempt, start-up exchange included, at most its connect timeout per host.
+//! - **Timeouts of its own statements**, whatever the role's (`ALTER ROLE ... SET
+//!   statement_timeout = '1ms'`; docs/operations.md, "Connection poolers", "Timeouts of its
+//!   own"): on a session that is its backend's own, set for the session as it is made
+//!   ([`statement_bound`], [`super::direct::settle`]); through a pooler, only when the role's
+//!   are shorter, `SET LOCAL` in a transaction around each statement ([`LocalTimeouts`]),
+//!   pipelined in the same round trip. Start-up, the sweep and the other transactions set
+//!   theirs with `SET LOCAL` first.
 //!
 //! Construction never touches the database: SPEC 1 says a database that is down at start must
 //! not stop tollgate. Until [`PostgresStore::initialize`] has succeeded the store answers
@@ -67,7 +74,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Client;
 
 use super::coalesce::{position, Folded};
-use super::direct::{BackendSocket, Directness};
+use super::direct::{self, Directness};
 use super::pg_tls::{self, MakeRustls};
 use super::{Counted, Increment, Peeked, Store, StoreError, StoreFuture};
 use crate::config::StoreConfig;
@@ -101,6 +108,9 @@ const INIT_IDLE_IN_TRANSACTION: Duration = Duration::from_secs(10);
 /// Server-side bound on one sweep batch, so a batch abandoned by the client does not go on
 /// deleting on the server.
 const SWEEP_STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
+/// How far past `store.timeout` the server lets tollgate's own statements run before it
+/// cancels them ([`statement_bound`]).
+const STATEMENT_BOUND_MARGIN: Duration = Duration::from_secs(1);
 /// How long a background connection error explains a timeout (see [`PostgresStore::pool_error`]).
 const CONNECT_ERROR_RELEVANCE: Duration = Duration::from_secs(10);
 
@@ -679,6 +689,11 @@ pub struct PooledClient {
     /// Whether this connection reaches its backend directly ([`super::direct`]): only then is
     /// the increment prepared on it. Answered in the background after the connect.
     direct: Arc<Directness>,
+    /// `Some` on a session that is not its backend's own (a pooler) when the role's own
+    /// timeouts are shorter than tollgate's: every statement then runs in a transaction of
+    /// its own that sets them first ([`PooledClient::run`]). `None`: the session's timeouts
+    /// are tollgate's already (set on it at connect, [`direct::settle`]), or long enough.
+    local_timeouts: Option<LocalTimeouts>,
     /// The increment statements prepared on this connection (direct connections only), by
     /// [`IncrementStatement::slot`].
     prepared: [std::sync::OnceLock<tokio_postgres::Statement>; 4],
@@ -706,15 +721,33 @@ impl PooledClient {
     /// and `PostgresStore::bounded`: an `async fn` that takes a future by value and awaits
     /// it holds it twice, and the increment's future is copied into a box per statement
     /// (`the_increment_future_stays_small`).
+    ///
+    /// With [`PooledClient::local_timeouts`] the statement goes between `BEGIN` with `SET
+    /// LOCAL` and `COMMIT`, pipelined: still one round trip, and one server connection of a
+    /// transaction pooler for all three (boxed: only that configuration pays for the larger
+    /// future).
     async fn run<T, F: std::future::Future<Output = Result<T, tokio_postgres::Error>>>(
         &self,
         statement: impl FnOnce() -> F,
     ) -> Result<T, tokio_postgres::Error> {
-        let result = self.tracked(statement).await;
+        let result = match &self.local_timeouts {
+            None => self.tracked(statement).await,
+            Some(local) => Box::pin(self.tracked(|| local.around(&self.client, statement()))).await,
+        };
         if let Err(err) = &result {
             self.note_read_only(err);
         }
         result
+    }
+
+    /// Opens a transaction under tollgate's timeouts: with [`PooledClient::local_timeouts`]
+    /// it sets them first (the session's are tollgate's already otherwise).
+    async fn begin(&mut self) -> Result<tokio_postgres::Transaction<'_>, tokio_postgres::Error> {
+        let tx = self.client.transaction().await?;
+        if let Some(local) = &self.local_timeouts {
+            tx.batch_execute(&local.set).await?;
+        }
+        Ok(tx)
     }
 
     /// Awaits the future `work` makes, on this client marked in flight: cut off midway, the
@@ -742,9 +775,8 @@ impl PooledClient {
     /// a transaction open.
     async fn probe_increment(&mut self, async_commit: bool) -> Result<(), tokio_postgres::Error> {
         self.in_flight.store(true, Ordering::Release);
-        let client = &mut self.client;
         let result = async {
-            let tx = client.transaction().await?;
+            let tx = self.begin().await?;
             let buckets = [PROBE_BUCKET];
             let windows = [1i64];
             let amounts = [1i64];
@@ -921,6 +953,58 @@ impl PooledClient {
     }
 }
 
+/// The `statement_timeout` and `lock_timeout` of tollgate's own statements on pool
+/// connections, whatever the role's (set by [`direct::settle`] or [`LocalTimeouts`];
+/// docs/operations.md, "Timeouts of its own"): a second past the longest tollgate waits for
+/// one (`store.timeout`), so the server never cancels what tollgate still waits for, and
+/// stops soon after what it gave up on. Statements that may take longer set their own for
+/// their transaction (the sweep, the migrations).
+fn statement_bound(timeout: Duration) -> Duration {
+    timeout + STATEMENT_BOUND_MARGIN
+}
+
+/// tollgate's timeouts for one transaction at a time, on a session that is not its backend's
+/// own (a transaction pooler may hand every transaction to another server connection, and a
+/// session `SET` would stay on one that other clients get).
+struct LocalTimeouts {
+    /// `BEGIN; SET LOCAL statement_timeout = ...; SET LOCAL lock_timeout = ...`.
+    begin: String,
+    /// The same without the `BEGIN`, for a transaction already open.
+    set: String,
+}
+
+impl LocalTimeouts {
+    fn new(bound: Duration) -> LocalTimeouts {
+        let set = direct::set_local_timeouts(bound);
+        LocalTimeouts {
+            begin: format!("BEGIN; {set}"),
+            set,
+        }
+    }
+
+    /// `statement` between [`LocalTimeouts::begin`] and `COMMIT`, pipelined: sent in the
+    /// order they are first polled, answered in that order, one round trip. A failed
+    /// `COMMIT` fails the statement (what it wrote is not there); a failed `BEGIN` matters
+    /// only if the statement failed too (else it ran, and committed, on its own).
+    async fn around<T>(
+        &self,
+        client: &Client,
+        statement: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+    ) -> Result<T, tokio_postgres::Error> {
+        let (begun, result, ended) = tokio::join!(
+            client.batch_execute(&self.begin),
+            statement,
+            client.batch_execute("COMMIT")
+        );
+        let result = match (begun, result) {
+            (Err(why), Err(_)) => return Err(why),
+            (_, result) => result?,
+        };
+        ended?;
+        Ok(result)
+    }
+}
+
 /// What [`PostgresStore::inspect_a_connection`] found on one pool connection.
 #[doc(hidden)]
 #[derive(Debug)]
@@ -954,6 +1038,8 @@ pub struct Manager {
     tls: MakeRustls,
     /// Bound on one whole attempt: the connect timeout for every host it may try.
     deadline: Duration,
+    /// The timeouts of tollgate's own statements on these connections ([`statement_bound`]).
+    bound: Duration,
 }
 
 #[async_trait::async_trait]
@@ -967,14 +1053,20 @@ impl bb8::ManageConnection for Manager {
                 .await
                 .map_err(|_| PoolError::Deadline(self.deadline))??;
         tokio::spawn(drive(connection));
-        let backend = tokio::time::timeout(self.deadline, backend_socket(&client))
+        let settled = tokio::time::timeout(self.deadline, direct::settle(&client, self.bound))
             .await
             .map_err(|_| PoolError::Deadline(self.deadline))??;
+        // A session that is not its backend's own is not direct, whatever the socket table
+        // says: nothing may be prepared or `SET` on it.
+        let backend = settled.backend.filter(|_| settled.own);
+        let local_timeouts =
+            (!settled.own && settled.short_defaults).then(|| LocalTimeouts::new(self.bound));
         Ok(PooledClient {
             client,
             in_flight: AtomicBool::new(false),
             read_only: AtomicBool::new(false),
             direct: Directness::look_up(backend),
+            local_timeouts,
             prepared: Default::default(),
             stale: AtomicBool::new(false),
         })
@@ -988,28 +1080,6 @@ impl bb8::ManageConnection for Manager {
     fn has_broken(&self, conn: &mut PooledClient) -> bool {
         conn.unusable()
     }
-}
-
-/// The TCP connection the backend of `client` serves, as the backend names it (`None` over a
-/// Unix socket), for [`Directness::look_up`]. One unnamed statement, once per pool connection.
-async fn backend_socket(client: &Client) -> Result<Option<BackendSocket>, tokio_postgres::Error> {
-    let row = client
-        .query_typed_one(
-            "SELECT host(inet_client_addr()), inet_client_port(), \
-                    host(inet_server_addr()), inet_server_port()",
-            &[],
-        )
-        .await?;
-    let end = |addr: Option<String>, port: Option<i32>| -> Option<std::net::SocketAddr> {
-        let ip: std::net::IpAddr = addr?.parse().ok()?;
-        Some(std::net::SocketAddr::new(ip, u16::try_from(port?).ok()?))
-    };
-    Ok((|| {
-        Some(BackendSocket {
-            client: end(row.try_get(0).ok()?, row.try_get(1).ok()?)?,
-            server: end(row.try_get(2).ok()?, row.try_get(3).ok()?)?,
-        })
-    })())
 }
 
 /// Runs one pooled connection until it closes. NOTICEs (routine: "already exists,
@@ -1057,6 +1127,9 @@ pub struct PostgresStore {
     /// How to open the `LISTEN` session, which lives outside the pool (see
     /// [`PostgresStore::listen_for_resets`]).
     session: (tokio_postgres::Config, MakeRustls),
+    /// The listen session's `application_name` once it knows the session is its backend's
+    /// own (`tollgate-listen`, when the URL names none); `None`: it keeps the pool's.
+    listen_name: Option<&'static str>,
     /// This process's row in `tollgate_instances`: random, nothing about the host.
     instance_id: String,
 }
@@ -1094,12 +1167,15 @@ impl PostgresStore {
         let last_connect_error = LastConnectError::default();
         let failures = FailureLog::new(&pg);
         let timeout = cfg.timeout.max(Duration::from_millis(1));
-        let mut listen = pg.clone();
-        if listen.get_application_name() == Some("tollgate") {
-            // Told apart from the pool's sessions in pg_stat_activity (one per instance).
-            listen.application_name("tollgate-listen");
-        }
-        let session = (listen, tls.clone());
+        // Told apart from the pool's sessions in pg_stat_activity (one per instance), but only
+        // by a `SET` on a session of its own: it connects with the pool's name, so through a
+        // pooler tollgate's clients all carry one name, and the pooler never has to `SET` it
+        // on a server connection for them (a statement under the role's timeouts, which a
+        // role's 1 ms cancels; PgBouncer then drops the server connection and fails the
+        // client with "invalid server parameter").
+        let listen_name =
+            (pg.get_application_name() == Some("tollgate")).then_some("tollgate-listen");
+        let session = (pg.clone(), tls.clone());
         let pool = Pool::builder()
             .max_size(cfg.pool_size.max(1))
             .connection_timeout(timeout)
@@ -1107,6 +1183,7 @@ impl PostgresStore {
             .error_sink(Box::new(last_connect_error.clone()))
             .build_unchecked(Manager {
                 deadline: connect_deadline(&pg),
+                bound: statement_bound(timeout),
                 pg,
                 tls,
             });
@@ -1121,6 +1198,7 @@ impl PostgresStore {
             probe_gate: tokio::sync::Mutex::new(()),
             async_commit: !cfg.synchronous_commit,
             session,
+            listen_name,
             instance_id: format!("{:032x}", rand::random::<u128>()),
         }))
     }
@@ -1308,6 +1386,10 @@ impl PostgresStore {
     async fn sweep_batch(&self, batch_size: i64) -> Result<Option<u64>, StoreError> {
         let mut conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
         let tx = conn.transaction().await.map_err(query_error)?;
+        // Its own timeouts before anything else, whatever the session's (a role's 1 ms).
+        tx.batch_execute(&direct::set_local_timeouts(SWEEP_STATEMENT_TIMEOUT))
+            .await
+            .map_err(query_error)?;
         let won: bool = tx
             .query_typed_one(
                 "SELECT pg_try_advisory_xact_lock($1)",
@@ -1321,10 +1403,6 @@ impl PostgresStore {
             tx.rollback().await.map_err(query_error)?;
             return Ok(None);
         }
-        let ms = SWEEP_STATEMENT_TIMEOUT.as_millis();
-        tx.batch_execute(&format!("SET LOCAL statement_timeout = {ms}"))
-            .await
-            .map_err(query_error)?;
         let n = tx
             .execute_typed(SWEEP_SQL, &[(&batch_size, Type::INT8)])
             .await
@@ -1649,6 +1727,9 @@ const LISTEN_STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
 const LISTEN_CHECK_EVERY: Duration = Duration::from_secs(5);
 const LISTEN_CHECK_WAIT: Duration = Duration::from_secs(3);
 const LISTEN_CHECKS_MISSED: u32 = 2;
+/// How often an instance whose `store.url` is a pooler looks again whether it now reaches a
+/// session of its own (the URL's host now the database itself, say).
+const LISTEN_RECHECK: Duration = Duration::from_secs(30);
 /// Reconnect back-off of the listen session: from the first to the last, doubling.
 const LISTEN_RETRY_FIRST: Duration = Duration::from_millis(250);
 const LISTEN_RETRY_LAST: Duration = Duration::from_secs(5);
@@ -1715,6 +1796,15 @@ pub struct ResetBucket {
     pub count: u32,
     /// The count of the previous window, if it still had a row.
     pub previous: Option<u32>,
+}
+
+/// How one listen session ended.
+enum ListenEnd {
+    /// It failed, or its connection did; why.
+    Lost(String),
+    /// It reaches the database through a pooler ([`direct::Settled::own`] false): it sent no
+    /// `LISTEN`, which would stay on a server connection other clients get.
+    Pooled,
 }
 
 /// What the listen session reports to its owner (the limiter's cache of denials).
@@ -1797,7 +1887,7 @@ impl PostgresStore {
         let (names, windows) = columns(&batch)?;
         let mut conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
         let rows = async {
-            let tx = conn.transaction().await?;
+            let tx = conn.begin().await?;
             let delete: [(&(dyn ToSql + Sync), Type); 2] =
                 [(&names, Type::TEXT_ARRAY), (&windows, Type::INT8_ARRAY)];
             let rows = tx.query_typed(RESET_SQL, &delete).await?;
@@ -1841,21 +1931,46 @@ impl PostgresStore {
     /// connection task throws notifications away), listening on [`RESET_CHANNEL`], and `on`
     /// told of each reset bucket.
     ///
+    /// It sends `LISTEN` only on a session that is its backend's own ([`direct::settle`]):
+    /// through a pooler (PgBouncer in either mode) the statement would land on a server
+    /// connection that stays in the pool, listening, for other clients, and in transaction
+    /// mode notifications would not come back anyway. There it reports
+    /// [`ResetEvent::Hearing`] `false` at once, logs it once, and looks again every
+    /// [`LISTEN_RECHECK`] (docs/operations.md, "Connection poolers").
+    ///
     /// It survives database restarts and failover: a lost session is reopened with back-off
     /// ([`LISTEN_RETRY_FIRST`] to [`LISTEN_RETRY_LAST`]), and every (re)start reports
     /// [`ResetEvent::Missed`], since resets made while it was away were not heard. Every
     /// [`LISTEN_CHECK_EVERY`] it sends itself a notification through the pool:
     /// [`LISTEN_CHECKS_MISSED`] in a row that do not arrive within [`LISTEN_CHECK_WAIT`] while
-    /// the session still answers mean notifications are not delivered to it ([`ResetEvent::Hearing`] `false`: a
-    /// transaction-mode pooler between tollgate and the database, see docs/operations.md);
-    /// a session that no longer answers is reopened.
+    /// the session still answers mean notifications are not delivered to it
+    /// ([`ResetEvent::Hearing`] `false`); a session that no longer answers is reopened.
     pub async fn listen_for_resets(self: Arc<Self>, mut on: impl FnMut(ResetEvent<'_>) + Send) {
         let mut delay = LISTEN_RETRY_FIRST;
         let mut hearing: Option<bool> = None;
         let mut was_up = false;
         loop {
             let started = Instant::now();
-            let err = self.listen_session(&mut on, &mut hearing, was_up).await;
+            let err = match self.listen_session(&mut on, &mut hearing, was_up).await {
+                ListenEnd::Lost(why) => why,
+                ListenEnd::Pooled => {
+                    if hearing != Some(false) {
+                        tracing::error!(
+                            "reset listener: store.url reaches the database through a connection \
+                             pooler, so this instance sends no LISTEN (it would stay behind on a \
+                             server connection that other clients get) and notifications do not \
+                             reach this instance; it stops caching denials so that tollgate reset \
+                             still takes effect here at once (every denied request then costs a \
+                             statement); see docs/operations.md"
+                        );
+                        hearing = Some(false);
+                        on(ResetEvent::Hearing(false));
+                    }
+                    delay = LISTEN_RETRY_FIRST;
+                    tokio::time::sleep(LISTEN_RECHECK).await;
+                    continue;
+                }
+            };
             if started.elapsed() > LISTEN_RETRY_LAST * 2 {
                 delay = LISTEN_RETRY_FIRST;
             }
@@ -1876,14 +1991,14 @@ impl PostgresStore {
         on: &mut (impl FnMut(ResetEvent<'_>) + Send),
         hearing: &mut Option<bool>,
         reconnect: bool,
-    ) -> String {
+    ) -> ListenEnd {
         let (pg, tls) = &self.session;
         let deadline = connect_deadline(pg);
         let (client, mut connection) =
             match tokio::time::timeout(deadline, pg.connect(tls.clone())).await {
                 Ok(Ok(pair)) => pair,
-                Ok(Err(e)) => return describe(&e),
-                Err(_) => return format!("no connection within {deadline:?}"),
+                Ok(Err(e)) => return ListenEnd::Lost(describe(&e)),
+                Err(_) => return ListenEnd::Lost(format!("no connection within {deadline:?}")),
             };
         // The connection is driven here rather than by a spawned task of tokio-postgres', so
         // that its notifications come out. Bounded: past LISTEN_QUEUE waiting, the rest are
@@ -1906,11 +2021,38 @@ impl PostgresStore {
             }
         });
         let _driver = AbortOnDrop(driver.abort_handle());
+        // Whose session this is, and its timeouts (the liveness check's `SELECT 1` included)
+        // set to the listen session's own bound, whatever the role's.
+        let settle = direct::settle(&client, LISTEN_STATEMENT_TIMEOUT);
+        match tokio::time::timeout(LISTEN_STATEMENT_TIMEOUT, settle).await {
+            Ok(Ok(settled)) if settled.own => {}
+            Ok(Ok(_)) => return ListenEnd::Pooled,
+            Ok(Err(e)) => return ListenEnd::Lost(describe(&e)),
+            Err(_) => return ListenEnd::Lost("the session did not answer".to_owned()),
+        }
+        // A statement of its own, after the check: the session is its backend's for good, and
+        // `pg_stat_activity.query` shows `LISTEN tollgate_reset` (docs/operations.md).
         let listen = format!("LISTEN {RESET_CHANNEL}");
-        match tokio::time::timeout(LISTEN_STATEMENT_TIMEOUT, client.batch_execute(&listen)).await {
+        let name = self
+            .listen_name
+            .map(|name| format!("SET application_name = '{name}'"))
+            .unwrap_or_default();
+        // Pipelined, the `LISTEN` last: one round trip.
+        let named_and_listening = async {
+            let named = async {
+                if name.is_empty() {
+                    Ok(())
+                } else {
+                    client.batch_execute(&name).await
+                }
+            };
+            let (named, listened) = tokio::join!(named, client.batch_execute(&listen));
+            named.and(listened)
+        };
+        match tokio::time::timeout(LISTEN_STATEMENT_TIMEOUT, named_and_listening).await {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => return describe(&e),
-            Err(_) => return "LISTEN did not answer".to_owned(),
+            Ok(Err(e)) => return ListenEnd::Lost(describe(&e)),
+            Err(_) => return ListenEnd::Lost("LISTEN did not answer".to_owned()),
         }
         if reconnect {
             tracing::info!("reset listener: listening again; cached denials forgotten, since resets may have been missed");
@@ -1946,10 +2088,10 @@ impl PostgresStore {
                     Some(payload) if payload.starts_with(LISTEN_CHECK_PREFIX) => {}
                     Some(bucket) => on(ResetEvent::Bucket(&bucket)),
                     None => {
-                        return match driver_result(&client) {
+                        return ListenEnd::Lost(match driver_result(&client) {
                             Some(why) => why,
                             None => "the session ended".to_owned(),
-                        };
+                        });
                     }
                 },
                 _ = check.tick(), if awaiting.is_none() => {
@@ -1968,7 +2110,8 @@ impl PostgresStore {
                             if missed >= LISTEN_CHECKS_MISSED && *hearing != Some(false) {
                                 tracing::error!(
                                     "reset listener: notifications do not reach this instance's LISTEN session \
-                                     (is store.url a pooler in transaction mode?); this instance stops caching \
+                                     (something between tollgate and the database that passes the \
+                                     backend's key on but not its notifications?); this instance stops caching \
                                      denials so that tollgate reset still takes effect here at once \
                                      (every denied request then costs a statement); see docs/operations.md"
                                 );
@@ -1976,8 +2119,8 @@ impl PostgresStore {
                                 on(ResetEvent::Hearing(false));
                             }
                         }
-                        Ok(Err(e)) => return describe(&e),
-                        Err(_) => return "the session stopped answering".to_owned(),
+                        Ok(Err(e)) => return ListenEnd::Lost(describe(&e)),
+                        Err(_) => return ListenEnd::Lost("the session stopped answering".to_owned()),
                     }
                 }
             }
@@ -2584,13 +2727,21 @@ async fn apply_migrations(client: &mut Client) -> Result<Vec<&'static str>, Init
     }
     // Something is to be applied: first make sure the server can take it, so that an old
     // server gets a sentence instead of a syntax error from the middle of a migration.
-    let version = client
-        .query_typed_one(
-            "SELECT current_setting('server_version_num')::int4, current_setting('server_version')",
-            &[],
-        )
-        .await
-        .map_err(|e| classify(e, InitError::Database))?;
+    let version = async {
+        // In a transaction for its own timeouts, as every start-up statement.
+        let tx = client.transaction().await?;
+        own_timeouts(&tx).await?;
+        let version = tx
+            .query_typed_one(
+                "SELECT current_setting('server_version_num')::int4, current_setting('server_version')",
+                &[],
+            )
+            .await?;
+        tx.rollback().await?;
+        Ok(version)
+    }
+    .await
+    .map_err(|e| classify(e, InitError::Database))?;
     supported_server(version.get(0), version.get(1))?;
     let mut applied = Vec::new();
     for migration in MIGRATIONS {

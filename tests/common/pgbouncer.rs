@@ -55,13 +55,24 @@ pub struct PgBouncer {
 impl PgBouncer {
     /// PgBouncer in `mode` in front of `db`, with `pool_size` server connections.
     pub fn start(db: &TestDb, mode: PoolMode, pool_size: u32) -> PgBouncer {
+        PgBouncer::start_with_users(db, mode, pool_size, &[])
+    }
+
+    /// The same, also letting in the login roles `users` (besides the database URL's own user),
+    /// each with a pool of its own.
+    pub fn start_with_users(
+        db: &TestDb,
+        mode: PoolMode,
+        pool_size: u32,
+        users: &[&str],
+    ) -> PgBouncer {
         let server = db.server_addr();
         // A free port found by binding port 0: PgBouncer cannot report a port it chose. If
         // another process takes it in between, PgBouncer says so and the next attempt uses
         // another.
         let mut last_error = String::new();
         for _ in 0..5 {
-            match try_start(db, server, mode, pool_size) {
+            match try_start(db, server, mode, pool_size, users) {
                 Ok(bouncer) => return bouncer,
                 Err(e) => last_error = e,
             }
@@ -93,6 +104,7 @@ fn try_start(
     server: SocketAddr,
     mode: PoolMode,
     pool_size: u32,
+    users: &[&str],
 ) -> Result<PgBouncer, String> {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let port = TcpListener::bind("127.0.0.1:0")
@@ -129,7 +141,11 @@ fn try_start(
     );
     let ini_path = dir.join("pgbouncer.ini");
     std::fs::write(&ini_path, ini).map_err(|e| format!("write ini: {e}"))?;
-    std::fs::write(dir.join("userlist.txt"), format!("\"{user}\" \"\"\n"))
+    let userlist: String = std::iter::once(user.as_str())
+        .chain(users.iter().copied())
+        .map(|user| format!("\"{user}\" \"\"\n"))
+        .collect();
+    std::fs::write(dir.join("userlist.txt"), userlist)
         .map_err(|e| format!("write userlist: {e}"))?;
     // PgBouncer reads these after dropping privileges to `postgres`.
     for (path, mode) in [
