@@ -153,24 +153,6 @@ pub enum StartupError {
     Runtime(io::Error),
 }
 
-impl From<crate::store::StoreError> for StartupError {
-    fn from(e: crate::store::StoreError) -> Self {
-        StartupError::Store(Detail::of(e))
-    }
-}
-
-impl From<crate::store::postgres::InitError> for StartupError {
-    fn from(e: crate::store::postgres::InitError) -> Self {
-        StartupError::Store(Detail::of(e))
-    }
-}
-
-impl From<crate::tls::TlsError> for StartupError {
-    fn from(e: crate::tls::TlsError) -> Self {
-        StartupError::Tls(Detail::of(e))
-    }
-}
-
 /// What went wrong, as the one line of text that is logged or printed, and the error it came
 /// from when there is one.
 ///

@@ -329,10 +329,9 @@ impl Metrics {
             .set(i64::from(result == "success"));
     }
 
-    /// A sweep round ended without an error (it may have found nothing to delete, or another
-    /// instance holding the sweep lock).
-    pub fn sweep_succeeded(&self) {
-        let now_ms = crate::store::unix_now_ms();
+    /// A sweep round ended without an error at `now_ms` (unix milliseconds); it may have
+    /// found nothing to delete, or another instance holding the sweep lock.
+    pub fn sweep_succeeded(&self, now_ms: i64) {
         self.sweep_last_success.set(now_ms as f64 / 1000.0);
     }
 

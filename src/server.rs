@@ -27,22 +27,23 @@
 //!   `idle_timeout`, which also drops its upstream request ([`streams`] has the rule). Pings
 //!   answered on such a connection do not keep it open: once its streams are reset, no request
 //!   is in progress and the watchdog closes it.
-//! - The counter store is started by [`crate::store::start`] (store selection, start-up
+//! - The counter store is started by [`store_start::start`] (store selection, start-up
 //!   retry, sweeps, the coalescing queue), without waiting for a database that is down: the
-//!   server serves with the [`crate::store::StoreHandle`] it gets back and aborts its tasks on
+//!   server serves with the [`StoreHandle`] it gets back and aborts its tasks on
 //!   stop. [`Server::builder`] can hand it a store or a clock of the caller's instead.
 //! - Stop: listeners close, connections are asked to finish (HTTP/1.1 after the current
 //!   response, HTTP/2 with GOAWAY), and after `shutdown_timeout` whatever is left is dropped.
 //!
 //! Here: binding, the workers and their accept loops, the start and the stop. One
 //! connection's life is in [`connection`], reloads in [`reload`], the store's start in
-//! [`crate::store::start`].
+//! [`store_start::start`].
 
 mod coarse_clock;
 mod connection;
 mod open_files;
 pub mod proxy_protocol;
 mod reload;
+mod store_start;
 mod streams;
 mod worker;
 
@@ -69,10 +70,11 @@ use crate::limit::fallback::{self, Instances, LocalFallback};
 use crate::limit::Limiter;
 use crate::metrics::Metrics;
 use crate::proxy::{ConnInfo, Proxy, Runtime};
-use crate::store::{self, Clock, Store, StoreHandle, StoreOptions};
+use crate::store::{Clock, Store};
 use coarse_clock::CoarseClock;
 use connection::{serve_connection, ConnSettings};
 use open_files::AcceptErrors;
+use store_start::{StoreHandle, StoreOptions};
 
 /// Back-off after a failed accept (e.g. out of file descriptors).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
@@ -265,7 +267,7 @@ impl Server {
             postgres: pg,
             fatal,
             tasks,
-        } = store::start(&config, &hasher, &metrics, store_options).await?;
+        } = store_start::start(&config, &hasher, &metrics, store_options).await?;
         background.extend(tasks);
         let instances = Arc::new(Instances::new(metrics.instances.clone()));
         let limiter = Limiter::new(

@@ -42,8 +42,6 @@ use rustls::{
     SignatureScheme, SupportedProtocolVersion,
 };
 
-use crate::config::CertConfig;
-
 /// The protocol versions both sides accept. Anything older (TLS 1.1, 1.0, SSL) is refused
 /// during the handshake.
 const PROTOCOL_VERSIONS: &[&SupportedProtocolVersion] = &[&TLS13, &TLS12];
@@ -114,6 +112,21 @@ pub enum TlsError {
 
     #[error("TLS configuration: {0}")]
     Config(#[source] rustls::Error),
+}
+
+/// One `[[server.certs]]` entry: a PEM chain and its private key.
+#[derive(Debug, Clone)]
+pub struct CertConfig {
+    /// Resolved against the config file's directory when relative.
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+// The TLS set-up's failures at start, as the one line `tollgate run` prints.
+impl From<TlsError> for crate::error::StartupError {
+    fn from(e: TlsError) -> Self {
+        crate::error::StartupError::Tls(crate::error::Detail::of(e))
+    }
 }
 
 /// The crypto provider for every config this module builds.

@@ -1,5 +1,5 @@
 //! The server's own state and start-up (issue 19, "The house"): the store is started behind
-//! `store::start`, and its sweep stays quiet until the database has answered; two servers in
+//! the server's store start-up (`server/store_start.rs`), and its sweep stays quiet until the database has answered; two servers in
 //! one process share no clock and no per-worker state; reloads and the access log still work
 //! with their blocking work moved off the runtimes.
 //!

@@ -228,7 +228,7 @@ pub struct Limiter {
 }
 
 impl Limiter {
-    /// `clock` is the one the server's memory store counts on ([`crate::store::StoreOptions`]),
+    /// `clock` is the one the server's memory store counts on (`ServerBuilder::clock`),
     /// so that cached denials end when the store's windows do, on a test's clock too.
     /// `workers`: the connection workers that will call [`Limiter::decide`], each with its own
     /// lane of deadlines.

@@ -11,10 +11,9 @@ mod direct;
 pub mod memory;
 pub mod pg_tls;
 pub mod postgres;
-pub mod start;
+pub mod settings;
 
 pub use clock::{Clock, ManualClock};
-pub use start::{start, StoreHandle, StoreOptions};
 
 use std::future::Future;
 use std::pin::Pin;

@@ -77,7 +77,7 @@ use super::coalesce::{position, Folded};
 use super::direct::{self, Directness};
 use super::pg_tls::{self, MakeRustls};
 use super::{Counted, Increment, Peeked, Store, StoreError, StoreFuture};
-use crate::config::StoreConfig;
+use super::settings::StoreConfig;
 use crate::error::Detail;
 
 /// Maps and sets over bucket names: names made by tollgate (policy labels and digests), never

@@ -18,14 +18,28 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use super::coalesce::CoalescingStore;
-use super::memory::MemoryStore;
-use super::postgres::PostgresStore;
-use super::{Clock, Store};
 use crate::config::{self, Config};
-use crate::error::StartupError;
+use crate::error::{Detail, StartupError};
 use crate::key::BucketHasher;
 use crate::metrics::Metrics;
+use crate::store::coalesce::CoalescingStore;
+use crate::store::memory::MemoryStore;
+use crate::store::postgres::PostgresStore;
+use crate::store::{Clock, Store};
+
+// The store's failures at start, as the one line `tollgate run` prints. Here rather than in
+// error.rs, so that the store depends on the error types and not the other way round.
+impl From<crate::store::StoreError> for StartupError {
+    fn from(e: crate::store::StoreError) -> Self {
+        StartupError::Store(Detail::of(e))
+    }
+}
+
+impl From<crate::store::postgres::InitError> for StartupError {
+    fn from(e: crate::store::postgres::InitError) -> Self {
+        StartupError::Store(Detail::of(e))
+    }
+}
 
 /// How long `start` waits for the database before serving without it: long enough for
 /// migrations on a healthy database, short enough that a database that hangs does not keep
@@ -222,7 +236,7 @@ async fn sweep_postgres(
         match pg.sweep_once(SWEEP_BATCH).await {
             Ok(deleted) => {
                 metrics.sweep_deleted_rows.inc_by(deleted);
-                metrics.sweep_succeeded();
+                metrics.sweep_succeeded(crate::store::unix_now_ms());
                 if deleted > 0 {
                     tracing::debug!(deleted, "sweep deleted expired counters");
                 }
@@ -239,6 +253,6 @@ async fn sweep_memory(memory: Arc<MemoryStore>, every: Duration, metrics: Arc<Me
     loop {
         ticker.tick().await;
         metrics.sweep_deleted_rows.inc_by(memory.sweep());
-        metrics.sweep_succeeded();
+        metrics.sweep_succeeded(crate::store::unix_now_ms());
     }
 }
