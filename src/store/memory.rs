@@ -17,7 +17,7 @@
 //! recently to make room, and counts it in `tollgate_memory_evictions_total`; that client's
 //! next request starts a new count, which can let it through early. A bucket in use keeps its
 //! place: each increment makes it the most recently used. (A client already over its limit
-//! stays denied in any case while the exhausted-bucket cache in `limit.rs` remembers it.)
+//! stays denied in any case while the exhausted-bucket cache (`limit::Exhausted`) remembers it.)
 //!
 //! Sharding and the bound: the buckets are split over up to [`MAX_SHARDS`] shards, each with
 //! its own lock, least-recently-used list and an equal part of the bound (the parts add up to
@@ -27,29 +27,31 @@
 //! the full shard*, which may happen while another shard still has a little room (random
 //! hashing spreads buckets within a few percent of evenly).
 //!
-//! Memory: about 210 bytes per bucket with an 80-byte name (measured: the name, its window,
-//! two list links and an index entry), flat however many keys churn through; the default
-//! bound is about 210 MB at most.
+//! Memory: a live bucket is one 64-byte slot (its name as a 32-byte digest and the id of its
+//! `<scope>:<label>` text, its window packed, two list links) and a 4-byte index entry, with
+//! no allocation of its own (`bucket_name.rs`). `bench/memory_bucket_bytes.sh` measures about
+//! 75 bytes of resident memory per live bucket, flat however many keys churn through: the
+//! default bound is about 75 MB at most (docs/performance.md, "Memory per bucket").
 
-use std::collections::HashMap;
 use std::fmt;
-use std::hash::BuildHasher;
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::{Counted, Increment, Peeked, Store, StoreError, StoreFuture};
-use crate::config::DEFAULT_MEMORY_BUCKETS;
-use crate::metrics::MemoryStoreMetrics;
+use hashbrown::HashTable;
 
-/// Buckets are hashed on every request, twice (shard, then map), and SipHash over an
-/// 80-byte bucket name cost more than the rest of the lookup. foldhash is seeded per
-/// process like std's hasher, and a bucket's name ends in a SHA-256 or HMAC digest, so a
-/// client cannot line up colliding names.
-type RandomState = foldhash::fast::RandomState;
+use super::bucket_name::{key_hash, BucketName, Names, RandomState, DIGEST_LEN};
+use super::settings::DEFAULT_MEMORY_BUCKETS;
+use super::{Counted, Increment, Peeked, Store, StoreError, StoreFuture};
+use crate::metrics::MemoryStoreMetrics;
 
 /// Counts saturate here, like the Postgres `integer` column.
 const COUNT_MAX: u32 = i32::MAX as u32;
+
+/// In a slot's count: the bucket is a sliding limit's (see [`Slot`]). A count never reaches
+/// it, since counts saturate at [`COUNT_MAX`].
+const SLIDING: u32 = 1 << 31;
+const _: () = assert!(COUNT_MAX & SLIDING == 0);
 
 /// Shards at most, so that requests on different buckets rarely wait on one lock.
 pub const MAX_SHARDS: usize = 16;
@@ -68,7 +70,8 @@ const NIL: u32 = u32::MAX;
 /// The clock: Unix time in milliseconds.
 type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
 
-/// One bucket's current window.
+/// One bucket's current window, as the counting reads and writes it (a [`Slot`] keeps it
+/// packed).
 #[derive(Debug, Clone, Copy)]
 struct Window {
     start_ms: i64,
@@ -81,14 +84,51 @@ struct Window {
     keep_ms: i64,
 }
 
-/// A bucket in its shard's least-recently-used list.
+/// A bucket in its shard's least-recently-used list: 64 bytes, the whole of a bucket but for
+/// its index entry (a test holds it to that). The window is packed: its length is whole
+/// seconds, which with its start give its end, and whether it is kept one window longer (a
+/// sliding limit's) is the count's top bit.
 struct Slot {
-    bucket: Arc<str>,
-    window: Window,
+    /// The name's digest (zeros for a name held whole), with `name`: the bucket's key.
+    digest: [u8; DIGEST_LEN],
+    start_ms: i64,
+    /// The shard's [`Names`] id of the name's `<scope>:<label>` text (or of the whole name).
+    name: u32,
+    len_secs: u32,
+    /// The count, and [`SLIDING`].
+    count: u32,
+    previous: u32,
     /// Towards the most recently used end.
     newer: u32,
     /// Towards the least recently used end.
     older: u32,
+}
+
+impl Slot {
+    fn window(&self) -> Window {
+        let start_ms = self.start_ms;
+        let len_ms = i64::from(self.len_secs) * 1000;
+        let end_ms = start_ms + len_ms;
+        let sliding = self.count & SLIDING != 0;
+        Window {
+            start_ms,
+            end_ms,
+            count: self.count & !SLIDING,
+            previous: self.previous,
+            keep_ms: if sliding { end_ms + len_ms } else { end_ms },
+        }
+    }
+
+    /// Packs `w`, which [`window_at`] made (whole seconds; `keep_ms` is its end, or one
+    /// window later).
+    fn set_window(&mut self, w: Window) {
+        self.start_ms = w.start_ms;
+        // A `window_secs` (u32) in milliseconds, back in seconds.
+        self.len_secs = ((w.end_ms - w.start_ms) / 1000) as u32;
+        let sliding = if w.keep_ms > w.end_ms { SLIDING } else { 0 };
+        self.count = w.count.min(COUNT_MAX) | sliding;
+        self.previous = w.previous;
+    }
 }
 
 /// What making room for a new bucket cost.
@@ -102,10 +142,11 @@ enum Made {
 }
 
 /// A bounded map from bucket to window, in least-recently-used order. Slots live in one
-/// vector (dense: a removed slot is filled by the last one), linked by index; the index maps
-/// a name to its slot.
+/// vector (dense: a removed slot is filled by the last one), linked by index; the index holds
+/// slot numbers only, found by the hash of the slot's key.
 struct Shard {
-    index: HashMap<Arc<str>, u32, RandomState>,
+    index: HashTable<u32>,
+    names: Names,
     slots: Vec<Slot>,
     /// Most recently used slot, or [`NIL`].
     newest: u32,
@@ -119,23 +160,66 @@ struct Shard {
     /// one, so cleanup is amortised O(1) per new bucket and a shard below its bound holds at
     /// most about twice its live buckets (plus [`MIN_CLEANUP_LEN`]).
     cleanup_every: usize,
+    /// The store's hasher: a slot's key hashes as its name did ([`BucketName::hash`]).
+    hasher: RandomState,
+}
+
+/// The hash of slot `slot`'s key, as its name hashed when it was counted.
+fn slot_hash(hasher: &RandomState, names: &Names, slot: &Slot) -> u64 {
+    let text = names.text(slot.name);
+    let digest = (!names.is_whole(slot.name)).then_some(&slot.digest);
+    key_hash(hasher, text, digest)
 }
 
 impl Shard {
     fn new(capacity: usize, hasher: RandomState) -> Self {
         Shard {
-            index: HashMap::with_hasher(hasher),
+            index: HashTable::new(),
+            names: Names::new(hasher.clone()),
             slots: Vec::new(),
             newest: NIL,
             oldest: NIL,
             capacity,
             new_since_cleanup: 0,
             cleanup_every: MIN_CLEANUP_LEN,
+            hasher,
         }
     }
 
     fn len(&self) -> usize {
         self.slots.len()
+    }
+
+    /// The slot of the bucket `name`, if the shard holds it.
+    fn find(&self, name: &BucketName<'_>) -> Option<u32> {
+        self.index
+            .find(name.hash, |&i| {
+                let slot = &self.slots[i as usize];
+                slot.digest == name.digest && self.names.is(slot.name, name)
+            })
+            .copied()
+    }
+
+    /// Takes slot `i` out of the index and gives up its name (it stays in `slots`).
+    fn unindex(&mut self, i: u32) {
+        let slot = &self.slots[i as usize];
+        let hash = slot_hash(&self.hasher, &self.names, slot);
+        if let Ok(entry) = self.index.find_entry(hash, |&j| j == i) {
+            entry.remove();
+        }
+        self.names.release(slot.name);
+    }
+
+    /// Puts slot `i`, whose key hashes to `hash`, in the index.
+    fn reindex(&mut self, i: u32, hash: u64) {
+        let Shard {
+            index,
+            names,
+            slots,
+            hasher,
+            ..
+        } = self;
+        index.insert_unique(hash, i, |&j| slot_hash(hasher, names, &slots[j as usize]));
     }
 
     /// Takes slot `i` out of the list (it stays in `slots`).
@@ -180,9 +264,10 @@ impl Shard {
     /// Removes slot `i` entirely; the last slot moves into its place.
     fn remove(&mut self, i: u32) {
         self.unlink(i);
-        let removed = self.slots.swap_remove(i as usize);
-        self.index.remove(&removed.bucket);
-        if (i as usize) < self.slots.len() {
+        self.unindex(i);
+        let last = (self.slots.len() - 1) as u32;
+        self.slots.swap_remove(i as usize);
+        if i < last {
             // The former last slot is now at `i`: repoint its neighbours and its index entry.
             let (newer, older) = {
                 let moved = &self.slots[i as usize];
@@ -196,7 +281,8 @@ impl Shard {
                 NIL => self.oldest = i,
                 o => self.slots[o as usize].newer = i,
             }
-            if let Some(entry) = self.index.get_mut(&self.slots[i as usize].bucket) {
+            let hash = slot_hash(&self.hasher, &self.names, &self.slots[i as usize]);
+            if let Some(entry) = self.index.find_mut(hash, |&j| j == last) {
                 *entry = i;
             }
         }
@@ -207,7 +293,7 @@ impl Shard {
         let before = self.len();
         let mut i = 0;
         while i < self.slots.len() {
-            if self.slots[i].window.keep_ms <= now_ms {
+            if self.slots[i].window().keep_ms <= now_ms {
                 // `i` now holds the slot that was last: look at it again.
                 self.remove(i as u32);
             } else {
@@ -219,33 +305,36 @@ impl Shard {
         (before - self.len()) as u64
     }
 
-    /// Adds `bucket` at the most recently used end, making room first if the shard is full;
-    /// returns its slot and what making room cost.
-    fn insert(&mut self, bucket: &Arc<str>, window: Window, now_ms: i64) -> (u32, Made) {
-        let made = if self.len() < self.capacity {
-            Made::Room
+    /// Adds the bucket `name` at the most recently used end, making room first if the shard
+    /// is full; returns its slot and what making room cost.
+    fn insert(&mut self, name: &BucketName<'_>, window: Window, now_ms: i64) -> (u32, Made) {
+        // Before a forgotten bucket gives up its name: one limit's buckets keep theirs.
+        let id = self.names.acquire(name);
+        let (i, made) = if self.len() < self.capacity {
+            self.slots.push(Slot {
+                digest: [0; DIGEST_LEN],
+                start_ms: 0,
+                name: id,
+                len_secs: 0,
+                count: 0,
+                previous: 0,
+                newer: NIL,
+                older: NIL,
+            });
+            ((self.slots.len() - 1) as u32, Made::Room)
         } else {
             // Full: forget the least recently used bucket and reuse its slot.
             let i = self.oldest;
-            let ended = self.slots[i as usize].window.keep_ms <= now_ms;
+            let ended = self.slots[i as usize].window().keep_ms <= now_ms;
             self.unlink(i);
-            let slot = &mut self.slots[i as usize];
-            let old = std::mem::replace(&mut slot.bucket, Arc::clone(bucket));
-            slot.window = window;
-            self.index.remove(&old);
-            self.index.insert(Arc::clone(bucket), i);
-            self.link_newest(i);
-            let made = if ended { Made::Dropped } else { Made::Evicted };
-            return (i, made);
+            self.unindex(i);
+            (i, if ended { Made::Dropped } else { Made::Evicted })
         };
-        let i = self.slots.len() as u32;
-        self.slots.push(Slot {
-            bucket: Arc::clone(bucket),
-            window,
-            newer: NIL,
-            older: NIL,
-        });
-        self.index.insert(Arc::clone(bucket), i);
+        let slot = &mut self.slots[i as usize];
+        slot.digest = name.digest;
+        slot.name = id;
+        slot.set_window(window);
+        self.reindex(i, name.hash);
         self.link_newest(i);
         (i, made)
     }
@@ -254,8 +343,8 @@ impl Shard {
 /// Fixed-window counters in this process, at most `memory_buckets` of them.
 pub struct MemoryStore {
     shards: Vec<Mutex<Shard>>,
-    /// Picks a bucket's shard. A per-process random hasher is fine here: nothing it produces
-    /// leaves the process.
+    /// Hashes bucket names, for their shard and their place in its index. A per-process random
+    /// hasher is fine here: nothing it produces leaves the process.
     hasher: RandomState,
     clock: Clock,
     /// Windows dropped so far, by sweeps and cleanups (for metrics).
@@ -367,11 +456,20 @@ impl MemoryStore {
         }
     }
 
-    fn shard_of(&self, bucket: &str) -> usize {
+    /// The shard of the bucket `name`: from bits of its hash that the shard's index does not
+    /// lean on (hashbrown places an entry by the low bits and tags it with the top seven), so
+    /// that the buckets of one shard still spread over its whole index.
+    fn shard_of(&self, name: &BucketName<'_>) -> usize {
         match self.shards.len() {
             1 => 0,
-            n => (self.hasher.hash_one(bucket) % n as u64) as usize,
+            n => ((((name.hash >> 20) & 0xffff_ffff) * n as u64) >> 32) as usize,
         }
+    }
+
+    /// `bucket`'s name, split and hashed with this store's hasher.
+    #[inline(always)]
+    fn name<'a>(&self, bucket: &'a str) -> BucketName<'a> {
+        BucketName::parse(bucket, &self.hasher)
     }
 
     fn lock(&self, shard: usize) -> MutexGuard<'_, Shard> {
@@ -397,7 +495,8 @@ impl MemoryStore {
             .iter()
             .map(|inc| window_at(now_ms, inc.window_secs))
             .collect::<Result<_, _>>()?;
-        let shard_of: Vec<usize> = batch.iter().map(|inc| self.shard_of(&inc.bucket)).collect();
+        let names: Vec<BucketName<'_>> = batch.iter().map(|inc| self.name(&inc.bucket)).collect();
+        let shard_of: Vec<usize> = names.iter().map(|name| self.shard_of(name)).collect();
         let mut order = shard_of.clone();
         order.sort_unstable();
         order.dedup();
@@ -411,14 +510,12 @@ impl MemoryStore {
         // 1. Where each limit stands before this request, and how many units it admits.
         let standing: Vec<(Window, u32)> = batch
             .iter()
+            .zip(&names)
             .zip(&windows)
             .zip(&places)
-            .map(|((inc, current), &g)| {
+            .map(|(((inc, name), current), &g)| {
                 let shard = &guards[g];
-                let held = shard
-                    .index
-                    .get(&inc.bucket)
-                    .map(|&i| shard.slots[i as usize].window);
+                let held = shard.find(name).map(|i| shard.slots[i as usize].window());
                 let window = rolled(held, *current, now_ms);
                 let fits = own_fits(inc, &window, now_ms);
                 (window, fits)
@@ -432,11 +529,14 @@ impl MemoryStore {
             .min();
         // 3. Count: fixed windows every unit, sliding ones the allowed units they admit.
         let mut counted = Vec::with_capacity(batch.len());
-        for ((inc, (window, fits)), &g) in batch.iter().zip(standing).zip(&places) {
+        for (((inc, name), (window, fits)), &g) in
+            batch.iter().zip(&names).zip(standing).zip(&places)
+        {
             let shard = &mut guards[g];
-            let slot = self.slot(shard, &inc.bucket, window, now_ms);
-            let held = &mut shard.slots[slot as usize].window;
-            counted.push(count_into(held, window, inc, fits, allowed, now_ms));
+            let slot = self.slot(shard, name, window, now_ms);
+            let (held, answer) = count_into(window, inc, fits, allowed, now_ms);
+            shard.slots[slot as usize].set_window(held);
+            counted.push(answer);
         }
         drop(guards);
         Ok(counted)
@@ -448,19 +548,22 @@ impl MemoryStore {
     fn count_one(&self, inc: &Increment) -> Result<Counted, StoreError> {
         let now_ms = (self.clock)();
         let current = window_at(now_ms, inc.window_secs)?;
-        let mut shard = self.lock(self.shard_of(&inc.bucket));
-        let slot = self.slot(&mut shard, &inc.bucket, current, now_ms);
-        let held = &mut shard.slots[slot as usize].window;
-        let window = rolled(Some(*held), current, now_ms);
+        let name = self.name(&inc.bucket);
+        let mut shard = self.lock(self.shard_of(&name));
+        let i = self.slot(&mut shard, &name, current, now_ms);
+        let slot = &mut shard.slots[i as usize];
+        let window = rolled(Some(slot.window()), current, now_ms);
         let fits = own_fits(inc, &window, now_ms);
         let allowed = enforced_allows(inc, &window, fits);
-        Ok(count_into(held, window, inc, fits, allowed, now_ms))
+        let (held, counted) = count_into(window, inc, fits, allowed, now_ms);
+        slot.set_window(held);
+        Ok(counted)
     }
 
-    /// The slot of `bucket` in `shard`, made (at `window`) if the shard does not hold it, and
-    /// marked as just used.
-    fn slot(&self, shard: &mut Shard, bucket: &Arc<str>, window: Window, now_ms: i64) -> u32 {
-        if let Some(&i) = shard.index.get(bucket) {
+    /// The slot of the bucket `name` in `shard`, made (at `window`) if the shard does not
+    /// hold it, and marked as just used.
+    fn slot(&self, shard: &mut Shard, name: &BucketName<'_>, window: Window, now_ms: i64) -> u32 {
+        if let Some(i) = shard.find(name) {
             shard.touch(i);
             return i;
         }
@@ -469,7 +572,7 @@ impl MemoryStore {
             self.forgot(removed);
         }
         shard.new_since_cleanup += 1;
-        let (i, made) = shard.insert(bucket, window, now_ms);
+        let (i, made) = shard.insert(name, window, now_ms);
         match made {
             Made::Room => {
                 self.metrics.buckets.inc();
@@ -492,11 +595,9 @@ impl MemoryStore {
             .iter()
             .map(|inc| {
                 let current = window_at(now_ms, inc.window_secs)?;
-                let shard = self.lock(self.shard_of(&inc.bucket));
-                let held = shard
-                    .index
-                    .get(&inc.bucket)
-                    .map(|&i| shard.slots[i as usize].window);
+                let name = self.name(&inc.bucket);
+                let shard = self.lock(self.shard_of(&name));
+                let held = shard.find(&name).map(|i| shard.slots[i as usize].window());
                 let peeked = match held {
                     Some(w) if w.end_ms > now_ms && w.start_ms >= current.start_ms => Peeked {
                         count: w.count,
@@ -580,17 +681,17 @@ fn enforced_allows(inc: &Increment, window: &Window, fits: u32) -> Option<u32> {
     })
 }
 
-/// Counts `inc` into its slot's window `held`, which stands at `window`: a fixed window every
-/// unit, a sliding one the units the whole request is allowed (`allowed`) that it admits.
+/// Counts `inc` into its bucket's `window`: a fixed window every unit, a sliding one the units
+/// the whole request is allowed (`allowed`) that it admits. Returns the window to keep, and
+/// the answer.
 fn count_into(
-    held: &mut Window,
     window: Window,
     inc: &Increment,
     fits: u32,
     allowed: Option<u32>,
     now_ms: i64,
-) -> Counted {
-    *held = window;
+) -> (Window, Counted) {
+    let mut held = window;
     let added = match inc.sliding {
         None => inc.by,
         Some(_) => {
@@ -599,7 +700,7 @@ fn count_into(
         }
     };
     held.count = held.count.saturating_add(added).min(COUNT_MAX);
-    Counted {
+    let counted = Counted {
         count: held.count,
         window_end_ms: held.end_ms,
         now_ms,
@@ -610,7 +711,8 @@ fn count_into(
             0
         },
         fits,
-    }
+    };
+    (held, counted)
 }
 
 fn rolled(held: Option<Window>, current: Window, now_ms: i64) -> Window {
@@ -737,7 +839,8 @@ mod tests {
         )
     }
 
-    /// Walks a shard's list both ways and checks it against the index.
+    /// Walks a shard's list both ways and checks it against the index: every slot is found
+    /// by its own name, spelt out again from its key.
     fn check_links(shard: &Shard) {
         let mut seen = 0;
         let mut i = shard.newest;
@@ -745,7 +848,15 @@ mod tests {
         while i != NIL {
             let slot = &shard.slots[i as usize];
             assert_eq!(slot.newer, newer);
-            assert_eq!(shard.index.get(&slot.bucket), Some(&i));
+            let text = shard.names.text(slot.name);
+            let name = match shard.names.is_whole(slot.name) {
+                true => text.to_string(),
+                false => format!("{text}:{}", hex::encode(slot.digest)),
+            };
+            assert_eq!(
+                shard.find(&BucketName::parse(&name, &shard.hasher)),
+                Some(i)
+            );
             newer = i;
             i = slot.older;
             seen += 1;
@@ -753,6 +864,124 @@ mod tests {
         assert_eq!(shard.oldest, newer);
         assert_eq!(seen, shard.slots.len());
         assert_eq!(shard.index.len(), shard.slots.len());
+        assert!(shard.names.len() <= shard.slots.len());
+    }
+
+    /// A proxy-made bucket name: `<policy>:<64 hex digits>`.
+    fn digest_name(policy: &str, n: u64) -> String {
+        format!("{policy}:{:064x}", u128::from(n) * 0x9e37_79b9_7f4a_7c15)
+    }
+
+    /// What docs/performance.md's "Memory per bucket" figure rests on: a live bucket is one
+    /// 64-byte slot and one 4-byte index entry (and hashbrown's control byte), with nothing of
+    /// its own on the heap. One limit's buckets share one copy of its `<scope>:<label>`.
+    #[test]
+    fn a_bucket_is_a_64_byte_slot_and_a_4_byte_index_entry() {
+        fn entry_size<T>(_: &HashTable<T>) -> usize {
+            std::mem::size_of::<T>()
+        }
+        assert_eq!(std::mem::size_of::<Slot>(), 64);
+        let now = Arc::new(AtomicI64::new(1_000));
+        let store = bounded(3 * MIN_SHARD_BUCKETS, &now);
+        let batch: Vec<Increment> = (0..5000)
+            .map(|n| inc(&digest_name("api:x-api-key", n), 60))
+            .collect();
+        for chunk in batch.chunks(1) {
+            store.count(chunk).expect("count");
+        }
+        assert_eq!(store.len(), 5000);
+        for i in 0..store.shards.len() {
+            let shard = store.lock(i);
+            assert_eq!(entry_size(&shard.index), 4);
+            assert_eq!(shard.names.len(), 1, "one text for one limit's buckets");
+            check_links(&shard);
+        }
+    }
+
+    /// A window survives packing into a slot: fixed and sliding (kept one window longer),
+    /// before 1970 too, and a count at its saturation does not read as the sliding mark.
+    #[test]
+    fn a_window_packs_into_a_slot_and_back() {
+        let mut slot = Slot {
+            digest: [0; DIGEST_LEN],
+            start_ms: 0,
+            name: 0,
+            len_secs: 0,
+            count: 0,
+            previous: 0,
+            newer: NIL,
+            older: NIL,
+        };
+        for (now_ms, secs) in [(1_750_000_123_456, 60), (-90_500, 7), (0, 31_622_400)] {
+            let fixed = window_at(now_ms, secs).expect("window");
+            for (window, count, previous) in [
+                (fixed, 3, 9),
+                (
+                    Window {
+                        keep_ms: fixed.end_ms + i64::from(secs) * 1000,
+                        ..fixed
+                    },
+                    COUNT_MAX,
+                    COUNT_MAX,
+                ),
+            ] {
+                slot.set_window(Window {
+                    count,
+                    previous,
+                    ..window
+                });
+                let back = slot.window();
+                assert_eq!(
+                    (
+                        back.start_ms,
+                        back.end_ms,
+                        back.keep_ms,
+                        back.count,
+                        back.previous
+                    ),
+                    (
+                        window.start_ms,
+                        window.end_ms,
+                        window.keep_ms,
+                        count,
+                        previous
+                    )
+                );
+            }
+        }
+    }
+
+    /// Names of every form share a store and never one bucket: a name held whole, a digest
+    /// name, and the same digest under another prefix count apart, and removing some of them
+    /// leaves the others found.
+    #[test]
+    fn names_of_every_form_count_apart() {
+        let now = Arc::new(AtomicI64::new(1_000));
+        let store = bounded(100, &now);
+        let digest = digest_name("p", 7);
+        let other = digest_name("q", 7);
+        let names = ["p", "p:global", digest.as_str(), other.as_str(), "p:"];
+        for (n, name) in names.iter().enumerate() {
+            for _ in 0..=n {
+                store
+                    .count(&[inc(name, if n % 2 == 0 { 1 } else { 3600 })])
+                    .expect("count");
+            }
+        }
+        let counts = |store: &MemoryStore| -> Vec<u32> {
+            let batch: Vec<Increment> = names.iter().map(|n| inc(n, 3600)).collect();
+            store
+                .read(&batch)
+                .expect("read")
+                .iter()
+                .map(|p| p.count)
+                .collect()
+        };
+        assert_eq!(counts(&store), [1, 2, 3, 4, 5]);
+        now.fetch_add(2_000, Ordering::SeqCst);
+        assert_eq!(store.sweep(), 3, "the three 1 s windows");
+        assert_eq!(counts(&store), [0, 2, 0, 4, 0]);
+        check_links(&store.lock(0));
     }
 
     #[test]

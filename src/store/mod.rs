@@ -5,6 +5,7 @@
 //! and "now" come from the same clock (the database's, for Postgres) so that instances whose
 //! clocks disagree still share one window, and `Retry-After` agrees with it.
 
+mod bucket_name;
 mod clock;
 pub mod coalesce;
 mod direct;

@@ -76,8 +76,8 @@ use tokio_postgres::Client;
 use super::coalesce::{position, Folded};
 use super::direct::{self, Directness};
 use super::pg_tls::{self, MakeRustls};
-use super::{Counted, Increment, Peeked, Store, StoreError, StoreFuture};
 use super::settings::StoreConfig;
+use super::{Counted, Increment, Peeked, Store, StoreError, StoreFuture};
 use crate::error::Detail;
 
 /// Maps and sets over bucket names: names made by tollgate (policy labels and digests), never
