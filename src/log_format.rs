@@ -10,7 +10,7 @@
 //! to the same bytes), and hands every other event to the stock format: the other lines are
 //! rare, and keep everything it does.
 //!
-//! The access log's one event is [`access`]: `tests/log_format.rs` formats that same call site
+//! The access log's one event is [`access`]: `tests/it/log_format.rs` formats that same call site
 //! both ways.
 
 use std::fmt;

@@ -10,7 +10,7 @@
 //! without the `tollgate_` prefix and, for a counter, without `_total`; a one-line help text),
 //! with labels from a `derive(EncodeLabelSet)` struct whose values come from the configuration
 //! or a fixed set. Counters, gauges, histograms and info metrics come out right in both
-//! formats; tests/prometheus.rs runs both through promtool.
+//! formats; tests/it/prometheus.rs runs both through promtool.
 
 use std::fmt::Write as _;
 use std::sync::atomic::AtomicU64;
