@@ -235,27 +235,7 @@ impl Server {
         };
 
         // Bind everything first: a bad address fails the start before anything serves.
-        let mut listeners = Vec::new();
-        let plain = config.server.listen.iter().map(|a| (a, None));
-        let secure = config.server.tls_listen.iter().map(|a| (a, tls.clone()));
-        for (addr, tls) in plain.chain(secure) {
-            let listener = TcpListener::bind(addr)
-                .await
-                .map_err(|source| StartupError::Bind {
-                    addr: *addr,
-                    source,
-                })?;
-            listeners.push((listener, tls));
-        }
-        let admin_listener = match &config.admin {
-            Some(admin) => Some(TcpListener::bind(admin.listen).await.map_err(|source| {
-                StartupError::Bind {
-                    addr: admin.listen,
-                    source,
-                }
-            })?),
-            None => None,
-        };
+        let (listeners, admin_listener) = bind_listeners(&config, &tls).await?;
 
         let clock = Arc::new(CoarseClock::new());
         let mut background = vec![tokio::spawn(clock.clone().run())];
@@ -301,25 +281,11 @@ impl Server {
             idle_timeout: config.server.idle_timeout,
             fast_path: paths.fast_server,
         };
-        let mut listen_addrs = Vec::new();
-        let mut tls_addrs = Vec::new();
-        let mut shared = Vec::new();
-        for (listener, tls) in listeners {
-            let addr = listener.local_addr().map_err(|source| StartupError::Bind {
-                addr: SocketAddr::from(([0, 0, 0, 0], 0)),
-                source,
-            })?;
-            tracing::info!(address = %addr, tls = tls.is_some(), "listening");
-            if tls.is_some() {
-                tls_addrs.push(addr);
-            } else {
-                listen_addrs.push(addr);
-            }
-            let listener = listener
-                .into_std()
-                .map_err(|source| StartupError::Bind { addr, source })?;
-            shared.push((listener, addr, tls));
-        }
+        let SharedListeners {
+            sockets: shared,
+            plain: listen_addrs,
+            tls: tls_addrs,
+        } = to_shared_listeners(listeners)?;
         let shared_with_workers = SharedWithWorkers {
             proxy: proxy.clone(),
             settings,
@@ -384,6 +350,67 @@ impl Server {
             clock,
         })
     }
+}
+
+/// A listener and the TLS configuration of its connections (`None`: plain).
+type BoundListener = (TcpListener, Option<Arc<ArcSwap<rustls::ServerConfig>>>);
+
+/// Binds every listener of the configuration, plain then TLS, and the admin listener.
+async fn bind_listeners(
+    config: &Config,
+    tls: &Option<Arc<ArcSwap<rustls::ServerConfig>>>,
+) -> Result<(Vec<BoundListener>, Option<TcpListener>), StartupError> {
+    let bind = |addr: SocketAddr| async move {
+        TcpListener::bind(addr)
+            .await
+            .map_err(|source| StartupError::Bind { addr, source })
+    };
+    let mut listeners = Vec::new();
+    let plain = config.server.listen.iter().map(|a| (a, None));
+    let secure = config.server.tls_listen.iter().map(|a| (a, tls.clone()));
+    for (addr, tls) in plain.chain(secure) {
+        listeners.push((bind(*addr).await?, tls));
+    }
+    let admin = match &config.admin {
+        Some(admin) => Some(bind(admin.listen).await?),
+        None => None,
+    };
+    Ok((listeners, admin))
+}
+
+/// The bound listeners as std sockets for the workers to duplicate, and the addresses they got.
+struct SharedListeners {
+    sockets: Vec<SharedListener>,
+    plain: Vec<SocketAddr>,
+    tls: Vec<SocketAddr>,
+}
+
+/// The bound listeners as [`SharedListeners`], each address logged.
+fn to_shared_listeners(listeners: Vec<BoundListener>) -> Result<SharedListeners, StartupError> {
+    let mut listen_addrs = Vec::new();
+    let mut tls_addrs = Vec::new();
+    let mut shared = Vec::new();
+    for (listener, tls) in listeners {
+        let addr = listener.local_addr().map_err(|source| StartupError::Bind {
+            addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+            source,
+        })?;
+        tracing::info!(address = %addr, tls = tls.is_some(), "listening");
+        if tls.is_some() {
+            tls_addrs.push(addr);
+        } else {
+            listen_addrs.push(addr);
+        }
+        let listener = listener
+            .into_std()
+            .map_err(|source| StartupError::Bind { addr, source })?;
+        shared.push((listener, addr, tls));
+    }
+    Ok(SharedListeners {
+        sockets: shared,
+        plain: listen_addrs,
+        tls: tls_addrs,
+    })
 }
 
 impl RunningServer {
@@ -557,11 +584,7 @@ fn duplicate(
 /// One worker's life: accept until the stop begins, keep serving the connections it has
 /// until the stop is over (or the server is dropped), then return, which drops its runtime
 /// and whatever that runtime still holds.
-async fn run_worker(
-    listeners: Vec<(TcpListener, Option<Arc<ArcSwap<rustls::ServerConfig>>>)>,
-    shared: SharedWithWorkers,
-    worker: Arc<Worker>,
-) {
+async fn run_worker(listeners: Vec<BoundListener>, shared: SharedWithWorkers, worker: Arc<Worker>) {
     for (listener, tls) in listeners {
         tokio::spawn(accept_loop(listener, tls, shared.clone(), worker.clone()));
     }
