@@ -288,7 +288,7 @@ fn read_store(cx: &mut Cx<'_>, t: TableReader<'_>) -> StoreConfig {
     let url_node = t.get("url");
     let ca_file = t.opt(cx, "ca_file", |cx, n| {
         let path = cx.readable_file(n)?;
-        let roots = crate::store::pg_tls::read_roots(&path).map_err(|e| e.to_string());
+        let roots = crate::store::postgres::tls::read_roots(&path).map_err(|e| e.to_string());
         cx.check(n, roots).map(|_| path)
     });
     let check_url = |url: &str| check_postgres_url(url, ca_file.as_deref());
@@ -343,7 +343,7 @@ fn check_postgres_url(url: &str, ca_file: Option<&Path>) -> Result<(), String> {
     if url.is_empty() {
         return Err("must not be empty (remove it to use the memory store)".to_string());
     }
-    let (_, tls) = crate::store::pg_tls::parse(url, ca_file)?;
+    let (_, tls) = crate::store::postgres::tls::parse(url, ca_file)?;
     // Reads an `sslrootcert` file; a `store.ca_file` was read above, and is again here.
     tls.connector().map(|_| ()).map_err(|e| e.to_string())
 }

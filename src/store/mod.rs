@@ -8,9 +8,7 @@
 mod bucket_name;
 mod clock;
 pub mod coalesce;
-mod direct;
 pub mod memory;
-pub mod pg_tls;
 pub mod postgres;
 pub mod settings;
 

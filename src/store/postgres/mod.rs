@@ -13,7 +13,7 @@
 //!   PgBouncer could send to another server connection), no startup `options`, no session
 //!   `SET`, no session advisory lock. `synchronous_commit = off` is set by the increment for
 //!   its own transaction. The one exception: on a connection that provably reaches its
-//!   backend with nothing in between ([`super::direct`]), the increment is prepared once and
+//!   backend with nothing in between ([`direct`]), the increment is prepared once and
 //!   then only bound and executed, which spares the server its parse and plan on every call;
 //!   there a batch of fixed windows is the plain upsert ([`FIXED_UPSERT_SQL`]), cheaper to
 //!   run than the function's call, and the session itself carries `synchronous_commit = off`
@@ -33,7 +33,7 @@
 //!   windows and `NOTIFY`s every instance; [`PostgresStore::listen_for_resets`] is the one
 //!   `LISTEN` session per instance, on a connection of its own outside the pool, that
 //!   reconnects by itself and checks that notifications really arrive. It sends `LISTEN` only
-//!   on a session that is its backend's own ([`super::direct`]): through a pooler the
+//!   on a session that is its backend's own ([`direct`]): through a pooler the
 //!   statement would stay on a server connection that other clients get.
 //! - **Readiness** (SPEC 7): [`PostgresStore::ping`] answers from the outcome of recent
 //!   decisions, and with no recent traffic runs the real increment inside a transaction that
@@ -43,14 +43,14 @@
 //!   classified (refused, timeout, read-only, authentication, missing table, permission, tls,
 //!   ...; by SQLSTATE, I/O error kind or TLS error) and logged with the database's host, port
 //!   and name, at most one line per cause a second, with a count of the lines left out.
-//! - **TLS** (SPEC 6): connections go through [`super::pg_tls`]'s rustls connector, which
+//! - **TLS** (SPEC 6): connections go through [`tls`]'s rustls connector, which
 //!   also reads `sslmode` and `sslrootcert` out of the URL before tokio-postgres parses it.
 //! - **Bounds on waiting**: a call waits at most `store.timeout` (pool wait included); a
 //!   connection attempt, start-up exchange included, at most its connect timeout per host.
 //! - **Timeouts of its own statements**, whatever the role's (`ALTER ROLE ... SET
 //!   statement_timeout = '1ms'`; docs/operations.md, "Connection poolers", "Timeouts of its
 //!   own"): on a session that is its backend's own, set for the session as it is made
-//!   ([`statement_bound`], [`super::direct::settle`]); through a pooler, only when the role's
+//!   ([`statement_bound`], [`direct::settle`]); through a pooler, only when the role's
 //!   are shorter, `SET LOCAL` in a transaction around each statement ([`LocalTimeouts`]),
 //!   pipelined in the same round trip. Start-up, the sweep and the other transactions set
 //!   theirs with `SET LOCAL` first.
@@ -61,6 +61,9 @@
 //!
 //! The connection URL can carry a password, so it is never logged or put in an error.
 //! tokio-postgres' own error messages do not contain it.
+
+mod direct;
+pub mod tls;
 
 use std::collections::{HashMap, HashSet};
 use std::error::Error as _;
@@ -73,9 +76,9 @@ use bb8::{ErrorSink, Pool, RunError};
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Client;
 
+use self::direct::Directness;
+use self::tls::MakeRustls;
 use super::coalesce::{position, Folded};
-use super::direct::{self, Directness};
-use super::pg_tls::{self, MakeRustls};
 use super::settings::StoreConfig;
 use super::{Counted, Increment, Peeked, Store, StoreError, StoreFuture};
 use crate::error::Detail;
@@ -138,27 +141,27 @@ const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 1,
         name: "0001_rate_limits",
-        sql: include_str!("../../migrations/0001_rate_limits.sql"),
+        sql: include_str!("../../../migrations/0001_rate_limits.sql"),
     },
     Migration {
         version: 2,
         name: "0002_tollgate_settings",
-        sql: include_str!("../../migrations/0002_tollgate_settings.sql"),
+        sql: include_str!("../../../migrations/0002_tollgate_settings.sql"),
     },
     Migration {
         version: 3,
         name: "0003_increment_function",
-        sql: include_str!("../../migrations/0003_increment_function.sql"),
+        sql: include_str!("../../../migrations/0003_increment_function.sql"),
     },
     Migration {
         version: 4,
         name: "0004_instances",
-        sql: include_str!("../../migrations/0004_instances.sql"),
+        sql: include_str!("../../../migrations/0004_instances.sql"),
     },
     Migration {
         version: 5,
         name: "0005_joint_decision",
-        sql: include_str!("../../migrations/0005_joint_decision.sql"),
+        sql: include_str!("../../../migrations/0005_joint_decision.sql"),
     },
 ];
 
@@ -173,7 +176,7 @@ const MIGRATIONS: &[Migration] = &[
 ///
 /// It is sent as the unnamed statement (`query_typed`: Parse, Bind, Describe, Execute and
 /// Sync in one round trip) unless the connection provably reaches its backend directly
-/// ([`super::direct`]; then it is prepared once per connection, see `PooledClient::increment`):
+/// ([`direct`]; then it is prepared once per connection, see `PooledClient::increment`):
 /// behind a transaction-mode pooler the next statement may run on another server connection,
 /// where a named statement does not exist, or another client's of the same name does (issue
 /// 15). PL/pgSQL plans the upsert inside once per server session; the call itself still costs
@@ -686,7 +689,7 @@ pub struct PooledClient {
     client: Client,
     in_flight: AtomicBool,
     read_only: AtomicBool,
-    /// Whether this connection reaches its backend directly ([`super::direct`]): only then is
+    /// Whether this connection reaches its backend directly ([`direct`]): only then is
     /// the increment prepared on it. Answered in the background after the connect.
     direct: Arc<Directness>,
     /// `Some` on a session that is not its backend's own (a pooler) when the role's own
@@ -1010,7 +1013,7 @@ impl LocalTimeouts {
 #[derive(Debug)]
 pub struct ConnectionInspection {
     /// Whether it reaches its backend directly; `None`: the look-up has not answered yet
-    /// ([`super::direct`]).
+    /// ([`direct`]).
     pub direct: Option<bool>,
     /// The statements its server session holds prepared (`pg_prepared_statements`), sorted.
     pub prepared: Vec<String>,
@@ -2294,7 +2297,7 @@ fn cause(e: &tokio_postgres::Error) -> Cause {
             _ => Cause::Database,
         };
     }
-    if pg_tls::tls_problem(e).is_some() {
+    if tls::tls_problem(e).is_some() {
         return Cause::Tls;
     }
     let mut source = e.source();
@@ -2434,7 +2437,7 @@ impl FailureLog {
 }
 
 /// The tokio-postgres configuration for `cfg` (its URL plus tollgate's session defaults) and
-/// the TLS connector for its `sslmode` and trust root ([`pg_tls`]).
+/// the TLS connector for its `sslmode` and trust root ([`tls`]).
 fn connection_config(
     cfg: &StoreConfig,
 ) -> Result<(tokio_postgres::Config, MakeRustls), StoreError> {
@@ -2443,9 +2446,9 @@ fn connection_config(
         .as_deref()
         .ok_or_else(|| StoreError::Unavailable("store.url is not set".into()))?;
     // tokio-postgres' parser accepts both URL and key=value forms, several hosts and
-    // target_session_attrs=read-write (SPEC 6); pg_tls takes the TLS options out first.
+    // target_session_attrs=read-write (SPEC 6); `tls` takes the TLS options out first.
     // Its messages name the bad option, never the URL, so they are safe to return.
-    let (mut pg, tls) = pg_tls::parse(url, cfg.ca_file.as_deref())
+    let (mut pg, tls) = tls::parse(url, cfg.ca_file.as_deref())
         .map_err(|e| StoreError::Unavailable(format!("invalid store.url: {e}").into()))?;
     let tls = tls.connector().map_err(|e| {
         StoreError::Unavailable(Detail::caused_by(format!("TLS to the database: {e}"), e))
@@ -2605,7 +2608,7 @@ fn is_transient(e: &tokio_postgres::Error) -> bool {
     // configuration, but on either side: the server's may be fixed (ssl = on, a renewed
     // certificate) while tollgate waits. So tollgate keeps serving under its failure policy,
     // not ready, and says why in the failure log (issue 15), rather than exiting.
-    if pg_tls::tls_problem(e).is_some() {
+    if tls::tls_problem(e).is_some() {
         return true;
     }
     if let Some(db) = e.as_db_error() {
@@ -2632,7 +2635,7 @@ fn is_transient(e: &tokio_postgres::Error) -> bool {
 /// A message for a tokio-postgres error: the server's code and message for database errors
 /// (tokio-postgres' Display says only "db error"), its own text otherwise.
 fn describe(e: &tokio_postgres::Error) -> String {
-    if let Some(problem) = pg_tls::tls_problem(e) {
+    if let Some(problem) = tls::tls_problem(e) {
         return problem;
     }
     match e.as_db_error() {
