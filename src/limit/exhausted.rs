@@ -13,7 +13,7 @@ use super::{
     judge, seconds_until, sliding_wait_ms, weighted_previous, window_left_secs, LimitOutcome,
     Outcomes, PlannedLimit, RandomState, SlidingOutcome, Verdict, INLINE_LIMITS,
 };
-use crate::store::postgres::ResetEvent;
+use crate::store::ResetEvent;
 
 /// Bucket -> its [`Denial`].
 type ExhaustedShard = HashMap<Arc<str>, Denial, RandomState>;

@@ -85,6 +85,22 @@ pub enum StoreError {
     Query(#[source] Detail),
 }
 
+/// What the PostgreSQL store's reset listener reports to its owner, the limiter's cache of
+/// denials (docs/operations.md, "`tollgate reset`"): the one message from a store to the
+/// limiter that is not an answer to a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResetEvent<'a> {
+    /// `tollgate reset` deleted this bucket's rows: forget what is cached about it.
+    Bucket(&'a str),
+    /// The session (re)started listening, or dropped notifications: any reset since the last
+    /// one may have been missed, so forget everything cached.
+    Missed,
+    /// Whether notifications reach this session. `false`: they are not delivered (a pooler in
+    /// transaction mode hands the `LISTEN` to a server connection this session does not
+    /// keep), so nothing cached can be trusted to be forgotten by a reset.
+    Hearing(bool),
+}
+
 /// This process's clock as Unix milliseconds (negative before 1970, saturating): the memory
 /// store's windows and the limiter's estimate of a window's end when it did not ask the store.
 pub fn unix_now_ms() -> i64 {

@@ -1134,7 +1134,7 @@ async fn listener_hears(url: &str, within: Duration) -> Option<bool> {
     store.initialize("fp", true).await.expect("initialize");
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let listener = tokio::spawn(store.listen_for_resets(move |event| {
-        if let tollgate::store::postgres::ResetEvent::Hearing(hearing) = event {
+        if let tollgate::store::ResetEvent::Hearing(hearing) = event {
             let _ = tx.send(hearing);
         }
     }));

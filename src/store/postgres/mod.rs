@@ -80,7 +80,7 @@ use self::direct::Directness;
 use self::tls::MakeRustls;
 use super::coalesce::{position, Folded};
 use super::settings::StoreConfig;
-use super::{Counted, Increment, Peeked, Store, StoreError, StoreFuture};
+use super::{Counted, Increment, Peeked, ResetEvent, Store, StoreError, StoreFuture};
 use crate::error::Detail;
 
 /// Maps and sets over bucket names: names made by tollgate (policy labels and digests), never
@@ -1808,20 +1808,6 @@ enum ListenEnd {
     /// It reaches the database through a pooler ([`direct::Settled::own`] false): it sent no
     /// `LISTEN`, which would stay on a server connection other clients get.
     Pooled,
-}
-
-/// What the listen session reports to its owner (the limiter's cache of denials).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ResetEvent<'a> {
-    /// `tollgate reset` deleted this bucket's rows: forget what is cached about it.
-    Bucket(&'a str),
-    /// The session (re)started listening, or dropped notifications: any reset since the last
-    /// one may have been missed, so forget everything cached.
-    Missed,
-    /// Whether notifications reach this session. `false`: they are not delivered (a pooler in
-    /// transaction mode hands the `LISTEN` to a server connection this session does not
-    /// keep), so nothing cached can be trusted to be forgotten by a reset.
-    Hearing(bool),
 }
 
 impl PostgresStore {
