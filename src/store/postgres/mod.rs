@@ -65,10 +65,12 @@
 mod direct;
 mod errors;
 mod migrate;
+mod registry;
 pub mod tls;
 
 pub use errors::InitError;
 pub use migrate::{FingerprintChange, MigrateReport};
+pub use registry::{INSTANCE_EXPIRES_AFTER, INSTANCE_LIVE_FOR};
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -1481,12 +1483,6 @@ impl PostgresStore {
 /// The `NOTIFY` channel of `tollgate reset` (SPEC 3b). Payload: one bucket name, which is
 /// `<scope>:<label>:<digest>` or `<scope>:global`, never a raw subject.
 pub const RESET_CHANNEL: &str = "tollgate_reset";
-/// How long a row of `tollgate_instances` counts as live without a refresh (SPEC 5b).
-pub const INSTANCE_LIVE_FOR: Duration = Duration::from_secs(30);
-/// Rows older than this are deleted by the live instances' refreshes: an instance that died
-/// without saying so. Well past [`INSTANCE_LIVE_FOR`], so a long pause (a stopped VM, a
-/// debugger) comes back to its own row rather than a new one, which changes nothing anyway.
-pub const INSTANCE_EXPIRES_AFTER: Duration = Duration::from_secs(600);
 /// The listen session's own statements (`LISTEN`, the liveness check) get this long.
 const LISTEN_STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often the listen session checks that a notification sent through the pool reaches
@@ -1507,37 +1503,6 @@ const LISTEN_QUEUE: usize = 1024;
 /// The payload prefix of the listen session's own check. A space cannot occur in a bucket
 /// name (scopes and labels are validated), so no reset can be mistaken for it.
 const LISTEN_CHECK_PREFIX: &str = "tollgate listen check ";
-
-/// The registry refresh (SPEC 5b): one statement, the database clock, nothing kept on the
-/// session, so it works through any pooler. `$1` this instance's id, `$2` the liveness bound
-/// and `$3` the expiry in seconds.
-///
-/// The three parts see one snapshot: the count does not see this statement's own upsert, so
-/// it counts the *other* live rows and adds one. The delete skips this instance's row (one
-/// statement must not touch a row twice) and rows another instance is deleting right now
-/// (`SKIP LOCKED`: two refreshes never wait on each other or deadlock).
-const REFRESH_INSTANCE_SQL: &str = "\
-WITH refreshed AS (
-    INSERT INTO public.tollgate_instances AS i (id) VALUES ($1)
-    ON CONFLICT (id) DO UPDATE SET seen_at = now()
-    RETURNING 1
-), expired AS (
-    DELETE FROM public.tollgate_instances
-    WHERE id IN (
-        SELECT id FROM public.tollgate_instances
-        WHERE seen_at < now() - make_interval(secs => $3) AND id <> $1
-        ORDER BY id
-        LIMIT 100
-        FOR UPDATE SKIP LOCKED
-    )
-    RETURNING 1
-)
-SELECT 1 + (SELECT count(*) FROM public.tollgate_instances
-            WHERE seen_at >= now() - make_interval(secs => $2) AND id <> $1)";
-
-/// Deregistration on a clean stop (SPEC 5b): this instance's row goes at once, so the others
-/// count one instance fewer at their next refresh instead of 30 s later. `$1` this id.
-const DEREGISTER_INSTANCE_SQL: &str = "DELETE FROM public.tollgate_instances WHERE id = $1";
 
 /// `tollgate reset` (SPEC 3b): deletes the current window's row and the previous one's of
 /// each bucket (`$1` buckets, `$2` window lengths), on the database clock like the increment.
@@ -1576,52 +1541,6 @@ enum ListenEnd {
 }
 
 impl PostgresStore {
-    /// This instance's id in `tollgate_instances` (random per process).
-    pub fn instance_id(&self) -> &str {
-        &self.instance_id
-    }
-
-    /// Refreshes this instance's row in `tollgate_instances` and answers how many instances
-    /// are live (this one included), within `store.timeout` (SPEC 5b).
-    pub async fn refresh_instance(&self) -> Result<u32, StoreError> {
-        self.require_initialized()?;
-        let live = INSTANCE_LIVE_FOR.as_secs_f64();
-        let expires = INSTANCE_EXPIRES_AFTER.as_secs_f64();
-        let id = self.instance_id.as_str();
-        let params: [(&(dyn ToSql + Sync), Type); 3] = [
-            (&id, Type::TEXT),
-            (&live, Type::FLOAT8),
-            (&expires, Type::FLOAT8),
-        ];
-        let row = self
-            .bounded(|| async {
-                let conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
-                conn.run(|| conn.query_typed_one(REFRESH_INSTANCE_SQL, &params))
-                    .await
-                    .map_err(|e| self.fail(e))
-            })
-            .await?;
-        let live: i64 = row.try_get(0).map_err(query_error)?;
-        Ok(u32::try_from(live.max(1)).unwrap_or(u32::MAX))
-    }
-
-    /// Deletes this instance's row from `tollgate_instances` (a clean stop, SPEC 5b), within
-    /// `store.timeout`. Answers whether there was a row to delete.
-    pub async fn deregister_instance(&self) -> Result<bool, StoreError> {
-        self.require_initialized()?;
-        let id = self.instance_id.as_str();
-        let params: [(&(dyn ToSql + Sync), Type); 1] = [(&id, Type::TEXT)];
-        let deleted = self
-            .bounded(|| async {
-                let conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
-                conn.run(|| conn.execute_typed(DEREGISTER_INSTANCE_SQL, &params))
-                    .await
-                    .map_err(|e| self.fail(e))
-            })
-            .await?;
-        Ok(deleted > 0)
-    }
-
     /// Deletes the current and previous windows of `buckets` (bucket, window seconds) and
     /// notifies every listening instance, in one transaction: the notifications go out when
     /// the rows are gone (at commit), never before. Answers each bucket's old counts, in
