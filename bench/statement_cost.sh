@@ -20,11 +20,11 @@
 # pgbench connects with libpq's default sslmode (`prefer`: TLS on Debian's server, which has
 # `ssl = on`), the same for every row; the figures in docs/performance.md were taken so.
 #
-# `fixed` and `sliding` are the texts a direct connection prepares today (FIXED_UPSERT_SQL and
-# SLIDING_UPSERT_SQL, read from src/store/postgres.rs), `slideone` SLIDING_ONE_SQL (hot only),
-# `slidefn` the function's call with sliding limits: `STATEMENTS="fixed sliding slideone
-# slidefn"` prices a sliding batch against a fixed one, every way (docs/performance.md,
-# "Database side").
+# `fixed` and `sliding` are the texts a direct connection prepares today (FIXED_UPSERT_SQL
+# and SLIDING_UPSERT_SQL, read from src/store/postgres/statements.rs), `slideone`
+# SLIDING_ONE_SQL (hot only), `slidefn` the function's call with sliding limits:
+# `STATEMENTS="fixed sliding slideone slidefn"` prices a sliding batch against a fixed one,
+# every way (docs/performance.md, "Database side").
 #
 # Usage: [KNOB=value ...] bench/statement_cost.sh
 # Knobs: SECONDS_RUN [6] ROUNDS [2] CPU_LOAD [0] STATEMENTS ["function upsert direct"]
@@ -86,19 +86,19 @@ RETURNING r.bucket, r.count, NULL::int8, 0, floor(extract(epoch FROM r.expires_a
   floor(extract(epoch FROM now()) * 1000)::int8;"
 }
 # The plain upsert as a direct connection prepares it now (FIXED_UPSERT_SQL in
-# src/store/postgres.rs): the same upsert, guarded by the sliding limits being NULL, and
-# setting synchronous_commit for its own transaction instead of the session.
+# src/store/postgres/statements.rs): the same upsert, guarded by the sliding limits being
+# NULL, and setting synchronous_commit for its own transaction instead of the session.
 direct_sql() {
   upsert_sql "$@" "NULL::int8[] IS NULL
     AND (SELECT NOT true OR set_config('synchronous_commit', 'off', true) = 'off')"
 }
-# The statements a direct connection prepares today, read from src/store/postgres.rs so that
-# they cannot drift from it: `fixed` (FIXED_UPSERT_SQL) and `sliding` (SLIDING_UPSERT_SQL,
-# every row with a sliding limit of 2,000,000,000, so nothing is denied and no row goes on to
-# the function). Both rely on the session's synchronous_commit, set here as tollgate's direct
-# sessions set it.
+# The statements a direct connection prepares today, read from
+# src/store/postgres/statements.rs so that they cannot drift from it: `fixed`
+# (FIXED_UPSERT_SQL) and `sliding` (SLIDING_UPSERT_SQL, every row with a sliding limit of
+# 2,000,000,000, so nothing is denied and no row goes on to the function). Both rely on the
+# session's synchronous_commit, set here as tollgate's direct sessions set it.
 source_sql() {   # source_sql CONST ARG... -> the constant's text with $1.. replaced by ARGs
-  python3 - "$ROOT/src/store/postgres.rs" "$@" <<'PY'
+  python3 - "$ROOT/src/store/postgres/statements.rs" "$@" <<'PY'
 import re, sys
 src = open(sys.argv[1]).read()
 m = re.search(r'const %s: &str = "\\\n(.*?)";' % sys.argv[2], src, re.S)

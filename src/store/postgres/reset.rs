@@ -14,7 +14,8 @@ use tokio_postgres::Client;
 
 use super::errors::{describe, query_error};
 use super::pool::connect_deadline;
-use super::{columns, count_from, direct, PostgresStore};
+use super::statements::{columns, count_from};
+use super::{direct, PostgresStore};
 use crate::store::{Increment, ResetEvent, StoreError};
 
 /// The `NOTIFY` channel of `tollgate reset` (SPEC 3b). Payload: one bucket name, which is
