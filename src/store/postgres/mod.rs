@@ -33,7 +33,7 @@
 //!   windows and `NOTIFY`s every instance; [`PostgresStore::listen_for_resets`] is the one
 //!   `LISTEN` session per instance, on a connection of its own outside the pool, that
 //!   reconnects by itself and checks that notifications really arrive. It sends `LISTEN` only
-//!   on a session that is its backend's own ([`direct`]): through a pooler the
+//!   on a session that is its backend's own ([`session`]): through a pooler the
 //!   statement would stay on a server connection that other clients get.
 //! - **Readiness** (SPEC 7): [`PostgresStore::ping`] answers from the outcome of recent
 //!   decisions, and with no recent traffic runs the real increment inside a transaction that
@@ -50,7 +50,7 @@
 //! - **Timeouts of its own statements**, whatever the role's (`ALTER ROLE ... SET
 //!   statement_timeout = '1ms'`; docs/operations.md, "Connection poolers", "Timeouts of its
 //!   own"): on a session that is its backend's own, set for the session as it is made
-//!   ([`statement_bound`], [`direct::settle`]); through a pooler, only when the role's
+//!   ([`statement_bound`], [`session::settle`]); through a pooler, only when the role's
 //!   are shorter, `SET LOCAL` in a transaction around each statement ([`LocalTimeouts`]),
 //!   pipelined in the same round trip. Start-up, the sweep and the other transactions set
 //!   theirs with `SET LOCAL` first.
@@ -68,6 +68,7 @@ mod migrate;
 mod pool;
 mod registry;
 mod reset;
+mod session;
 mod statements;
 pub mod tls;
 
@@ -348,7 +349,7 @@ impl PostgresStore {
         let mut conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
         let tx = conn.transaction().await.map_err(query_error)?;
         // Its own timeouts before anything else, whatever the session's (a role's 1 ms).
-        tx.batch_execute(&direct::set_local_timeouts(SWEEP_STATEMENT_TIMEOUT))
+        tx.batch_execute(&session::set_local_timeouts(SWEEP_STATEMENT_TIMEOUT))
             .await
             .map_err(query_error)?;
         let won: bool = tx

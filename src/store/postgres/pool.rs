@@ -1,7 +1,7 @@
 //! The connection pool (bb8) and how its connections are made: the URL with tollgate's
 //! session defaults and the TLS connector for its `sslmode` ([`connection_config`]), a
 //! deadline on a whole connection attempt ([`Manager`]), the session settled as it is made
-//! ([`direct::settle`]: whether it is its backend's own, and the timeouts of tollgate's own
+//! ([`session::settle`]: whether it is its backend's own, and the timeouts of tollgate's own
 //! statements), and a pooled client that knows when it must not go back to the pool
 //! ([`PooledClient`]). bb8 keeps connection errors to itself; [`LastConnectError`] is how
 //! they come out, so a pool timeout can say why.
@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 use bb8::ErrorSink;
 use tokio_postgres::Client;
 
-use super::direct::{self, Directness};
+use super::direct::Directness;
 use super::errors::{cause, describe, Cause};
+use super::session;
 use super::tls::{self, MakeRustls};
 use crate::error::Detail;
 use crate::store::settings::StoreConfig;
@@ -99,7 +100,7 @@ pub struct PooledClient {
     /// `Some` on a session that is not its backend's own (a pooler) when the role's own
     /// timeouts are shorter than tollgate's: every statement then runs in a transaction of
     /// its own that sets them first ([`PooledClient::run`]). `None`: the session's timeouts
-    /// are tollgate's already (set on it at connect, [`direct::settle`]), or long enough.
+    /// are tollgate's already (set on it at connect, [`session::settle`]), or long enough.
     local_timeouts: Option<LocalTimeouts>,
     /// The increment statements prepared on this connection (direct connections only), by
     /// [`IncrementStatement::slot`].
@@ -194,7 +195,7 @@ impl PooledClient {
 }
 
 /// The `statement_timeout` and `lock_timeout` of tollgate's own statements on pool
-/// connections, whatever the role's (set by [`direct::settle`] or [`LocalTimeouts`];
+/// connections, whatever the role's (set by [`session::settle`] or [`LocalTimeouts`];
 /// docs/operations.md, "Timeouts of its own"): a second past the longest tollgate waits for
 /// one (`store.timeout`), so the server never cancels what tollgate still waits for, and
 /// stops soon after what it gave up on. Statements that may take longer set their own for
@@ -215,7 +216,7 @@ struct LocalTimeouts {
 
 impl LocalTimeouts {
     fn new(bound: Duration) -> LocalTimeouts {
-        let set = direct::set_local_timeouts(bound);
+        let set = session::set_local_timeouts(bound);
         LocalTimeouts {
             begin: format!("BEGIN; {set}"),
             set,
@@ -278,7 +279,7 @@ impl bb8::ManageConnection for Manager {
                 .await
                 .map_err(|_| PoolError::Deadline(self.deadline))??;
         tokio::spawn(drive(connection));
-        let settled = tokio::time::timeout(self.deadline, direct::settle(&client, self.bound))
+        let settled = tokio::time::timeout(self.deadline, session::settle(&client, self.bound))
             .await
             .map_err(|_| PoolError::Deadline(self.deadline))??;
         // A session that is not its backend's own is not direct, whatever the socket table

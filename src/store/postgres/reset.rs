@@ -3,7 +3,7 @@
 //! and the one `LISTEN` session per instance that hears it and tells the limiter's cache of
 //! denials ([`ResetEvent`]). The session is a connection of its own outside the pool; it
 //! reconnects by itself, checks that notifications really arrive, and sends `LISTEN` only on
-//! a session that is its backend's own ([`direct::settle`]).
+//! a session that is its backend's own ([`session::settle`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -15,7 +15,7 @@ use tokio_postgres::Client;
 use super::errors::{describe, query_error};
 use super::pool::connect_deadline;
 use super::statements::{columns, count_from};
-use super::{direct, PostgresStore};
+use super::{session, PostgresStore};
 use crate::store::{Increment, ResetEvent, StoreError};
 
 /// The `NOTIFY` channel of `tollgate reset` (SPEC 3b). Payload: one bucket name, which is
@@ -73,7 +73,7 @@ pub struct ResetBucket {
 enum ListenEnd {
     /// It failed, or its connection did; why.
     Lost(String),
-    /// It reaches the database through a pooler ([`direct::Settled::own`] false): it sent no
+    /// It reaches the database through a pooler ([`session::Settled::own`] false): it sent no
     /// `LISTEN`, which would stay on a server connection other clients get.
     Pooled,
 }
@@ -142,7 +142,7 @@ impl PostgresStore {
     /// connection task throws notifications away), listening on [`RESET_CHANNEL`], and `on`
     /// told of each reset bucket.
     ///
-    /// It sends `LISTEN` only on a session that is its backend's own ([`direct::settle`]):
+    /// It sends `LISTEN` only on a session that is its backend's own ([`session::settle`]):
     /// through a pooler (PgBouncer in either mode) the statement would land on a server
     /// connection that stays in the pool, listening, for other clients, and in transaction
     /// mode notifications would not come back anyway. There it reports
@@ -234,7 +234,7 @@ impl PostgresStore {
         let _driver = AbortOnDrop(driver.abort_handle());
         // Whose session this is, and its timeouts (the liveness check's `SELECT 1` included)
         // set to the listen session's own bound, whatever the role's.
-        let settle = direct::settle(&client, LISTEN_STATEMENT_TIMEOUT);
+        let settle = session::settle(&client, LISTEN_STATEMENT_TIMEOUT);
         match tokio::time::timeout(LISTEN_STATEMENT_TIMEOUT, settle).await {
             Ok(Ok(settled)) if settled.own => {}
             Ok(Ok(_)) => return ListenEnd::Pooled,
