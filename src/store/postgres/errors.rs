@@ -15,7 +15,8 @@ use crate::store::StoreError;
 /// At most one warning per cause in this interval; the next one counts what was left out.
 const FAILURE_LOG_INTERVAL: Duration = Duration::from_secs(1);
 
-/// Why [`PostgresStore::initialize`] or [`PostgresStore::migrate`] failed.
+/// Why [`PostgresStore::initialize`](super::PostgresStore::initialize) or
+/// [`PostgresStore::migrate`](super::PostgresStore::migrate) failed.
 ///
 /// [`InitError::is_retryable`] tells the caller whether to keep serving under the failure
 /// policy and try again (SPEC 1) or to stop with exit code 1.

@@ -1,35 +1,38 @@
 //! The PostgreSQL counter store: counters shared by every tollgate instance (SPEC sections 3
 //! and 6, `seeds/rate_limits.sql`).
 //!
-//! What this module owns:
+//! What this module owns, one concern per file (this one: the store itself, its readiness, the
+//! sweep and the [`Store`] implementation):
 //!
-//! - **The increment.** One statement per batch: the seed's atomic
+//! - **The increment** ([`statements`]). One statement per batch: the seed's atomic
 //!   `INSERT … ON CONFLICT (bucket, window_start) DO UPDATE … RETURNING count`, generalised to
 //!   several rows with `unnest`. No read-then-write, no explicit transaction, no lock taken here.
 //!   The window is computed from the database's `now()` inside the statement (SPEC 3), so
 //!   instances whose clocks disagree still share one window.
-//! - **Nothing kept on a connection that a pooler could share** (SPEC 6, poolers): statements
-//!   are the unnamed one (`query_typed`: one round trip, no name that a transaction-mode
-//!   PgBouncer could send to another server connection), no startup `options`, no session
-//!   `SET`, no session advisory lock. `synchronous_commit = off` is set by the increment for
-//!   its own transaction. The one exception: on a connection that provably reaches its
-//!   backend with nothing in between ([`direct`]), the increment is prepared once and
-//!   then only bound and executed, which spares the server its parse and plan on every call;
-//!   there a batch of fixed windows is the plain upsert ([`FIXED_UPSERT_SQL`]), cheaper to
-//!   run than the function's call, and the session itself carries `synchronous_commit = off`
-//!   ([`SESSION_ASYNC_COMMIT_SQL`]): nobody else's session it could leak into.
-//! - **Migrations.** The files of `migrations/` are embedded in the binary and recorded in
-//!   `public.tollgate_migrations`; each runs in its own transaction under a transaction-level
-//!   advisory lock, so N instances starting at once apply each exactly once (SPEC 6).
-//! - **The key fingerprint** (SPEC 3): stored in `public.tollgate_settings`; an instance with a
-//!   different one refuses to start, `tollgate migrate --accept-new-key` replaces it.
+//! - **Nothing kept on a connection that a pooler could share** (SPEC 6, poolers): statements are
+//!   the unnamed one (`query_typed`: one round trip, no name that a transaction-mode PgBouncer
+//!   could send to another server connection), no startup `options`, no session `SET`, no session
+//!   advisory lock. `synchronous_commit = off` is set by the increment for its own transaction. The
+//!   one exception: on a connection that provably reaches its backend with nothing in between
+//!   ([`direct`]), the increment is prepared once and then only bound and executed, which spares
+//!   the server its parse and plan on every call; there a batch of fixed windows is the plain
+//!   upsert ([`statements::FIXED_UPSERT_SQL`]), cheaper to run than the function's call, and the
+//!   session itself carries `synchronous_commit = off` ([`statements::SESSION_ASYNC_COMMIT_SQL`]):
+//!   nobody else's session it could leak into.
+//! - **Migrations** ([`migrate`]). The files of `migrations/` are embedded in the binary and
+//!   recorded in `public.tollgate_migrations`; each runs in its own transaction under a
+//!   transaction-level advisory lock, so N instances starting at once apply each exactly once
+//!   (SPEC 6).
+//! - **The key fingerprint** (SPEC 3, [`migrate`]): stored in `public.tollgate_settings`; an
+//!   instance with a different one refuses to start, `tollgate migrate --accept-new-key`
+//!   replaces it.
 //! - **The sweep** (SPEC 6): expired rows deleted in bounded batches through
 //!   `rate_limits_expires_idx`, by one instance at a time.
-//! - **The instance registry** (SPEC 5b): [`PostgresStore::refresh_instance`] keeps this
-//!   instance's row in `public.tollgate_instances` fresh and counts the live ones, in one
+//! - **The instance registry** (SPEC 5b, [`registry`]): [`PostgresStore::refresh_instance`] keeps
+//!   this instance's row in `public.tollgate_instances` fresh and counts the live ones, in one
 //!   statement on the database clock (pooler-safe: no session state);
 //!   [`PostgresStore::deregister_instance`] deletes it on a clean stop.
-//! - **Reset** (SPEC 3b): [`PostgresStore::reset`] deletes buckets' current and previous
+//! - **Reset** (SPEC 3b, [`reset`]): [`PostgresStore::reset`] deletes buckets' current and previous
 //!   windows and `NOTIFY`s every instance; [`PostgresStore::listen_for_resets`] is the one
 //!   `LISTEN` session per instance, on a connection of its own outside the pool, that
 //!   reconnects by itself and checks that notifications really arrive. It sends `LISTEN` only
@@ -39,19 +42,19 @@
 //!   decisions, and with no recent traffic runs the real increment inside a transaction that
 //!   is rolled back, so a missing table, a revoked privilege or a read-only database is "not
 //!   ready" (a `SELECT 1` would answer).
-//! - **Failure log** (SPEC 5): every failed call, and every failed start-up connection, is
-//!   classified (refused, timeout, read-only, authentication, missing table, permission, tls,
-//!   ...; by SQLSTATE, I/O error kind or TLS error) and logged with the database's host, port
-//!   and name, at most one line per cause a second, with a count of the lines left out.
+//! - **Failure log** (SPEC 5, [`errors`]): every failed call, and every failed start-up connection,
+//!   is classified (refused, timeout, read-only, authentication, missing table, permission, tls,
+//!   ...; by SQLSTATE, I/O error kind or TLS error) and logged with the database's host, port and
+//!   name, at most one line per cause a second, with a count of the lines left out.
 //! - **TLS** (SPEC 6): connections go through [`tls`]'s rustls connector, which
 //!   also reads `sslmode` and `sslrootcert` out of the URL before tokio-postgres parses it.
-//! - **Bounds on waiting**: a call waits at most `store.timeout` (pool wait included); a
+//! - **Bounds on waiting** ([`pool`]): a call waits at most `store.timeout` (pool wait included); a
 //!   connection attempt, start-up exchange included, at most its connect timeout per host.
 //! - **Timeouts of its own statements**, whatever the role's (`ALTER ROLE ... SET
 //!   statement_timeout = '1ms'`; docs/operations.md, "Connection poolers", "Timeouts of its
 //!   own"): on a session that is its backend's own, set for the session as it is made
 //!   ([`statement_bound`], [`session::settle`]); through a pooler, only when the role's
-//!   are shorter, `SET LOCAL` in a transaction around each statement ([`LocalTimeouts`]),
+//!   are shorter, `SET LOCAL` in a transaction around each statement ([`pool::LocalTimeouts`]),
 //!   pipelined in the same round trip. Start-up, the sweep and the other transactions set
 //!   theirs with `SET LOCAL` first.
 //!
@@ -184,7 +187,7 @@ impl PostgresStore {
     /// maintenance task).
     ///
     /// Unless `cfg.synchronous_commit`, every increment commits with `synchronous_commit = off`,
-    /// set by the increment for its own transaction ([`INCREMENT_SQL`]).
+    /// set by the increment for its own transaction ([`INCREMENT_SQL`](statements::INCREMENT_SQL)).
     pub fn new(cfg: &StoreConfig) -> Result<Arc<Self>, StoreError> {
         let (pg, tls) = connection_config(cfg)?;
         if tokio::runtime::Handle::try_current().is_err() {

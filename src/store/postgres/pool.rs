@@ -31,7 +31,7 @@ pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How far past `store.timeout` the server lets tollgate's own statements run before it
 /// cancels them ([`statement_bound`]).
 const STATEMENT_BOUND_MARGIN: Duration = Duration::from_secs(1);
-/// How long a background connection error explains a timeout (see [`PostgresStore::pool_error`]).
+/// How long a background connection error explains a timeout (see [`PostgresStore::pool_error`](super::PostgresStore::pool_error)).
 const CONNECT_ERROR_RELEVANCE: Duration = Duration::from_secs(10);
 
 /// Why the pool could not make a connection.
@@ -94,7 +94,7 @@ pub struct PooledClient {
     pub(super) client: Client,
     pub(super) in_flight: AtomicBool,
     read_only: AtomicBool,
-    /// Whether this connection reaches its backend directly ([`direct`]): only then is
+    /// Whether this connection reaches its backend directly ([`direct`](super::direct)): only then is
     /// the increment prepared on it. Answered in the background after the connect.
     pub(super) direct: Arc<Directness>,
     /// `Some` on a session that is not its backend's own (a pooler) when the role's own
@@ -103,7 +103,7 @@ pub struct PooledClient {
     /// are tollgate's already (set on it at connect, [`session::settle`]), or long enough.
     local_timeouts: Option<LocalTimeouts>,
     /// The increment statements prepared on this connection (direct connections only), by
-    /// [`IncrementStatement::slot`].
+    /// [`IncrementStatement::slot`](super::statements::IncrementStatement::slot).
     pub(super) prepared: [std::sync::OnceLock<tokio_postgres::Statement>; 4],
     /// The prepared increment stopped working (its plan no longer fits the function, or the
     /// statement is gone): the connection is replaced rather than reused.
@@ -207,7 +207,7 @@ pub(super) fn statement_bound(timeout: Duration) -> Duration {
 /// tollgate's timeouts for one transaction at a time, on a session that is not its backend's
 /// own (a transaction pooler may hand every transaction to another server connection, and a
 /// session `SET` would stay on one that other clients get).
-struct LocalTimeouts {
+pub(super) struct LocalTimeouts {
     /// `BEGIN; SET LOCAL statement_timeout = ...; SET LOCAL lock_timeout = ...`.
     begin: String,
     /// The same without the `BEGIN`, for a transaction already open.

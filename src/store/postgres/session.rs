@@ -38,7 +38,7 @@ use super::direct::BackendSocket;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Settled {
     /// The TCP connection its backend serves, as the backend names it (`None`: a Unix
-    /// socket), for [`Directness::look_up`].
+    /// socket), for [`Directness::look_up`](super::direct::Directness::look_up).
     pub backend: Option<BackendSocket>,
     /// Whether the backend is the session's own (see the module notes). Only then did
     /// [`settle`] set the session's timeouts.

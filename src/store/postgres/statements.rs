@@ -35,7 +35,7 @@ const PROBE_BUCKET: &str = "tollgate readiness probe";
 ///
 /// It is sent as the unnamed statement (`query_typed`: Parse, Bind, Describe, Execute and
 /// Sync in one round trip) unless the connection provably reaches its backend directly
-/// ([`direct`]; then it is prepared once per connection, see `PooledClient::increment`):
+/// ([`direct`](super::direct); then it is prepared once per connection, see `PooledClient::increment`):
 /// behind a transaction-mode pooler the next statement may run on another server connection,
 /// where a named statement does not exist, or another client's of the same name does (issue
 /// 15). PL/pgSQL plans the upsert inside once per server session; the call itself still costs
@@ -212,7 +212,7 @@ RETURNING r.bucket,
 /// Sent once on a direct connection, before a plain statement ([`FIXED_UPSERT_SQL`],
 /// [`SLIDING_UPSERT_SQL`], [`SLIDING_ONE_SQL`]) is first executed there, when
 /// `store.synchronous_commit = "off"`: SPEC's "tollgate's own sessions".
-const SESSION_ASYNC_COMMIT_SQL: &str = "SET synchronous_commit = off";
+pub(super) const SESSION_ASYNC_COMMIT_SQL: &str = "SET synchronous_commit = off";
 
 /// The text of the direct connections' fixed-window statement, for tests; parameters and
 /// columns as documented on [`FIXED_UPSERT_SQL`].
@@ -236,7 +236,7 @@ pub fn sliding_one_sql() -> &'static str {
 /// [`SLIDING_UPSERT_SQL`], [`SLIDING_ONE_SQL`]), each prepared at most once per direct
 /// connection.
 #[derive(Debug, Clone, Copy)]
-enum IncrementStatement {
+pub(super) enum IncrementStatement {
     /// The call of `public.tollgate_increment`: any batch, any connection.
     Function,
     /// The plain upsert: a batch without a sliding limit, on a direct connection.

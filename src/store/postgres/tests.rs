@@ -2,7 +2,7 @@ use super::migrate::{fingerprint_mismatch, supported_server};
 use super::pool::CONNECT_TIMEOUT;
 use super::statements::{FIXED_UPSERT_SQL, SLIDING_ONE_SQL, SLIDING_UPSERT_SQL};
 use super::*;
-use crate::config::StoreErrorPolicy;
+use crate::store::settings::StoreErrorPolicy;
 
 /// The plain upsert counts every unit, so it must never get a batch with a sliding limit:
 /// its parameters exist only for a batch without one, and they are the function's first
