@@ -112,7 +112,8 @@ async fn dispatch(
     let mut pending: Vec<Job> = Vec::new();
     // The jobs of the statement being built.
     let mut ready: Vec<Job> = Vec::new();
-    // Bucket names are tollgate's own (see postgres.rs): hashed with foldhash, not SipHash.
+    // Bucket names are tollgate's own (see postgres/statements.rs): hashed with foldhash, not
+    // SipHash.
     let mut in_flight: HashSet<Arc<str>, foldhash::fast::RandomState> = HashSet::default();
     let mut free = slots.max(1);
     let mut open = true;

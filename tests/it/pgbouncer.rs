@@ -1237,7 +1237,8 @@ async fn a_roles_1ms_timeouts_fail_nothing(through: Option<PoolMode>) {
     let hears = listener_hears(&url, Duration::from_secs(15)).await;
     assert_eq!(hears, Some(through.is_none()), "{path}: the reset listener");
     if through.is_none() {
-        // A direct pool connection prepares its increment (src/store/direct.rs), and counts.
+        // A direct pool connection prepares its increment (src/store/postgres/direct.rs), and
+        // counts.
         let store = one_connection_store(url.clone(), Duration::from_secs(2)).await;
         // Once the background look-up has answered: until then nothing is prepared.
         assert!(settled(&store).await.0, "a loopback connection is direct");

@@ -673,7 +673,7 @@ async fn pg_a_reset_racing_sliding_increments_causes_no_store_error() {
         let mut proxy = Proxy::start(config_from(&text, upstream.addr, &[])).await;
         proxy.until_store_ready(Duration::from_secs(20)).await;
         let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        // The reset's statement (src/store/postgres.rs, RESET_SQL), as fast as it can go; the
+        // The reset's statement (src/store/postgres/reset.rs, RESET_SQL), as fast as it can go; the
         // fixed limit's row too, so that the joint case keeps allowing requests.
         let resets = {
             let client = db.client().await;
