@@ -15,7 +15,7 @@
 #   memory-10k  memory store, `header:authorization` limit, 10,000 tokens (bench/lua/tokens.lua)
 #   pg-10k      PostgreSQL store, the same limit and tokens
 #   pg-hot-sliding, pg-10k-sliding
-#               as pg-hot and pg-10k with `algorithm = "sliding"` (SPEC 3a); not in the default
+#               as pg-hot and pg-10k with `algorithm = "sliding"` (contract §3a); not in the default
 #               MODES (issue 18: what a sliding row costs the database per request)
 #
 # Usage: [KNOB=value ...] bench/cpu_split.sh

@@ -12,7 +12,7 @@
 # are summed. Done for N = N1 and N = N2, (Ir(N2) - Ir(N1)) / (N2 - N1) is the database's cost
 # of one decision with start-up, migrations and the first statements taken out. Modes:
 #   pg-hot          one `ip` limit (fixed window), one hot bucket
-#   pg-hot-sliding  the same with `algorithm = "sliding"` (SPEC 3a)
+#   pg-hot-sliding  the same with `algorithm = "sliding"` (contract §3a)
 # The backends' callgrind files stay in OUT (callgrind_annotate them, or diff two builds:
 # the largest file of a run is the decision connection's).
 #

@@ -18,7 +18,7 @@
 #               cannot vary a header per request)
 #   pg-flood    PostgreSQL store, `ip` limit of 10 per hour: all but the first 10 are denied
 #   pg-hot-sliding, pg-10k-sliding
-#               as pg-hot and pg-10k with `algorithm = "sliding"` (SPEC 3a); not in the default
+#               as pg-hot and pg-10k with `algorithm = "sliding"` (contract §3a); not in the default
 #               MODES: MODES="pg-hot pg-hot-sliding pg-10k pg-10k-sliding" gives same-run ratios
 #               (the summary's "sliding / fixed" lines, checked against issue 18's 0.9)
 # Reference (CEILING=1, the default): bench/ceiling, the plainest HTTP/1.1 proxy hyper makes (the

@@ -1,4 +1,4 @@
-//! The admin listener (SPEC section 7): `/healthz` (the process serves), `/readyz` (decisions
+//! The admin listener (contract §7): `/healthz` (the process serves), `/readyz` (decisions
 //! succeed: the outcome of recent decisions, or when there were none a probe that runs the
 //! store's real statement) and `/metrics` (Prometheus text 0.0.4, or OpenMetrics when the
 //! scraper's `Accept` asks for it; readiness is sampled into `tollgate_ready` on each scrape,

@@ -1,5 +1,5 @@
-//! Coarse deadlines: an upstream's `response_timeout` (SPEC 5) and the decision budget
-//! `store.timeout` (SPEC 2, 5b).
+//! Coarse deadlines: an upstream's `response_timeout` (contract §5) and the decision budget
+//! `store.timeout` (contract §2, §5b).
 //!
 //! `tokio::time::timeout` arms a timer per request: an entry put into and taken out of the
 //! runtime's timer wheel, about 735 instructions per request in the benchmarks (callgrind;

@@ -1,4 +1,4 @@
-//! Keys: who a request is counted as (SPEC sections 3 and 4).
+//! Keys: who a request is counted as (contract §3 and §4).
 //!
 //! This module owns the client address (the TCP peer, or the right-to-left walk of
 //! `X-Forwarded-For` when the peer is a trusted proxy), the subject each limit key takes from a
@@ -9,7 +9,7 @@
 //!
 //! A keyed header must be read alike by the limiter and the upstream, or the client chooses its
 //! own bucket: it must come once (with two `X-Api-Key` fields the limiter would count one copy
-//! while the upstream may read the other; SPEC 3), with a value of visible ASCII and no padding
+//! while the upstream may read the other; contract §3), with a value of visible ASCII and no padding
 //! (HTTP/2 passes `"k "` through while every HTTP/1.1 parser upstream strips it to `k`;
 //! RFC 9113 8.2.1 calls it malformed), and, where names with `_` are forwarded, without an
 //! underscore twin (`X_Api_Key`, which CGI and WSGI read as `X-Api-Key`). [`keyed_headers`]
@@ -30,7 +30,7 @@ use crate::config::{KeyPart, KeySpec, LimitConfig};
 
 type HmacSha256 = Hmac<Sha256>;
 
-/// The address a request is attributed to (SPEC 4).
+/// The address a request is attributed to (contract §4).
 ///
 /// A client can never choose its own address by sending `X-Forwarded-For`: the header is read
 /// only when the TCP peer itself is trusted.

@@ -1,8 +1,8 @@
-//! Prometheus metrics (SPEC section 7). Labels are route names, decisions, status codes and
+//! Prometheus metrics (contract §7). Labels are route names, decisions, status codes and
 //! reload results: values from the configuration or a fixed set, never anything a client sent,
 //! so no subject can reach a label and cardinality stays bounded.
 //!
-//! `/metrics` speaks two formats (SPEC 7): the Prometheus text format 0.0.4 by default, and
+//! `/metrics` speaks two formats (contract §7): the Prometheus text format 0.0.4 by default, and
 //! OpenMetrics 1.0.0 when the scraper's `Accept` asks for it ([`Format::negotiate`]).
 //! prometheus_client writes only OpenMetrics; [`prometheus_text`] turns that into 0.0.4.
 //!
@@ -58,7 +58,7 @@ pub struct DecisionLabels {
     pub decision: &'static str,
 }
 
-/// `tollgate_policy_decisions_total`: one limit's part in a decision (SPEC 7). `policy` is
+/// `tollgate_policy_decisions_total`: one limit's part in a decision (contract §7). `policy` is
 /// `<scope>:<label>`, a configuration name like `route`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PolicyDecisionLabels {
@@ -99,7 +99,7 @@ fn latency_buckets() -> impl Iterator<Item = f64> {
     .into_iter()
 }
 
-/// The memory store's own series (SPEC 7 and 9). Handles share their values with the
+/// The memory store's own series (contract §7 and §9). Handles share their values with the
 /// registry, so the store counts directly into what `/metrics` shows; a store built without
 /// a registry (tests, `tollgate explain`) gets handles of its own.
 #[derive(Clone, Debug, Default)]
@@ -122,7 +122,7 @@ pub struct Metrics {
     pub config_reloads: Family<ResultLabels, Counter>,
     pub open_connections: Gauge,
     pub memory: MemoryStoreMetrics,
-    /// Live tollgate instances on the database, as last seen (SPEC 5b).
+    /// Live tollgate instances on the database, as last seen (contract §5b).
     pub instances: Gauge,
     pub upstream_connect_failures: Family<UpstreamLabels, Counter>,
     pub policy_decisions: Family<PolicyDecisionLabels, Counter>,
@@ -286,7 +286,7 @@ impl Metrics {
         }
     }
 
-    /// One origin of `upstream` failed to connect (SPEC 5: the request goes on to the next).
+    /// One origin of `upstream` failed to connect (contract §5: the request goes on to the next).
     pub fn upstream_connect_failure(&self, upstream: &Arc<str>) {
         self.upstream_connect_failures
             .get_or_create(&UpstreamLabels {

@@ -1,4 +1,4 @@
-//! Request normalisation (SPEC section 4a): one spelling per path and exactly one host, so that
+//! Request normalisation (contract §4a): one spelling per path and exactly one host, so that
 //! a client cannot reach a limited route under another spelling and the upstream sees what the
 //! router saw.
 //!

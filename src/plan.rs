@@ -1,5 +1,5 @@
 //! Which route a request matches, which of its limits apply, and which bucket each would
-//! increment (SPEC sections 2 and 3): the one answer that the proxy, `tollgate explain` and
+//! increment (contract §2 and §3): the one answer that the proxy, `tollgate explain` and
 //! `tollgate reset` share, so what an operator is shown or resets is what the proxy counts.
 //!
 //! The proxy runs the steps one by one (it answers each failure differently and keeps what

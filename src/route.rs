@@ -1,10 +1,10 @@
 //! Routing: host + normalised path + method -> the first matching route, in file order
-//! (SPEC section 2). Host patterns are exact or `*.suffix` (any depth of subdomain, never the
+//! (contract §2). Host patterns are exact or `*.suffix` (any depth of subdomain, never the
 //! bare domain), case-insensitive, port ignored; path prefixes match on segment boundaries
 //! (`/a` matches `/a`, `/a/`, `/a/b`, never `/ab`).
 //!
 //! The path matched is [`normalise::routing_path`]: path parameters do not move a request to
-//! another route (SPEC 4a). A request without a host (HTTP/1.0 may send none) matches only
+//! another route (contract §4a). A request without a host (HTTP/1.0 may send none) matches only
 //! routes without `host`.
 
 use http::Method;

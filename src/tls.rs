@@ -1,5 +1,5 @@
 //! TLS: certificates for `tls_listen`, SNI, ALPN, and the client side of `https` upstreams
-//! (SPEC section 2: `tls_listen`, `[[server.certs]]`, upstream `ca_file` and `http2`).
+//! (contract §2: `tls_listen`, `[[server.certs]]`, upstream `ca_file` and `http2`).
 //!
 //! This module owns everything that turns PEM files into rustls configurations:
 //!

@@ -1,4 +1,4 @@
-//! Out of file descriptors (issue 14, item 2; SPEC 9): "when accepting fails for lack of
+//! Out of file descriptors (issue 14, item 2; contract §9): "when accepting fails for lack of
 //! descriptors it backs off and logs at most one line per second".
 //!
 //! The review's reproduction ran tollgate under a 256-descriptor limit until one client's

@@ -1,5 +1,5 @@
-//! Bounded memory whatever clients send (SPEC section 9, issue 14 item 10), the rate-limit
-//! fields of denials answered from the exhausted-bucket cache (SPEC 5), and commands whose
+//! Bounded memory whatever clients send (contract §9, issue 14 item 10), the rate-limit
+//! fields of denials answered from the exhausted-bucket cache (contract §5), and commands whose
 //! stdout is closed early (`tollgate check | head -1`).
 //!
 //! Review reproductions: the memory store grew 206 bytes per distinct key with no cap (500k
@@ -223,7 +223,7 @@ async fn memory_store_keeps_at_most_memory_buckets_and_evicts_the_least_recently
     assert_eq!(upstream.count(), churn_keys + 5);
 }
 
-/// The other side of nginx-style eviction, as SPEC 9 states it: a client whose bucket was
+/// The other side of nginx-style eviction, as contract §9 states it: a client whose bucket was
 /// forgotten starts a new count. With 150 new keys between two of its requests (more than the
 /// bound), the first client's bucket is evicted and its next request is allowed again.
 #[tokio::test]
@@ -259,7 +259,7 @@ async fn a_bucket_unused_while_the_bound_churns_is_forgotten() {
 }
 
 /// `memory_buckets` is validated: a whole number from 1. With a database URL it is accepted
-/// (SPEC 2's own example has both) and ignored, with a warning at start.
+/// (contract §2's own example has both) and ignored, with a warning at start.
 #[test]
 fn memory_buckets_is_validated() {
     let load = |store: &str| {

@@ -1,4 +1,4 @@
-//! `X-Request-Id` (SPEC 5): kept from a trusted proxy when it is 1 to 128 visible ASCII
+//! `X-Request-Id` (contract §5): kept from a trusted proxy when it is 1 to 128 visible ASCII
 //! characters, otherwise a new random one (128 bits, hex); it goes upstream, comes back on
 //! the response (tollgate's own answers included) and is in the access-log line.
 //!

@@ -185,7 +185,7 @@ def num(r, k):
     return None if v in ("NA", "", None) else float(v)
 
 
-# A sliding-window mode and the fixed-window mode it is the same as otherwise (SPEC 3a).
+# A sliding-window mode and the fixed-window mode it is the same as otherwise (contract §3a).
 SLIDING_OF = OrderedDict([
     ("tollgate-pg-hot-sliding", "tollgate-pg-hot"),
     ("tollgate-pg-10k-sliding", "tollgate-pg-10k"),

@@ -148,7 +148,7 @@ async fn explain_counts(
 }
 
 /// Where one limit stands for `explain`, and whether this request would fit: a fixed window
-/// by its count (`count + 1 <= requests`); a sliding one by SPEC 3a's estimate
+/// by its count (`count + 1 <= requests`); a sliding one by contract §3a's estimate
 /// `previous * (window - elapsed) / window + count + 1`, with the rule the stores admit by.
 fn standing(planned: &PlannedLimit, peeked: &Peeked) -> (String, bool) {
     if !planned.sliding {

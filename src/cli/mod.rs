@@ -84,7 +84,7 @@ pub enum Command {
     },
 }
 
-/// Where the configuration path came from (SPEC 1: `--config`, then `$TOLLGATE_CONFIG`, then
+/// Where the configuration path came from (contract §1: `--config`, then `$TOLLGATE_CONFIG`, then
 /// `./proxy.toml`), so that a missing file's message can say which one to change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConfigFrom {

@@ -14,7 +14,7 @@ use super::Env;
 /// `tollgate run`: serves until SIGTERM or SIGINT; SIGHUP reloads the file at `path`.
 pub async fn run(config: Config, path: PathBuf, log_drops: Counter, env: Env) -> ExitCode {
     // Before anything is bound: every connection and upstream request needs a descriptor
-    // (SPEC 9). It logs the figure, or why it could not.
+    // (contract §9). It logs the figure, or why it could not.
     let _ = tollgate::server::raise_open_file_limit();
     let mut server = match Server::builder(config).log_drops(log_drops).start().await {
         Ok(server) => server,

@@ -1,4 +1,4 @@
-//! Loading `proxy.toml` into a validated [`Config`] (SPEC section 2): the schema, meaning one
+//! Loading `proxy.toml` into a validated [`Config`] (contract §2): the schema, meaning one
 //! reader per section with its defaults, and the checks across fields (a route's upstream
 //! exists, route names are unique, limits that write one bucket prefix agree). Value syntax is
 //! in [`super::syntax`], walking the document with positions in [`super::walk`].
@@ -36,7 +36,7 @@ use super::{
     StoreConfig, StoreErrorPolicy, UpstreamConfig, DEFAULT_MEMORY_BUCKETS, MAX_MEMORY_BUCKETS,
 };
 
-/// Environment variable that overrides `store.url` when set and non-empty (SPEC section 2).
+/// Environment variable that overrides `store.url` when set and non-empty (contract §2).
 pub const DATABASE_URL_ENV: &str = "TOLLGATE_DATABASE_URL";
 
 /// Upper bound for `server.max_connections`: far above what one process can serve, and far
@@ -194,7 +194,7 @@ fn cidr_list(cx: &mut Cx<'_>, node: &Node<'_>) -> Option<Vec<IpNet>> {
     cx.list(node, |cx, e| cx.parse(e, parse_cidr))
 }
 
-/// `[server.proxy_protocol]` (SPEC 4): `from` is required and not empty, since a table that
+/// `[server.proxy_protocol]` (contract §4): `from` is required and not empty, since a table that
 /// names no balancer would do nothing, which is more likely a mistake than a wish.
 fn read_proxy_protocol(cx: &mut Cx<'_>, node: &Node<'_>) -> Option<ProxyProtocolConfig> {
     let t = TableReader::of(cx, node)?;
@@ -322,7 +322,7 @@ fn read_store(cx: &mut Cx<'_>, t: TableReader<'_>) -> StoreConfig {
         synchronous_commit: t.or(cx, "synchronous_commit", false, |cx, n| {
             cx.choice(n, &commit_options)
         }),
-        // Accepted with a database URL too (SPEC 2 shows both in one file, and the same file
+        // Accepted with a database URL too (contract §2 shows both in one file, and the same file
         // may serve a memory-store instance elsewhere); the server warns at start that it is
         // ignored.
         memory_buckets: t.or(cx, "memory_buckets", default_buckets, |cx, n| {
@@ -337,7 +337,7 @@ fn read_store(cx: &mut Cx<'_>, t: TableReader<'_>) -> StoreConfig {
 
 /// Ok when the store can be built from `url` and `ca_file` (`store.ca_file`): tokio-postgres
 /// accepts the URL, its TLS options (`sslmode`, `sslrootcert`) make sense together and the
-/// trust root holds certificates (SPEC 6). The message never contains the URL or any part of
+/// trust root holds certificates (contract §6). The message never contains the URL or any part of
 /// it but option names: it may carry a password.
 fn check_postgres_url(url: &str, ca_file: Option<&Path>) -> Result<(), String> {
     if url.is_empty() {

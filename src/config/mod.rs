@@ -1,4 +1,4 @@
-//! Configuration: the validated, typed form of `proxy.toml` (SPEC section 2).
+//! Configuration: the validated, typed form of `proxy.toml` (contract §2).
 //!
 //! Loading happens in two steps. [`load`] walks the TOML document (with the position of every
 //! item kept), rejects unknown keys, expands `${NAME}` references and turns each value into the
@@ -56,16 +56,16 @@ pub struct ServerConfig {
     pub max_connections: usize,
     pub shutdown_timeout: Duration,
     pub rate_limit_headers: RateLimitHeaders,
-    /// Forward header names containing `_` (default false: they are dropped, SPEC 4a).
+    /// Forward header names containing `_` (default false: they are dropped, contract §4a).
     pub underscores_in_headers: bool,
-    /// Largest request body in bytes (SPEC 5); `None` = no limit. Routes may override it.
+    /// Largest request body in bytes (contract §5); `None` = no limit. Routes may override it.
     pub max_body_size: Option<u64>,
     /// Threads serving connections, each with its own single-threaded runtime; `None` = one
     /// per CPU the process may run on.
     pub workers: Option<usize>,
     /// The first is the default certificate.
     pub certs: Vec<CertConfig>,
-    /// `[server.proxy_protocol]` (SPEC 4); `None` = no peer sends a PROXY header.
+    /// `[server.proxy_protocol]` (contract §4); `None` = no peer sends a PROXY header.
     pub proxy_protocol: Option<ProxyProtocolConfig>,
 }
 
@@ -129,7 +129,7 @@ pub struct UpstreamConfig {
     /// `keepalive`); one more that goes idle is closed.
     pub max_idle_connections: usize,
     /// With several `urls`: how long an origin that failed to connect is skipped by new
-    /// requests (nginx's `fail_timeout`), unless every origin has failed (SPEC 5).
+    /// requests (nginx's `fail_timeout`), unless every origin has failed (contract §5).
     pub fail_timeout: Duration,
 }
 
@@ -171,11 +171,11 @@ pub struct LimitConfig {
     /// Defaults to the route's name.
     pub scope: String,
     pub shadow: bool,
-    /// `algorithm`: fixed (the default) or sliding windows (SPEC 3a).
+    /// `algorithm`: fixed (the default) or sliding windows (contract §3a).
     pub algorithm: Algorithm,
 }
 
-/// How a limit's windows count (SPEC 2 `algorithm`, 3 and 3a).
+/// How a limit's windows count (contract §2 `algorithm`, 3 and 3a).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Algorithm {
     /// One counter per epoch-aligned window; up to twice the limit across a boundary.

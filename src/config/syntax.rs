@@ -1,4 +1,4 @@
-//! The syntax of the values inside `proxy.toml` (SPEC section 2): durations, sizes, windows,
+//! The syntax of the values inside `proxy.toml` (contract §2): durations, sizes, windows,
 //! names, CIDRs, hosts, path prefixes, upstream origins, key parts and `${NAME}` expansion.
 //!
 //! Pure functions from a string to a value or a message, with no knowledge of TOML or of
@@ -246,7 +246,7 @@ fn check_host_name(name: &str) -> Result<(), &'static str> {
     Ok(())
 }
 
-/// A route's path prefix, in the normalised form requests are matched in (SPEC 4a), so a
+/// A route's path prefix, in the normalised form requests are matched in (contract §4a), so a
 /// prefix that no normalised path could ever carry is rejected instead of never matching.
 pub fn parse_path_prefix(s: &str) -> Result<String, String> {
     if !s.starts_with('/') {

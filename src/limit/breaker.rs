@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 /// A call holds an [`Attempt`] while it waits for the store. The probe's permit is released
 /// when the attempt is dropped without an outcome (the request was cancelled: client gone,
 /// stream reset, idle close, shutdown), so a cancelled probe never leaves the breaker open
-/// for good (SPEC 5: it always recovers by itself).
+/// for good (contract §5: it always recovers by itself).
 pub struct Breaker {
     base: Instant,
     /// Consecutive failures since the last success: all of them in the low half, the slow

@@ -184,7 +184,7 @@ impl Exhausted {
         }
     }
 
-    /// What the store's `LISTEN` session heard (SPEC 3b): a reset bucket is forgotten; after
+    /// What the store's `LISTEN` session heard (contract §3b): a reset bucket is forgotten; after
     /// a (re)connect, or while notifications do not arrive, nothing cached can be trusted.
     pub fn on_reset(&self, event: ResetEvent<'_>) {
         match event {

@@ -1,4 +1,4 @@
-//! The local fallback of `on_error = "local"` (SPEC 5b): while the store fails, each instance
+//! The local fallback of `on_error = "local"` (contract §5b): while the store fails, each instance
 //! counts in memory, with the store's windows and buckets, against `ceil(requests / instances)`,
 //! `instances` being how many tollgate instances were live on the database when it last
 //! answered.
@@ -16,7 +16,7 @@
 //!   tells it: the breaker's recovery is the one that already exists in `limit.rs`).
 //!
 //! What was counted locally is not written back: when the database answers, its counts are
-//! the truth again (SPEC 5b). Across `n` live instances that each admit
+//! the truth again (contract §5b). Across `n` live instances that each admit
 //! `ceil(requests / n)`, at most `requests + n - 1` requests per bucket and window get through
 //! during an outage, whatever the load balancer does, plus what the database had already
 //! admitted in that window before it failed.
@@ -73,7 +73,7 @@ impl Instances {
 /// is simply left to age out like a crashed instance's.
 pub const DEREGISTER_WITHIN: Duration = Duration::from_secs(1);
 
-/// This instance's place in the registry (SPEC 5b), from [`Registration::start`] until
+/// This instance's place in the registry (contract §5b), from [`Registration::start`] until
 /// [`Registration::end`]. Dropped without `end`, it stops refreshing and leaves the row to
 /// age out, as a crashed instance's does.
 pub struct Registration {
@@ -125,7 +125,7 @@ impl Registration {
     }
 }
 
-/// Keeps this instance registered (SPEC 5b) until `stop` turns true: a refresh every
+/// Keeps this instance registered (contract §5b) until `stop` turns true: a refresh every
 /// [`REFRESH_EVERY`] once the store is initialized, the live count into `instances`. A failed
 /// refresh keeps the last count; the first failure after a success is logged as a warning.
 /// A refresh under way when `stop` turns is finished, never cut (see [`Registration::end`]).

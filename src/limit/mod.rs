@@ -1,4 +1,4 @@
-//! Decisions: counts against limits (SPEC sections 3 and 5).
+//! Decisions: counts against limits (contract §3 and §5).
 //!
 //! A request is allowed when every applicable non-shadow limit's count, after this request's
 //! increment, is at most its `requests`. All of a request's increments go to the store in one
@@ -78,7 +78,7 @@ pub struct PlannedLimit {
     pub window_secs: u32,
     /// Counted and reported in logs and metrics, never enforced.
     pub shadow: bool,
-    /// `algorithm = "sliding"` (SPEC 3a).
+    /// `algorithm = "sliding"` (contract §3a).
     pub sliding: bool,
 }
 
@@ -92,7 +92,7 @@ pub struct LimitOutcome {
     /// Whole seconds until this window ends (at least 1).
     pub reset_secs: u64,
     pub shadow: bool,
-    /// For a sliding-window limit (SPEC 3a): what the estimate said. `None`: a fixed window.
+    /// For a sliding-window limit (contract §3a): what the estimate said. `None`: a fixed window.
     pub sliding: Option<SlidingOutcome>,
 }
 
@@ -101,7 +101,7 @@ pub struct LimitOutcome {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SlidingOutcome {
     /// This limit's estimate admits the request. It is counted only when every enforced
-    /// limit admits it (SPEC 3a).
+    /// limit admits it (contract §3a).
     pub admitted: bool,
     /// `previous * (window - elapsed) / window`: the previous window's share of the estimate.
     pub weighted_previous: f64,
@@ -131,7 +131,7 @@ impl LimitOutcome {
         }
     }
 
-    /// `r`: for a sliding limit `floor(requests - estimate)`, at least 0 (SPEC 3a).
+    /// `r`: for a sliding limit `floor(requests - estimate)`, at least 0 (contract §3a).
     pub fn remaining(&self) -> u32 {
         match &self.sliding {
             Some(s) if s.admitted => {
@@ -159,7 +159,7 @@ pub fn weighted_previous(previous: u32, left_ms: i64, len_ms: i64) -> f64 {
 }
 
 /// Milliseconds until a sliding limit would admit one more request, if nothing else were
-/// admitted meanwhile (SPEC 3a): `previous` and `current` are the counts of the previous and
+/// admitted meanwhile (contract §3a): `previous` and `current` are the counts of the previous and
 /// current windows now, `elapsed_ms` how far into the current window of `len_ms` we are.
 ///
 /// Within this window the estimate `previous * (len - e) / len + current + 1` falls as `e`
@@ -255,7 +255,7 @@ impl Limiter {
         }
     }
 
-    /// The limiter with this local fallback (SPEC 5b) instead of the default one (which
+    /// The limiter with this local fallback (contract §5b) instead of the default one (which
     /// divides by one instance).
     pub fn with_local_fallback(mut self, local: LocalFallback) -> Self {
         self.local = local;
@@ -366,7 +366,7 @@ impl Limiter {
     }
 }
 
-/// A sliding limit's outcome from the store's answer (SPEC 3a): admitted when its estimate
+/// A sliding limit's outcome from the store's answer (contract §3a): admitted when its estimate
 /// admits this request (`Counted::fits`); `Retry-After` from the counts as they are after this request.
 fn sliding_outcome(plan: &PlannedLimit, c: &crate::store::Counted) -> SlidingOutcome {
     let len_ms = i64::from(plan.window_secs) * 1000;

@@ -1,4 +1,4 @@
-//! File descriptors (SPEC 9): the open-file limit is raised at start, and running out of
+//! File descriptors (contract §9): the open-file limit is raised at start, and running out of
 //! descriptors at accept time is logged at most once a second.
 //!
 //! Every client connection costs one descriptor and each request it has upstream at most one
@@ -107,7 +107,7 @@ impl AcceptErrors {
         }
     }
 
-    /// A listed balancer's connection closed for want of a valid PROXY header (SPEC 4). No
+    /// A listed balancer's connection closed for want of a valid PROXY header (contract §4). No
     /// address in the line: the reason and the count say enough to find the balancer.
     pub(super) fn note_refused_header(&self, refused: &super::proxy_protocol::Refused) {
         if let Some(not_logged) = self.due(Instant::now()) {

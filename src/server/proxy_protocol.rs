@@ -1,4 +1,4 @@
-//! The PROXY protocol (SPEC 4): the header an L4 balancer (AWS NLB, HAProxy `send-proxy-v2`)
+//! The PROXY protocol (contract §4): the header an L4 balancer (AWS NLB, HAProxy `send-proxy-v2`)
 //! puts in front of a connection to say whose it is. Versions 1 (text) and 2 (binary), as
 //! HAProxy's `proxy-protocol.txt` defines them.
 //!

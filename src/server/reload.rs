@@ -71,7 +71,7 @@ impl RunningServer {
             tracing::warn!("reload: keys.secret changed; it applies only after a restart of every instance (see tollgate migrate --accept-new-key)");
         }
         // What a reload cannot change stays as started, so the running rules never mix the
-        // new file's store policy with the old store (SPEC 8).
+        // new file's store policy with the old store (contract §8).
         config.store = old.store.clone();
         config.keys = old.keys.clone();
         let tls = self.tls.is_some();

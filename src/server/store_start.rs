@@ -3,7 +3,7 @@
 //! queue decisions go through. [`start`] does all of it and hands back a [`StoreHandle`];
 //! the server only serves with it.
 //!
-//! - A database that is down at start must not take the edge down with it (SPEC 1): `start`
+//! - A database that is down at start must not take the edge down with it (contract §1): `start`
 //!   waits [`STORE_START_WAIT`] at most, then serves under the store failure policy while a
 //!   background task keeps trying, and migrates and checks the key fingerprint once the
 //!   database answers. An error that waiting cannot fix (another key's fingerprint, bad
@@ -124,7 +124,7 @@ pub async fn start(
             tasks,
         });
     };
-    // With a database, store.memory_buckets bounds the local fallback's counters (SPEC 5b).
+    // With a database, store.memory_buckets bounds the local fallback's counters (contract §5b).
     let local = config.store.on_error == config::StoreErrorPolicy::Local
         || config
             .routes

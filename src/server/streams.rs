@@ -1,4 +1,4 @@
-//! HTTP/2 streams whose response the client does not take (SPEC 5).
+//! HTTP/2 streams whose response the client does not take (contract §5).
 //!
 //! A client can open a stream with its flow-control window at 0 and never open it: hyper's
 //! `PipeToSendStream` then holds a piece of the response and waits for send capacity, the

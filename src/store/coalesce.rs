@@ -19,7 +19,7 @@
 //!
 //! The statement's requests go to the store as a list ([`Store::increment_each`]), each
 //! request with all of its limits: the store decides them one after another in arrival order,
-//! so a sliding window counts only the requests that every enforced limit allowed (SPEC 3a).
+//! so a sliding window counts only the requests that every enforced limit allowed (contract §3a).
 //! [`Folded`] is how a store turns that list into rows and hands each request its share.
 
 use std::collections::{BTreeMap, HashSet};

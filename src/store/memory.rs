@@ -1,4 +1,4 @@
-//! The in-process counter store (SPEC section 2, `store.url` absent; section 3 for windows;
+//! The in-process counter store (contract §2, `store.url` absent; section 3 for windows;
 //! section 9 for its bound).
 //!
 //! Same semantics as the Postgres store, with the process clock instead of the database's:
@@ -12,7 +12,7 @@
 //! [`MemoryStore::sweep`] and, without anyone calling it, by an amortised cleanup each shard
 //! runs once it has taken in as many new buckets as it held live after the last one.
 //!
-//! Bounded, whatever clients send (SPEC 9): the store holds at most `store.memory_buckets`
+//! Bounded, whatever clients send (contract §9): the store holds at most `store.memory_buckets`
 //! buckets. Like an nginx `limit_req` zone, a full store forgets the bucket used least
 //! recently to make room, and counts it in `tollgate_memory_evictions_total`; that client's
 //! next request starts a new count, which can let it through early. A bucket in use keeps its
@@ -743,7 +743,7 @@ fn window_at(now_ms: i64, window_secs: u32) -> Result<Window, StoreError> {
     })
 }
 
-/// How many of `by` new units a sliding window admits (SPEC 3a), the same rule as the
+/// How many of `by` new units a sliding window admits (contract §3a), the same rule as the
 /// Postgres function: unit `k` is admitted when
 /// `previous * left / len + current + k <= limit`, `left` being the milliseconds left in the
 /// current window (`window - elapsed`). The estimate grows with `k`, so the admitted units are

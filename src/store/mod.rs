@@ -1,4 +1,4 @@
-//! Counter stores: where the fixed-window counts live (SPEC sections 3 and 6).
+//! Counter stores: where the fixed-window counts live (contract §3 and §6).
 //!
 //! A store takes a batch of increments, one per distinct bucket, and answers with each bucket's
 //! count after the increment, the end of its window and the store's own clock. Both the window
@@ -25,7 +25,7 @@ use crate::error::Detail;
 /// A batch passed to [`Store::increment`] is ONE request's limits, decided together: the
 /// request is allowed (for as many of its units as every enforced limit admits) only when
 /// every increment with `enforce` admits it, and only allowed units are counted in sliding
-/// windows (SPEC 3a). Fixed windows count every unit, allowed or not (SPEC 3).
+/// windows (contract §3a). Fixed windows count every unit, allowed or not (contract §3).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Increment {
     /// `<scope>:<label>:<digest>` or `<scope>:global`; never a raw subject.
@@ -34,7 +34,7 @@ pub struct Increment {
     pub window_secs: u32,
     /// How many requests this increment stands for (1, or more when coalesced).
     pub by: u32,
-    /// `Some(requests)` for a sliding-window limit (SPEC 3a): the store counts only the units
+    /// `Some(requests)` for a sliding-window limit (contract §3a): the store counts only the units
     /// that the estimate admits against `requests`. `None`: a fixed window, every unit counts.
     pub sliding: Option<u32>,
     /// `Some(requests)`: an enforced limit, which denies the units past `requests` (a fixed
@@ -71,7 +71,7 @@ pub struct Peeked {
     pub window_end_ms: i64,
     pub now_ms: i64,
     /// The count of the previous window's row (0 if none): what a sliding limit weighs
-    /// (SPEC 3a).
+    /// (contract §3a).
     pub previous: u32,
 }
 
@@ -144,7 +144,7 @@ pub trait Store: Send + Sync + 'static {
     /// Whether the last call to the store succeeded (cheap; no round trip).
     fn ready(&self) -> bool;
 
-    /// Whether decisions succeed now (for `/readyz`, SPEC 7): the outcome of recent decisions
+    /// Whether decisions succeed now (for `/readyz`, contract §7): the outcome of recent decisions
     /// when there are some, else a round trip that exercises what a decision needs (for
     /// Postgres: the real increment, rolled back).
     fn probe(&self) -> StoreFuture<'_, ()>;

@@ -1,4 +1,4 @@
-//! PROXY protocol peers for tests (SPEC 4): raw v1 and v2 headers as a balancer writes them,
+//! PROXY protocol peers for tests (contract §4): raw v1 and v2 headers as a balancer writes them,
 //! clients that connect from a chosen loopback address, and a real HAProxy in TCP mode with
 //! `send-proxy-v2` in front of tollgate.
 //!

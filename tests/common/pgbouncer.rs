@@ -1,4 +1,4 @@
-//! A real PgBouncer in front of a test's database (SPEC 6, "Connection poolers"): started by
+//! A real PgBouncer in front of a test's database (contract §6, "Connection poolers"): started by
 //! the test on a free port, in session or transaction pooling mode, and stopped when the
 //! [`PgBouncer`] is dropped.
 //!

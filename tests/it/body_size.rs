@@ -1,4 +1,4 @@
-//! `max_body_size` (SPEC 2 and 5): a request whose `Content-Length` exceeds the server's limit
+//! `max_body_size` (contract §2 and §5): a request whose `Content-Length` exceeds the server's limit
 //! (or its route's override) gets 413 before anything is forwarded or counted.
 //!
 //! Reproduces issue 17: "There is no request-body limit (nginx `client_max_body_size`)."

@@ -1,4 +1,4 @@
-//! Bounds on what a client controls (SPEC section 9): header size (431), `max_connections`,
+//! Bounds on what a client controls (contract §9): header size (431), `max_connections`,
 //! idle connections, HTTP/2 stream limits. Nothing a client sends grows a buffer without bound.
 
 use std::time::{Duration, Instant};

@@ -1,4 +1,4 @@
-//! What a failing store costs the requests (SPEC 5; issue 47, item 5): while the store keeps
+//! What a failing store costs the requests (contract §5; issue 47, item 5): while the store keeps
 //! failing, only the first one or two requests per instance wait out `store.timeout`; the
 //! breaker then answers the rest at once with the failure policy (`local`, `deny` or `allow`,
 //! one mechanism for all three), and counting returns to the database by itself once it

@@ -1,4 +1,4 @@
-//! The command line (SPEC section 1): `check` on every broken fixture exits 2 and names each
+//! The command line (contract §1): `check` on every broken fixture exits 2 and names each
 //! problem's place; the example configuration passes; `--version` works; `run` with a broken
 //! file exits 2 and with a taken port exits 1.
 

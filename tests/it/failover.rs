@@ -1,4 +1,4 @@
-//! Failover (SPEC 6): tollgate follows a PostgreSQL primary that fails over, through a
+//! Failover (contract §6): tollgate follows a PostgreSQL primary that fails over, through a
 //! multi-host `store.url` with `target_session_attrs=read-write`, without a restart; and it
 //! drops a pooled connection that answers "read-only transaction" (SQLSTATE 25006) instead of
 //! returning it to the pool.

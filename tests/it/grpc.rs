@@ -1,4 +1,4 @@
-//! gRPC through tollgate (SPEC 5c), with a real gRPC client (tonic) and a real gRPC service
+//! gRPC through tollgate (contract §5c), with a real gRPC client (tonic) and a real gRPC service
 //! upstream (tonic's server half on a hyper HTTP/2 connection). The messages are written by
 //! hand with `prost` derives: no protoc, no generated code.
 //!

@@ -1,4 +1,4 @@
-//! HTTP/2 streams that never drain (issue 14, item 2; SPEC sections 5 and 9).
+//! HTTP/2 streams that never drain (issue 14, item 2; contract §5 and §9).
 //!
 //! The review's reproduction: a client that opens streams with its flow-control window at 0
 //! and keeps answering pings held every upstream connection for as long as it liked (400

@@ -1,4 +1,4 @@
-//! Limit policies end to end (SPEC sections 2, 3 and 5): the rate-limit header modes, shadow
+//! Limit policies end to end (contract §2, §3 and §5): the rate-limit header modes, shadow
 //! limits and shadow routes, custom rejections, header, composite and global keys, shared
 //! scopes, several limits on one route, decision metrics and method-restricted routes. Where a
 //! behaviour depends on the store, it is proved on the memory store and on a real PostgreSQL

@@ -1,4 +1,4 @@
-//! The local store-failure policy (SPEC 5b; issue 18): instances register on the database,
+//! The local store-failure policy (contract §5b; issue 18): instances register on the database,
 //! `tollgate_instances` shows how many are live, and while the database is cut or hung each
 //! instance admits exactly `ceil(requests / instances)` alone, says so once, and counts in
 //! the database again once it answers.
@@ -568,7 +568,7 @@ async fn registered(db: &TestDb) -> i64 {
         .get(0)
 }
 
-/// A clean stop deregisters (SPEC 5b): of three instances, one is shut down; its row is gone
+/// A clean stop deregisters (contract §5b): of three instances, one is shut down; its row is gone
 /// when the shutdown returns, the two others count 2 live instances within one refresh (not
 /// 30 s later, when the row would have aged out), and in an outage right after, each admits
 /// ceil(6 / 2) = 3 rather than ceil(6 / 3) = 2.

@@ -1,4 +1,4 @@
-//! `tollgate migrate` against a real database (SPEC sections 1 and 3): migrations once, a
+//! `tollgate migrate` against a real database (contract §1 and §3): migrations once, a
 //! no-op the second time, key rotation with `--accept-new-key`, and the refusal of the old key
 //! afterwards.
 
@@ -295,7 +295,7 @@ async fn explain_out(path: &std::path::Path) -> (Option<i32>, String, String) {
 
 /// With the database down, `explain` still says what it knows without it (request, route,
 /// limits and their buckets), says the store is unreachable, and exits 1 with one line on
-/// stderr (SPEC 1: "any other failure").
+/// stderr (contract §1: "any other failure").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn explain_with_the_database_down_says_what_it_can_and_exits_1() {
     let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -372,7 +372,7 @@ async fn explain_answers_from_a_slow_database() {
     assert!(stdout.contains("decision    allowed"), "{stdout}");
 }
 
-/// A sliding limit (SPEC 3a): `explain` shows the previous window's count and the estimate
+/// A sliding limit (contract §3a): `explain` shows the previous window's count and the estimate
 /// `previous * (window - elapsed) / window + current + 1`, and decides by it. Here the
 /// current count alone (2 + 1 of 5) would fit; the previous window's weight does not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,4 +1,4 @@
-//! Request normalisation at the edge (SPEC 3, 4a and 5; issue 14 items 4, 5 and 6 and four of
+//! Request normalisation at the edge (contract §3, §4a and 5; issue 14 items 4, 5 and 6 and four of
 //! its smaller defects): one spelling of the host, path parameters that do not move a request
 //! to another route, keyed headers a client cannot double, and the fields tollgate itself
 //! answers for (`X-Real-IP`, `Forwarded`, the response's HTTP version, `TRACE`).
@@ -223,7 +223,7 @@ upstream = "app"
 
 /// Review: with two `X-Api-Key` fields tollgate keyed the first while the upstream got both,
 /// so a client rotating the first got a fresh budget per request while the backend
-/// authenticated the last. SPEC 3: a keyed header sent more than once gets 400.
+/// authenticated the last. contract §3: a keyed header sent more than once gets 400.
 #[tokio::test]
 async fn a_keyed_header_sent_twice_gets_400_and_is_not_forwarded() {
     let upstream = Upstream::start().await;
@@ -312,7 +312,7 @@ upstream = "app"
 }
 
 /// Review: `X_Api_Key` is not counted by a `header:x-api-key` limit but was forwarded, and
-/// CGI/WSGI backends read it as `X-Api-Key`. SPEC 4a: names with `_` are dropped by default.
+/// CGI/WSGI backends read it as `X-Api-Key`. contract §4a: names with `_` are dropped by default.
 #[tokio::test]
 async fn underscore_header_names_are_dropped_before_forwarding() {
     let upstream = Upstream::start().await;
@@ -497,7 +497,7 @@ strip_prefix = true
 "#;
 
 /// Review: HAProxy's default `option httpchk` (`OPTIONS / HTTP/1.0`, no Host) got 400 and
-/// marked tollgate down. SPEC 4a: accepted, and only routes without `host` match it.
+/// marked tollgate down. contract §4a: accepted, and only routes without `host` match it.
 #[tokio::test]
 async fn http10_without_host_is_served_by_routes_without_host() {
     let upstream = Upstream::start().await;
@@ -577,7 +577,7 @@ async fn read_response(stream: &mut TcpStream) -> (String, String) {
 }
 
 /// Review: the status line copied the upstream's version (`HTTP/1.0 200` to an HTTP/1.1
-/// client), and the client's keep-alive connection broke. SPEC 5: tollgate's own version.
+/// client), and the client's keep-alive connection broke. contract §5: tollgate's own version.
 #[tokio::test]
 async fn an_http10_upstream_does_not_downgrade_the_client_connection() {
     let (upstream_addr, _task) = http10_upstream().await;
@@ -617,7 +617,7 @@ async fn x_real_ip_is_set_and_untrusted_forwarded_removed() {
     assert!(seen.headers.get("forwarded").is_none());
 }
 
-/// From a trusted proxy, `X-Real-IP` is the client address of SPEC 4 (what the limiter keys
+/// From a trusted proxy, `X-Real-IP` is the client address of contract §4 (what the limiter keys
 /// on), and its `Forwarded` passes.
 #[tokio::test]
 async fn behind_a_trusted_proxy_x_real_ip_is_the_walked_client_and_forwarded_passes() {
@@ -640,7 +640,7 @@ async fn behind_a_trusted_proxy_x_real_ip_is_the_walked_client_and_forwarded_pas
 }
 
 /// Review: `TRACE` was forwarded (it reflects the request, credentials included, and nginx
-/// answers 405). SPEC 4a: 405, never forwarded.
+/// answers 405). contract §4a: 405, never forwarded.
 #[tokio::test]
 async fn trace_gets_405_and_is_not_forwarded() {
     let upstream = Upstream::start().await;

@@ -1,4 +1,4 @@
-//! Operating tollgate as a process (SPEC sections 1, 7 and 8): SIGHUP reload (applied to new
+//! Operating tollgate as a process (contract §1, §7 and §8): SIGHUP reload (applied to new
 //! requests while an in-flight one finishes; an invalid file changes nothing), JSON logs
 //! without credentials, admin endpoints, `explain`, SIGTERM.
 

@@ -1,4 +1,4 @@
-//! Origin failover (SPEC 5): with several `urls`, a connect that is refused or times out goes
+//! Origin failover (contract §5): with several `urls`, a connect that is refused or times out goes
 //! on to the next origin (nothing was sent, so for any method), each origin once per request;
 //! an origin that failed to connect is skipped by new requests for `fail_timeout` unless every
 //! origin has failed; only when all fail is the answer 502. Counted in

@@ -1,4 +1,4 @@
-//! TLS to PostgreSQL (SPEC section 6; issue 15, "No TLS at all"): `sslmode` `require`,
+//! TLS to PostgreSQL (contract §6; issue 15, "No TLS at all"): `sslmode` `require`,
 //! `verify-full` with the trust root from `sslrootcert` or `store.ca_file`, a wrong CA (never
 //! ready, a log line that names the cause and what to change), a server that only accepts TLS
 //! (`hostssl` lines only) with the default `prefer`, the limit of 3 holding exactly over TLS,

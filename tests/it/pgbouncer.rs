@@ -1,4 +1,4 @@
-//! tollgate through a real PgBouncer (SPEC 6, "Connection poolers"; issue 15), in session and
+//! tollgate through a real PgBouncer (contract §6, "Connection poolers"; issue 15), in session and
 //! in transaction pooling mode, in front of the test's own database.
 //!
 //! Issue 15 reproductions: tollgate sent the startup parameter `options=-c
@@ -644,7 +644,7 @@ async fn the_plain_sliding_statement_is_exact_under_concurrent_increments() {
 /// carries `synchronous_commit = off` for the plain statements, and stays at the server's
 /// default with `store.synchronous_commit = "on"`. Never through
 /// PgBouncer, in either mode: there tollgate cannot tell whether the next transaction runs on
-/// the same server session, so nothing may stay on it (SPEC 6): nothing prepared, nothing
+/// the same server session, so nothing may stay on it (contract §6): nothing prepared, nothing
 /// `SET`. A prepared statement that disappears from the session (`DEALLOCATE ALL`, SQLSTATE
 /// 26000) costs no count: the batch runs once more unnamed, and the connection is replaced.
 /// Counting is exact every way.

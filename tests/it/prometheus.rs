@@ -1,4 +1,4 @@
-//! `/metrics` against a real Prometheus toolchain (SPEC 7, issue 17): the Prometheus text
+//! `/metrics` against a real Prometheus toolchain (contract §7, issue 17): the Prometheus text
 //! format 0.0.4 by default, which `promtool check metrics` accepts without a word, and
 //! OpenMetrics when `Accept` asks for it (promtool's OpenMetrics parser reads it); per-limit
 //! decisions in `tollgate_policy_decisions_total`; the series the shipped alerts need

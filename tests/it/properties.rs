@@ -1,6 +1,6 @@
 //! Property tests for the parts of tollgate that take hostile input: the configuration loader,
-//! the `X-Forwarded-For` walk (SPEC 4), path and host normalisation and path parameters
-//! (SPEC 4a) and key derivation (SPEC 3). Nothing here may panic (SPEC 9), whatever the input.
+//! the `X-Forwarded-For` walk (contract §4), path and host normalisation and path parameters
+//! (contract §4a) and key derivation (contract §3). Nothing here may panic (contract §9), whatever the input.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::Path;
@@ -306,7 +306,7 @@ proptest! {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Client address (SPEC 4)
+// Client address (contract §4)
 
 fn canonical(addr: IpAddr) -> IpAddr {
     match addr {
@@ -491,7 +491,7 @@ proptest! {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Path normalisation (SPEC 4a)
+// Path normalisation (contract §4a)
 
 fn is_unreserved(b: u8) -> bool {
     b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~')
@@ -647,7 +647,7 @@ proptest! {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Path parameters and hosts (SPEC 4a)
+// Path parameters and hosts (contract §4a)
 
 /// A path segment's name and, maybe, its parameters (`name;params`). Names are never empty:
 /// a segment of parameters only (`/;x`) is a segment to dot removal and none to routing, so
@@ -775,7 +775,7 @@ proptest! {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Key derivation (SPEC 3)
+// Key derivation (contract §3)
 
 fn is_bucket(bucket: &str, scope: &str, label: &str) -> bool {
     let Some(digest) = bucket

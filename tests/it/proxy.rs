@@ -655,7 +655,7 @@ async fn an_idle_connection_closed_by_the_upstream_is_not_reused() {
     server.abort();
 }
 
-/// SPEC 5: trailers pass through, the request's too. A client streams a body that ends in a
+/// contract §5: trailers pass through, the request's too. A client streams a body that ends in a
 /// `x-checksum` trailer, over HTTP/1.1 (chunked, announced in `Trailer` as HTTP/1.1 senders
 /// do) and over HTTP/2, to an HTTP/1.1 and to an HTTP/2 upstream: each upstream sees the
 /// trailer. An HTTP/1.1 upstream only gets trailers that the request head announced, so the

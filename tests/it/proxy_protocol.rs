@@ -1,4 +1,4 @@
-//! The PROXY protocol (SPEC 4) end to end: raw v1 and v2 headers, IPv4 and IPv6, over plain
+//! The PROXY protocol (contract §4) end to end: raw v1 and v2 headers, IPv4 and IPv6, over plain
 //! TCP and before a TLS ClientHello; v2 `LOCAL`; peers outside `server.proxy_protocol.from`
 //! never believed; listed peers without a valid header refused; buckets, `X-Forwarded-For`
 //! and trusted-proxy checks following the header's address; and a real HAProxy with

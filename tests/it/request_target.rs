@@ -1,4 +1,4 @@
-//! A request target longer than 8 KiB gets 414 (SPEC 5), however long it is: below the head
+//! A request target longer than 8 KiB gets 414 (contract §5), however long it is: below the head
 //! limit (where hyper would have forwarded it), and above it (where the framing guard said 431
 //! and hyper, past 64 KiB, would say 414 itself). Sent as raw bytes, so nothing in a client
 //! library shortens or refuses the target first.

@@ -1,4 +1,4 @@
-//! `tollgate reset` (SPEC 3b; issue 18): the real binary deletes a request's buckets and every
+//! `tollgate reset` (contract §3b; issue 18): the real binary deletes a request's buckets and every
 //! running instance forgets its cached denial within a second, through `LISTEN`/`NOTIFY`;
 //! the listen session survives its backend being killed; with the memory store the command
 //! exits 1; through a transaction-mode PgBouncer, where `LISTEN` cannot work, tollgate notices

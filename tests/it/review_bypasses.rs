@@ -1,4 +1,4 @@
-//! Bypasses an independent attack found in the issue 14 fixes themselves (SPEC 3, 4a, 9): a
+//! Bypasses an independent attack found in the issue 14 fixes themselves (contract §3, §4a, 9): a
 //! keyed header's value that the limiter and the upstream read differently, the underscore
 //! twin back behind `underscores_in_headers = true`, `HEAD` past a `GET` route, and a
 //! chunk-size line with leading whitespace. Each test is the attack's reproduction.

@@ -1,4 +1,4 @@
-//! Sliding-window limits (SPEC 3a) end to end, on the memory store and on a real PostgreSQL:
+//! Sliding-window limits (contract §3a) end to end, on the memory store and on a real PostgreSQL:
 //! exactly `min(N, requests)` with no previous window, across instances; the boundary burst
 //! admits what the estimate admits and no more, next to a fixed-window control that admits
 //! the whole burst; denied requests are not counted; `expires_at`; `r` and `Retry-After`; a
@@ -422,7 +422,7 @@ fn configuration_names_the_algorithm_and_refuses_disagreement() {
 /// Route `/both` has a sliding limit `slide:global` of 10 and a second limit `tight:global`
 /// of 5 (`tight` sliding or fixed, `slide` enforced or shadow); route `/alone` has only
 /// `slide:global`, enforced. Requests that `tight` denies on `/both` must not be counted in
-/// `slide` (SPEC 3a: for sliding limits `count` is exactly the number of allowed requests).
+/// `slide` (contract §3a: for sliding limits `count` is exactly the number of allowed requests).
 fn multi_config_text(store: &str, tight_algorithm: &str, slide_shadow: bool) -> String {
     let routes = format!(
         r#"
@@ -474,7 +474,7 @@ async fn multi_limit_round(proxies: &[SocketAddr]) -> (usize, usize) {
     (both, alone)
 }
 
-/// SPEC 3a with several limits on one request, on the memory store: a request another limit
+/// contract §3a with several limits on one request, on the memory store: a request another limit
 /// denies is not counted in a sliding limit's window; a shadow sliding limit counts only what
 /// was allowed, too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,4 +1,4 @@
-//! Counter stores (SPEC sections 3 and 6): exact counts under concurrency, one statement per
+//! Counter stores (contract §3 and §6): exact counts under concurrency, one statement per
 //! batch, epoch-aligned windows, saturation, migrations applied once, the key fingerprint,
 //! the sweep, and failure within `store.timeout`. Every Postgres test runs against a fresh
 //! database of its own (tests/common/db.rs); the semantic tests run on both stores.

@@ -1,4 +1,4 @@
-//! How tollgate lives through a failing PostgreSQL (SPEC sections 5, 6 and 7; issue 14,
+//! How tollgate lives through a failing PostgreSQL (contract §5, §6 and §7; issue 14,
 //! items 7 and 9): the breaker recovers whatever happened to its probe, connections lost in
 //! a network black hole do not hold the pool forever, `/readyz` follows whether decisions
 //! succeed (a dropped table, a revoked privilege, a read-only database), store failures are
@@ -547,7 +547,7 @@ async fn readyz_is_503_while_the_database_is_read_only() {
     .await;
 }
 
-/// Review, item 9 / SPEC 5: "Store failures are logged with their cause and the database's
+/// Review, item 9 / contract §5: "Store failures are logged with their cause and the database's
 /// host, port and name, at most a line per second per cause" (with a count of the rest).
 /// A current-thread runtime, so that the subscriber set for this thread sees every task.
 #[tokio::test(flavor = "current_thread")]
@@ -609,7 +609,7 @@ async fn store_failure_warning_names_cause_and_database_once_a_second() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// SPEC 6: a role's timeouts and the session the migrations leave behind.
+// contract §6: a role's timeouts and the session the migrations leave behind.
 
 /// The advisory lock key tollgate's migrations take ("tollgate" in ASCII).
 const MIGRATION_LOCK: i64 = 0x746f_6c6c_6761_7465;
@@ -883,7 +883,7 @@ upstream = "app"
         ready_until(&client, admin, 200, Duration::from_secs(3)).await,
         200
     );
-    // It registers in the instance registry (SPEC 5b) with exactly these grants.
+    // It registers in the instance registry (contract §5b) with exactly these grants.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let rows: i64 = admin_db

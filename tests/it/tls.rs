@@ -1,4 +1,4 @@
-//! TLS termination and HTTP/2 end to end (SPEC section 2): verified HTTPS limited like plain
+//! TLS termination and HTTP/2 end to end (contract §2): verified HTTPS limited like plain
 //! HTTP, ALPN h2, SNI, no TLS 1.1, stalled handshakes, https upstreams with a private CA, h2c
 //! upstreams and a gRPC-style exchange with trailers.
 

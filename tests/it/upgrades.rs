@@ -1,4 +1,4 @@
-//! HTTP/1.1 upgrades (SPEC section 5): which upgrades are forwarded, what a `101` must say, the
+//! HTTP/1.1 upgrades (contract §5): which upgrades are forwarded, what a `101` must say, the
 //! framing guard around a switch, and the bounds a WebSocket session keeps (issue 14, items 1,
 //! 3 and 8).
 //!

@@ -85,7 +85,7 @@ fn temp_dir() -> PathBuf {
 
 const UPSTREAM: &str = "[upstreams.api]\nurl = \"http://127.0.0.1:9000\"\n";
 
-// The example of SPEC section 2, verbatim apart from `ca_file` living next to the certs.
+// The example of contract §2, verbatim apart from `ca_file` living next to the certs.
 const SPEC_EXAMPLE: &str = r#"[server]
 listen = ["0.0.0.0:8080"]          # plain listeners: HTTP/1.1, and HTTP/2 with prior knowledge (h2c)
 tls_listen = ["0.0.0.0:8443"]      # TLS listeners (needs [[server.certs]]); ALPN h2 and http/1.1

@@ -19,7 +19,7 @@ const FAILURE_LOG_INTERVAL: Duration = Duration::from_secs(1);
 /// [`PostgresStore::migrate`](super::PostgresStore::migrate) failed.
 ///
 /// [`InitError::is_retryable`] tells the caller whether to keep serving under the failure
-/// policy and try again (SPEC 1) or to stop with exit code 1.
+/// policy and try again (contract §1) or to stop with exit code 1.
 #[derive(Debug, thiserror::Error)]
 pub enum InitError {
     /// The database did not answer (refused, timed out, closed, shutting down, too many
@@ -59,7 +59,7 @@ impl InitError {
     }
 }
 
-/// Why a call to the database failed, in the words an operator searches for (SPEC 5).
+/// Why a call to the database failed, in the words an operator searches for (contract §5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Cause {
     Refused,

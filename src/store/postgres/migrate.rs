@@ -1,6 +1,6 @@
 //! Start-up against the database (docs/operations.md, "The database"): the embedded
 //! migrations, each applied exactly once however many instances start at once, and the key
-//! fingerprint (SPEC 3), checked, stored when there is none, or replaced with
+//! fingerprint (contract §3), checked, stored when there is none, or replaced with
 //! `tollgate migrate --accept-new-key`, under the same advisory lock.
 //! [`PostgresStore::initialize`] and [`PostgresStore::migrate`] run them on a connection of
 //! their own, outside the pool, every statement under start-up timeouts of its own.
@@ -116,7 +116,7 @@ impl PostgresStore {
     /// succeeded the store does not count.
     ///
     /// On [`InitError::is_retryable`] errors the caller keeps serving under its failure
-    /// policy and calls this again later (SPEC 1); on the others it stops.
+    /// policy and calls this again later (contract §1); on the others it stops.
     pub async fn initialize(&self, fingerprint: &str, migrate: bool) -> Result<(), InitError> {
         let run = async {
             let mut client = self.connect_for_init(true).await?;
@@ -217,7 +217,7 @@ impl PostgresStore {
     }
 }
 
-/// Sets the timeouts of tollgate's own start-up statements for this transaction only (SPEC 6):
+/// Sets the timeouts of tollgate's own start-up statements for this transaction only (contract §6):
 /// a role's `statement_timeout` or `lock_timeout` (say 50 ms) would otherwise cancel the
 /// wait for another instance's migration and fail start-up. [`INIT_TIMEOUT`] bounds the
 /// whole run on the client; the same bound on the server keeps a run whose client went away
@@ -379,7 +379,7 @@ async fn check_schema(client: &mut Client) -> Result<(), InitError> {
     }
 }
 
-/// Checks the stored key fingerprint against `fingerprint` (SPEC 3), storing it if there is
+/// Checks the stored key fingerprint against `fingerprint` (contract §3), storing it if there is
 /// none and replacing it when `accept_new_key`. Under the migration lock, so two instances
 /// starting with different keys on an empty database cannot both "store first": one stores,
 /// the other is refused.
@@ -454,7 +454,7 @@ async fn settle_fingerprint(
     Ok(change)
 }
 
-/// The refusal of SPEC 3: what is wrong, why it matters, how to rotate on purpose.
+/// The refusal of contract §3: what is wrong, why it matters, how to rotate on purpose.
 pub(super) fn fingerprint_mismatch(stored: &str, configured: &str) -> InitError {
     InitError::FingerprintMismatch(format!(
         "the key fingerprint stored in the database ({}) differs from this configuration's \

@@ -1,4 +1,4 @@
-//! The PostgreSQL counter store: counters shared by every tollgate instance (SPEC sections 3
+//! The PostgreSQL counter store: counters shared by every tollgate instance (contract §3
 //! and 6, `seeds/rate_limits.sql`).
 //!
 //! What this module owns, one concern per file (this one: the store itself, its readiness, the
@@ -7,9 +7,9 @@
 //! - **The increment** ([`statements`]). One statement per batch: the seed's atomic
 //!   `INSERT … ON CONFLICT (bucket, window_start) DO UPDATE … RETURNING count`, generalised to
 //!   several rows with `unnest`. No read-then-write, no explicit transaction, no lock taken here.
-//!   The window is computed from the database's `now()` inside the statement (SPEC 3), so
+//!   The window is computed from the database's `now()` inside the statement (contract §3), so
 //!   instances whose clocks disagree still share one window.
-//! - **Nothing kept on a connection that a pooler could share** (SPEC 6, poolers): statements are
+//! - **Nothing kept on a connection that a pooler could share** (contract §6, poolers): statements are
 //!   the unnamed one (`query_typed`: one round trip, no name that a transaction-mode PgBouncer
 //!   could send to another server connection), no startup `options`, no session `SET`, no session
 //!   advisory lock. `synchronous_commit = off` is set by the increment for its own transaction. The
@@ -22,31 +22,31 @@
 //! - **Migrations** ([`migrate`]). The files of `migrations/` are embedded in the binary and
 //!   recorded in `public.tollgate_migrations`; each runs in its own transaction under a
 //!   transaction-level advisory lock, so N instances starting at once apply each exactly once
-//!   (SPEC 6).
-//! - **The key fingerprint** (SPEC 3, [`migrate`]): stored in `public.tollgate_settings`; an
+//!   (contract §6).
+//! - **The key fingerprint** (contract §3, [`migrate`]): stored in `public.tollgate_settings`; an
 //!   instance with a different one refuses to start, `tollgate migrate --accept-new-key`
 //!   replaces it.
-//! - **The sweep** (SPEC 6): expired rows deleted in bounded batches through
+//! - **The sweep** (contract §6): expired rows deleted in bounded batches through
 //!   `rate_limits_expires_idx`, by one instance at a time.
-//! - **The instance registry** (SPEC 5b, [`registry`]): [`PostgresStore::refresh_instance`] keeps
+//! - **The instance registry** (contract §5b, [`registry`]): [`PostgresStore::refresh_instance`] keeps
 //!   this instance's row in `public.tollgate_instances` fresh and counts the live ones, in one
 //!   statement on the database clock (pooler-safe: no session state);
 //!   [`PostgresStore::deregister_instance`] deletes it on a clean stop.
-//! - **Reset** (SPEC 3b, [`reset`]): [`PostgresStore::reset`] deletes buckets' current and previous
+//! - **Reset** (contract §3b, [`reset`]): [`PostgresStore::reset`] deletes buckets' current and previous
 //!   windows and `NOTIFY`s every instance; [`PostgresStore::listen_for_resets`] is the one
 //!   `LISTEN` session per instance, on a connection of its own outside the pool, that
 //!   reconnects by itself and checks that notifications really arrive. It sends `LISTEN` only
 //!   on a session that is its backend's own ([`session`]): through a pooler the
 //!   statement would stay on a server connection that other clients get.
-//! - **Readiness** (SPEC 7): [`PostgresStore::ping`] answers from the outcome of recent
+//! - **Readiness** (contract §7): [`PostgresStore::ping`] answers from the outcome of recent
 //!   decisions, and with no recent traffic runs the real increment inside a transaction that
 //!   is rolled back, so a missing table, a revoked privilege or a read-only database is "not
 //!   ready" (a `SELECT 1` would answer).
-//! - **Failure log** (SPEC 5, [`errors`]): every failed call, and every failed start-up connection,
+//! - **Failure log** (contract §5, [`errors`]): every failed call, and every failed start-up connection,
 //!   is classified (refused, timeout, read-only, authentication, missing table, permission, tls,
 //!   ...; by SQLSTATE, I/O error kind or TLS error) and logged with the database's host, port and
 //!   name, at most one line per cause a second, with a count of the lines left out.
-//! - **TLS** (SPEC 6): connections go through [`tls`]'s rustls connector, which
+//! - **TLS** (contract §6): connections go through [`tls`]'s rustls connector, which
 //!   also reads `sslmode` and `sslrootcert` out of the URL before tokio-postgres parses it.
 //! - **Bounds on waiting** ([`pool`]): a call waits at most `store.timeout` (pool wait included); a
 //!   connection attempt, start-up exchange included, at most its connect timeout per host.
@@ -58,7 +58,7 @@
 //!   pipelined in the same round trip. Start-up, the sweep and the other transactions set
 //!   theirs with `SET LOCAL` first.
 //!
-//! Construction never touches the database: SPEC 1 says a database that is down at start must
+//! Construction never touches the database: contract §1 says a database that is down at start must
 //! not stop tollgate. Until [`PostgresStore::initialize`] has succeeded the store answers
 //! [`StoreError::Unavailable`] and reports not ready, and the proxy applies its failure policy.
 //!
@@ -277,7 +277,7 @@ impl PostgresStore {
         })
     }
 
-    /// Whether decisions succeed now (SPEC 7, `/readyz`): the outcome of the decisions of the
+    /// Whether decisions succeed now (contract §7, `/readyz`): the outcome of the decisions of the
     /// last [`READINESS_FRESH`] if there were any, else [`PostgresStore::probe_increment`].
     /// A `SELECT 1` would answer while the table is gone, INSERT is revoked or the database
     /// is read-only; the real statement does not.
@@ -319,7 +319,7 @@ impl PostgresStore {
         result
     }
 
-    /// Deletes expired rows (SPEC 6), `batch_size` rows per statement, until a batch comes back
+    /// Deletes expired rows (contract §6), `batch_size` rows per statement, until a batch comes back
     /// short. Returns how many rows were deleted (0 when another instance holds the sweep).
     ///
     /// Each batch is a transaction that first tries `pg_try_advisory_xact_lock`: only one

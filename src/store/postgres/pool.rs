@@ -373,7 +373,7 @@ pub(super) fn connection_config(
         .as_deref()
         .ok_or_else(|| StoreError::Unavailable("store.url is not set".into()))?;
     // tokio-postgres' parser accepts both URL and key=value forms, several hosts and
-    // target_session_attrs=read-write (SPEC 6); `tls` takes the TLS options out first.
+    // target_session_attrs=read-write (contract §6); `tls` takes the TLS options out first.
     // Its messages name the bad option, never the URL, so they are safe to return.
     let (mut pg, tls) = tls::parse(url, cfg.ca_file.as_deref())
         .map_err(|e| StoreError::Unavailable(format!("invalid store.url: {e}").into()))?;

@@ -1,4 +1,4 @@
-//! The instance registry (SPEC 5b; docs/operations.md, "The instance registry"): this
+//! The instance registry (contract §5b; docs/operations.md, "The instance registry"): this
 //! instance's row in `public.tollgate_instances`, refreshed by one statement on the database
 //! clock that also counts the live instances (nothing kept on the session, so it works through
 //! any pooler), and deleted on a clean stop. The local fallback divides each limit by that
@@ -12,14 +12,14 @@ use super::errors::query_error;
 use super::PostgresStore;
 use crate::store::StoreError;
 
-/// How long a row of `tollgate_instances` counts as live without a refresh (SPEC 5b).
+/// How long a row of `tollgate_instances` counts as live without a refresh (contract §5b).
 pub const INSTANCE_LIVE_FOR: Duration = Duration::from_secs(30);
 /// Rows older than this are deleted by the live instances' refreshes: an instance that died
 /// without saying so. Well past [`INSTANCE_LIVE_FOR`], so a long pause (a stopped VM, a
 /// debugger) comes back to its own row rather than a new one, which changes nothing anyway.
 pub const INSTANCE_EXPIRES_AFTER: Duration = Duration::from_secs(600);
 
-/// The registry refresh (SPEC 5b): one statement, the database clock, nothing kept on the
+/// The registry refresh (contract §5b): one statement, the database clock, nothing kept on the
 /// session, so it works through any pooler. `$1` this instance's id, `$2` the liveness bound
 /// and `$3` the expiry in seconds.
 ///
@@ -46,7 +46,7 @@ WITH refreshed AS (
 SELECT 1 + (SELECT count(*) FROM public.tollgate_instances
             WHERE seen_at >= now() - make_interval(secs => $2) AND id <> $1)";
 
-/// Deregistration on a clean stop (SPEC 5b): this instance's row goes at once, so the others
+/// Deregistration on a clean stop (contract §5b): this instance's row goes at once, so the others
 /// count one instance fewer at their next refresh instead of 30 s later. `$1` this id.
 const DEREGISTER_INSTANCE_SQL: &str = "DELETE FROM public.tollgate_instances WHERE id = $1";
 
@@ -57,7 +57,7 @@ impl PostgresStore {
     }
 
     /// Refreshes this instance's row in `tollgate_instances` and answers how many instances
-    /// are live (this one included), within `store.timeout` (SPEC 5b).
+    /// are live (this one included), within `store.timeout` (contract §5b).
     pub async fn refresh_instance(&self) -> Result<u32, StoreError> {
         self.require_initialized()?;
         let live = INSTANCE_LIVE_FOR.as_secs_f64();
@@ -80,7 +80,7 @@ impl PostgresStore {
         Ok(u32::try_from(live.max(1)).unwrap_or(u32::MAX))
     }
 
-    /// Deletes this instance's row from `tollgate_instances` (a clean stop, SPEC 5b), within
+    /// Deletes this instance's row from `tollgate_instances` (a clean stop, contract §5b), within
     /// `store.timeout`. Answers whether there was a row to delete.
     pub async fn deregister_instance(&self) -> Result<bool, StoreError> {
         self.require_initialized()?;

@@ -1,4 +1,4 @@
-//! `tollgate reset` (SPEC 3b; docs/operations.md, "`tollgate reset`"): the delete of buckets'
+//! `tollgate reset` (contract §3b; docs/operations.md, "`tollgate reset`"): the delete of buckets'
 //! current and previous windows, with a `NOTIFY` to every instance in the same transaction,
 //! and the one `LISTEN` session per instance that hears it and tells the limiter's cache of
 //! denials ([`ResetEvent`]). The session is a connection of its own outside the pool; it
@@ -18,7 +18,7 @@ use super::statements::{columns, count_from};
 use super::{session, PostgresStore};
 use crate::store::{Increment, ResetEvent, StoreError};
 
-/// The `NOTIFY` channel of `tollgate reset` (SPEC 3b). Payload: one bucket name, which is
+/// The `NOTIFY` channel of `tollgate reset` (contract §3b). Payload: one bucket name, which is
 /// `<scope>:<label>:<digest>` or `<scope>:global`, never a raw subject.
 pub const RESET_CHANNEL: &str = "tollgate_reset";
 /// The listen session's own statements (`LISTEN`, the liveness check) get this long.
@@ -42,7 +42,7 @@ const LISTEN_QUEUE: usize = 1024;
 /// name (scopes and labels are validated), so no reset can be mistaken for it.
 const LISTEN_CHECK_PREFIX: &str = "tollgate listen check ";
 
-/// `tollgate reset` (SPEC 3b): deletes the current window's row and the previous one's of
+/// `tollgate reset` (contract §3b): deletes the current window's row and the previous one's of
 /// each bucket (`$1` buckets, `$2` window lengths), on the database clock like the increment.
 /// The previous window matters to sliding limits, whose estimate reads it; for fixed ones it
 /// is an ended row waiting for the sweep, and deleting it changes nothing.
@@ -137,7 +137,7 @@ impl PostgresStore {
         Ok(out)
     }
 
-    /// The `LISTEN` session of SPEC 3b, for as long as the returned future runs: a connection
+    /// The `LISTEN` session of contract §3b, for as long as the returned future runs: a connection
     /// of its own (a pooled one would be handed back after each statement, and bb8's
     /// connection task throws notifications away), listening on [`RESET_CHANNEL`], and `on`
     /// told of each reset bucket.

@@ -1,4 +1,4 @@
-//! The statements that count (SPEC 3, 3a, 6): their texts, a batch as their parameters
+//! The statements that count (contract §3, §3a, 6): their texts, a batch as their parameters
 //! ([`IncrementArgs`]), which statement a batch is sent as on which connection (the function's
 //! call as the unnamed statement on any connection; the plain statements, prepared once, on a
 //! connection that reaches its backend directly: [`PooledClient::increment`]), and the rows
@@ -24,7 +24,7 @@ pub(super) type FastSet<K> = HashSet<K, foldhash::fast::RandomState>;
 /// `<scope>:global` that client buckets have, and rolled back anyway.
 const PROBE_BUCKET: &str = "tollgate readiness probe";
 
-/// The batch increment (SPEC 3, 3a, 6): a call of `public.tollgate_increment`
+/// The batch increment (contract §3, §3a, 6): a call of `public.tollgate_increment`
 /// (`migrations/0003_increment_function.sql`, replaced by `0005_joint_decision.sql` with the
 /// same parameters and answer; it holds the seed's atomic
 /// `INSERT ... ON CONFLICT ... DO UPDATE ... RETURNING` and the sliding-window variant).
@@ -105,7 +105,7 @@ RETURNING r.bucket,
 /// window_end_ms, now_ms`, for the rows it counted.
 ///
 /// Each row is counted whole or not at all. A sliding row's `cap` is what its estimate leaves
-/// for the current window, `floor(limit - previous * (window_end - now) / window)` (SPEC 3a:
+/// for the current window, `floor(limit - previous * (window_end - now) / window)` (contract §3a:
 /// unit `k` is admitted while `previous * weight + old + k <= limit`, so all `amount` units fit
 /// exactly when `old + amount <= cap`). A new row is inserted when `amount <= cap`; a row that
 /// exists is updated when its latest count (the locked version `ON CONFLICT` sees, not this
@@ -117,7 +117,7 @@ RETURNING r.bucket,
 ///
 /// The previous window's row is read from the statement's snapshot, as in the function: that
 /// window has ended, so only an increment begun before its end can still change it.
-/// `expires_at = window_start + 2 * window` for sliding rows (SPEC 3a), `+ window` for fixed
+/// `expires_at = window_start + 2 * window` for sliding rows (contract §3a), `+ window` for fixed
 /// ones; rows in bucket order (lock order, as everywhere). On a direct connection only, for
 /// the same reason as [`FIXED_UPSERT_SQL`]: `synchronous_commit` comes from the session.
 /// Measured against the function and the fixed upsert in docs/performance.md ("Ninth
@@ -211,7 +211,7 @@ RETURNING r.bucket,
 
 /// Sent once on a direct connection, before a plain statement ([`FIXED_UPSERT_SQL`],
 /// [`SLIDING_UPSERT_SQL`], [`SLIDING_ONE_SQL`]) is first executed there, when
-/// `store.synchronous_commit = "off"`: SPEC's "tollgate's own sessions".
+/// `store.synchronous_commit = "off"`: the contract's "tollgate's own sessions" (docs/configuration.md, `[store]`).
 pub(super) const SESSION_ASYNC_COMMIT_SQL: &str = "SET synchronous_commit = off";
 
 /// The text of the direct connections' fixed-window statement, for tests; parameters and
@@ -358,7 +358,7 @@ impl IncrementArgs<'_> {
     }
 }
 
-/// The joint decision (SPEC 3a with several limits): a call of `public.tollgate_decide`
+/// The joint decision (contract §3a with several limits): a call of `public.tollgate_decide`
 /// (`migrations/0005_joint_decision.sql`), for a batch in which some request has a sliding
 /// limit next to another enforced limit. Rows as for [`INCREMENT_SQL`] (`$1`..`$4`, `$3` the
 /// rows' summed units), then one entry per increment of every request, in arrival order:

@@ -1,4 +1,4 @@
-//! TLS to PostgreSQL (SPEC section 6): the `sslmode` and trust-root settings of `store.url`,
+//! TLS to PostgreSQL (contract §6): the `sslmode` and trust-root settings of `store.url`,
 //! and a rustls connector for tokio-postgres.
 //!
 //! tokio-postgres negotiates TLS itself (the SSLRequest, falling back to plaintext under
