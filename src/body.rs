@@ -18,7 +18,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
-use crate::forward::DirectBody;
+use crate::http1::client::DirectBody;
 
 pub enum ProxyBody {
     Upstream(UpstreamBody),
@@ -26,7 +26,7 @@ pub enum ProxyBody {
 }
 
 /// An upstream's response body: hyper's, or read by tollgate's own HTTP/1.1 client
-/// (`forward::direct`).
+/// (`http1::client`).
 pub enum UpstreamBody {
     Hyper(Incoming),
     Direct(DirectBody),
@@ -120,7 +120,7 @@ impl Body for ProxyBody {
 pub enum ClientBody {
     /// Read by hyper (HTTP/2, and HTTP/1.1 requests that are not simple).
     Hyper(Incoming),
-    /// A request that has no body (`server::simple_h1`, and HTTP/2 requests whose HEADERS
+    /// A request that has no body (`http1::server`, and HTTP/2 requests whose HEADERS
     /// ended the stream: `forward`).
     Empty,
 }
@@ -180,7 +180,7 @@ pub enum RequestBodyError {
 
 impl RequestBody {
     /// Whether the request has no body at all ([`ClientBody::Empty`]):
-    /// such a request may go on tollgate's own upstream client (`forward::direct`).
+    /// such a request may go on tollgate's own upstream client (`http1::client`).
     pub fn is_absent(&self) -> bool {
         matches!(self.inner, ClientBody::Empty)
     }

@@ -62,13 +62,11 @@ const SURPLUS_GRACE: Duration = Duration::from_secs(1);
 /// stay open until its worker next used that upstream.
 const TRIM_EVERY: Duration = Duration::from_secs(1);
 
-mod direct;
-
-pub use direct::{lines_against_the_map, read_response, DirectBody, ReadResponse, WentAs};
+use crate::http1::client as direct;
 use direct::{DirectConn, ExchangeError, Parking};
 
 type Connector = HttpsConnector<HttpConnector>;
-type UpstreamIo = MaybeHttpsStream<TokioIo<TcpStream>>;
+pub(crate) type UpstreamIo = MaybeHttpsStream<TokioIo<TcpStream>>;
 
 pub struct UpstreamPool {
     pub config: Arc<UpstreamConfig>,
@@ -102,7 +100,7 @@ struct Origin {
 
 /// One worker's connections to one upstream, by origin index.
 #[derive(Default)]
-struct Lane {
+pub(crate) struct Lane {
     /// Idle HTTP/1.1 connections of hyper's client, the most recently used last.
     idle: Vec<VecDeque<Idle<http1::SendRequest<RequestBody>>>>,
     /// Idle HTTP/1.1 connections of tollgate's own client ([`direct`]), likewise.
@@ -141,7 +139,7 @@ impl Lane {
     }
 
     /// The same for a connection of tollgate's own client, once its response was read whole.
-    fn park_direct(&mut self, origin: usize, conn: Box<DirectConn>) {
+    pub(crate) fn park_direct(&mut self, origin: usize, conn: Box<DirectConn>) {
         self.direct[origin].push_back(Idle::new(conn));
     }
 }
@@ -900,7 +898,7 @@ fn trim<A, B>(
 
 /// A lane's lock. A panic while it was held leaves nothing half-done that matters (a lane
 /// only holds connections), so a poisoned lock is used as it is.
-fn lock(lane: &Mutex<Lane>) -> MutexGuard<'_, Lane> {
+pub(crate) fn lock(lane: &Mutex<Lane>) -> MutexGuard<'_, Lane> {
     lane.lock().unwrap_or_else(PoisonError::into_inner)
 }
 

@@ -75,8 +75,8 @@ fn value_tokens<'a>(
 
 /// The comma-separated tokens of one field value, trimmed, as hyper reads them: a value that
 /// is not visible ASCII (`HeaderValue::to_str` fails) has none. For tollgate's own HTTP/1.1
-/// path, which reads fields hyper would have read (`server::connection::simple_h1`,
-/// `forward::direct`).
+/// path, which reads fields hyper would have read (`http1::server`,
+/// `http1::client`).
 pub fn raw_tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
     let visible = value
         .iter()
@@ -198,7 +198,7 @@ fn noted(name: &[u8]) -> Option<Noted> {
 /// What the forwarder does with an upstream's response field, by its lower-case name, on its
 /// way to the client: the rules of [`strip_hop_by_hop`] and [`remove_replaced`] for a
 /// response, for a reader that writes the kept fields as lines instead of a map
-/// (`forward::direct`).
+/// (`http1::client`).
 #[derive(Debug, PartialEq)]
 pub enum ResponseField {
     /// Goes to the client as it is.
@@ -399,7 +399,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, names: &FieldNames) {
 /// hyper's encoder would answer a HEAD so framed with nothing at all. One that does not read
 /// as a length (only in an answer that has no body, whose length nobody read) is removed.
 pub fn settle_response_length(headers: &mut HeaderMap) {
-    // The map of a response whose fields went as lines (`forward::direct`).
+    // The map of a response whose fields went as lines (`http1::client`).
     if headers.is_empty() {
         return;
     }
@@ -745,7 +745,7 @@ pub fn remove_replaced(
 /// Where the fields tollgate sets on a response go (`X-Request-Id` and the rate-limit fields):
 /// into its map, which hyper's server encodes (HTTP/2 honours their never-indexed mark), or
 /// straight onto the wire as HTTP/1.1 field lines, for tollgate's own server path to write
-/// after the map's fields (`server::simple_h1`), where hyper's encoder puts fields inserted
+/// after the map's fields (`http1::server`), where hyper's encoder puts fields inserted
 /// into the map last. The map holds none of their names when they are set
 /// ([`remove_replaced`]), so both give the same head; the lines cost no hashed insert and no
 /// allocation per value (about 1,000 instructions per request).
@@ -810,9 +810,9 @@ impl AddTo<'_> {
 pub const KEPT_LINES: usize = 16 * 1024;
 
 /// A response's field lines for tollgate's own HTTP/1.1 server path, written after its map's
-/// fields (`server::simple_h1`): the fields tollgate sets ([`AddTo::Lines`]) and, ahead of
+/// fields (`http1::server`): the fields tollgate sets ([`AddTo::Lines`]) and, ahead of
 /// them, the upstream's own when tollgate's own client read the response
-/// (`forward::direct`), which then leaves the map empty. What the server's encoder would
+/// (`http1::client`), which then leaves the map empty. What the server's encoder would
 /// have learnt from the upstream's fields in the map comes with them.
 #[derive(Default)]
 pub struct ResponseLines {

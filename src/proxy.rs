@@ -25,8 +25,8 @@ use crate::body::{ClientBody, ProxyBody};
 use crate::config::{Config, RouteConfig, StoreErrorPolicy};
 use crate::error::{GrpcCode, RequestError, StartupError};
 use crate::forward::{ForwardRequest, UpstreamPool};
-use crate::framing;
 use crate::headers;
+use crate::http1::guard as framing;
 use crate::key::{self, BucketHasher, RequestIdentity};
 use crate::limit::{LimitOutcome, Limiter, Outcomes, PlannedLimit, Plans, Verdict};
 use crate::log_format::{self, AccessLine};
@@ -157,7 +157,7 @@ pub struct Proxy {
     limiter: Limiter,
     hasher: BucketHasher,
     metrics: Arc<Metrics>,
-    /// Whether tollgate's own HTTP/1.1 client may carry requests (`forward::direct`;
+    /// Whether tollgate's own HTTP/1.1 client may carry requests (`http1::client`;
     /// `ServerBuilder::http1_direct_client`). Here, not in the runtime: a reload keeps it.
     direct_client: bool,
 }

@@ -1,4 +1,4 @@
-//! Attacks on tollgate's own HTTP/1.1 path for simple requests (`server::connection::simple_h1`)
+//! Attacks on tollgate's own HTTP/1.1 path for simple requests (`http1::server`)
 //! and its hand-over to the framing guard and hyper.
 //!
 //! The main tool is a differential one: the same bytes are sent on two fresh connections, once
@@ -328,9 +328,9 @@ const SHAPES: &[&str] = &[
 /// empty line, is handed to the framing guard and hyper: the differentials below compare the
 /// two paths only if each request really takes the path it is sent for.
 fn assert_paths(simple: &[u8], hyper: &[u8]) {
-    let taken = tollgate::server::simple_request(simple).is_some();
+    let taken = tollgate::http1::server::simple_request(simple).is_some();
     assert!(taken, "not taken by the simple path: {:?}", lossy(simple));
-    let handed = tollgate::server::simple_request(hyper).is_none();
+    let handed = tollgate::http1::server::simple_request(hyper).is_none();
     assert!(handed, "not handed to hyper: {:?}", lossy(hyper));
 }
 

@@ -24,12 +24,10 @@ use super::streams::{NewStreams, StreamExecutor, StreamProgress};
 use super::Phase;
 use crate::body::{BodyError, ClientBody, ProxyBody};
 use crate::forward::Splice;
-use crate::framing::FramingGuard;
+use crate::http1::guard::FramingGuard;
 use crate::proxy::{ConnInfo, Proxy};
 
-mod simple_h1;
-
-pub use simple_h1::simple_request;
+use crate::http1::server as simple_h1;
 
 /// HTTP/2 keep-alive pings: a peer that stops answering is dropped.
 const H2_KEEPALIVE: Duration = Duration::from_secs(20);
@@ -65,7 +63,7 @@ impl ConnSettings {
 /// socket wrapper's `poll_flush`, which hyper calls at every turn of the connection while the
 /// request is in flight. Through TLS a peek would see the encrypted `close_notify`, not the
 /// close, so hyper's read stays in charge there.
-pub(super) trait ClientStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+pub(crate) trait ClientStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
     /// Whether [`ClientStream::poll_peer_closed`] answers; hyper's own check is turned off
     /// (`half_close`) exactly when it does.
     const SEES_CLOSE: bool;
@@ -215,7 +213,7 @@ pub(super) async fn serve_connection<S>(
         .keep_alive_interval(Some(h2_ping))
         .keep_alive_timeout(h2_ping)
         .max_concurrent_streams(H2_MAX_STREAMS)
-        .max_header_list_size(crate::framing::MAX_HEAD as u32);
+        .max_header_list_size(crate::http1::guard::MAX_HEAD as u32);
     let conn = builder.serve_connection_with_upgrades(io, service);
     tokio::pin!(conn);
     let served = supervise(conn, &activity, settings, &mut phase, |conn| {
@@ -383,7 +381,7 @@ impl std::task::Wake for SideWake {
 /// It also carries the connection's switch to WebSocket, from the service that hands hyper
 /// the checked `101` to the framing guard (which steps aside) and to the connection's task
 /// (which runs the splice).
-struct Activity {
+pub(crate) struct Activity {
     /// The server's clock these times are on.
     clock: Arc<CoarseClock>,
     last_byte_ms: AtomicU64,
@@ -421,7 +419,7 @@ impl Activity {
         self.draining.store(true, Ordering::Release);
     }
 
-    fn draining(&self) -> bool {
+    pub(crate) fn draining(&self) -> bool {
         self.draining.load(Ordering::Acquire)
     }
 
@@ -439,7 +437,7 @@ impl Activity {
             .take()
     }
 
-    fn touch(&self) {
+    pub(crate) fn touch(&self) {
         self.last_byte_ms
             .store(self.clock.now_ms(), Ordering::Relaxed);
     }
@@ -478,7 +476,7 @@ impl Activity {
 }
 
 /// One request in progress on a connection, from its headers until its response body is done.
-struct InFlight(Arc<Activity>);
+pub(crate) struct InFlight(Arc<Activity>);
 
 /// A response body that keeps its request counted as in progress until hyper drops it; on
 /// HTTP/2 it also reports to its stream's watch.
@@ -516,7 +514,7 @@ impl http_body::Body for CountedBody {
 }
 
 impl InFlight {
-    fn start(activity: Arc<Activity>) -> Self {
+    pub(crate) fn start(activity: Arc<Activity>) -> Self {
         activity.in_flight.fetch_add(1, Ordering::AcqRel);
         activity.started.fetch_add(1, Ordering::Relaxed);
         let now = activity.clock.now_ms();

@@ -4,7 +4,7 @@
 //! hyper's connection-level client drives each upstream connection from a task of its own:
 //! the request goes to it through a channel, the response head comes back through another,
 //! and the body through a third, with a dispatcher, an encoder and a decoder around them. A
-//! request that tollgate's own server path took (`server::connection::simple_h1`: no body, no
+//! request that tollgate's own server path took (`http1::server`: no body, no
 //! upgrade) needs none of that: here the request's own task writes the head to an idle
 //! connection of its worker, reads the response head, parses it once, and hands the body on as
 //! a [`DirectBody`] that reads the rest from the connection as the client takes it. When the
@@ -36,11 +36,11 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::{lock, Lane, UpstreamIo};
 use crate::body::RequestBody;
 use crate::error::RequestError;
-use crate::framing;
+use crate::forward::{lock, Lane, UpstreamIo};
 use crate::headers::{self, Added};
+use crate::http1::guard as framing;
 use hyper_rustls::MaybeHttpsStream;
 
 /// hyper's limit on a response head's fields.
@@ -63,10 +63,10 @@ const MAX_LENGTH: u64 = u64::MAX - 2;
 /// hyper's server encodes from the map. The simple path writes those fields as lines
 /// (`headers::AddTo`), and a map sized for them would be allocated larger than it needs, past
 /// the allocator's cache of small blocks, on every request.
-pub(super) const PROXY_FIELDS: usize = 5;
+pub(crate) const PROXY_FIELDS: usize = 5;
 
 /// Where a response's fields go.
-pub(super) enum Answer<'l> {
+pub(crate) enum Answer<'l> {
     /// Into the response's map, with room for `room` more (what the proxy adds to an answer
     /// to HTTP/2).
     Map { room: usize },
@@ -83,7 +83,7 @@ pub(super) enum Answer<'l> {
 /// One plain-TCP connection to an upstream origin. It lives boxed, from its connect to its
 /// close, so that the pool, the exchange and the response body it moves through per request
 /// move a pointer: inline, its 112 bytes were copied with every move of a response.
-pub(super) struct DirectConn {
+pub(crate) struct DirectConn {
     stream: TcpStream,
     /// Bytes read and not used yet.
     buf: BytesMut,
@@ -94,7 +94,7 @@ pub(super) struct DirectConn {
 }
 
 /// Why an exchange gave no response.
-pub(super) enum ExchangeError {
+pub(crate) enum ExchangeError {
     /// Not a byte of the request was written: it may go on another connection.
     Unsent(RequestError),
     /// The request had started to go: answered as it is (502), never sent again.
@@ -102,16 +102,16 @@ pub(super) enum ExchangeError {
 }
 
 /// Where a connection goes back to once its response has been read: its worker's lane.
-pub(super) struct Parking {
-    pub(super) lanes: Arc<[Mutex<Lane>]>,
-    pub(super) worker: usize,
-    pub(super) origin: usize,
+pub(crate) struct Parking {
+    pub(crate) lanes: Arc<[Mutex<Lane>]>,
+    pub(crate) worker: usize,
+    pub(crate) origin: usize,
 }
 
 impl DirectConn {
     /// A connection the pool's connector made (`UpstreamPool::connect`: the same resolution,
     /// `connect_timeout` and socket options as hyper's client gets) to a plain-HTTP origin.
-    pub(super) fn over(io: UpstreamIo) -> Result<Box<DirectConn>, RequestError> {
+    pub(crate) fn over(io: UpstreamIo) -> Result<Box<DirectConn>, RequestError> {
         let MaybeHttpsStream::Http(io) = io else {
             return Err(unreachable(
                 "TLS to an origin tollgate's own client does not serve".into(),
@@ -128,7 +128,7 @@ impl DirectConn {
     /// Whether an idle connection can carry a request: the upstream has not closed it and
     /// sent nothing since its last response. Its socket turns readable when anything arrives;
     /// until then this costs no system call.
-    pub(super) fn is_reusable(&self) -> bool {
+    pub(crate) fn is_reusable(&self) -> bool {
         let mut cx = Context::from_waker(Waker::noop());
         match self.stream.poll_read_ready(&mut cx) {
             Poll::Pending => true,
@@ -148,7 +148,7 @@ impl DirectConn {
 // Not an `async fn`: that would keep `conn` twice, as its argument and as a local of its
 // body (rust-lang/rust#62958).
 #[allow(clippy::manual_async_fn)]
-pub(super) fn exchange<'r, 'l>(
+pub(crate) fn exchange<'r, 'l>(
     mut conn: Box<DirectConn>,
     req: &'r Request<RequestBody>,
     added: &Added<'_>,
@@ -555,7 +555,7 @@ impl AsLines<'_> {
     /// the map for a body so framed (for a body of known length, and in an answer to HEAD; not
     /// for an empty body, the encoder writing its own `0`, nor beside a `Transfer-Encoding`,
     /// which the forwarder removes), and the encoder
-    /// (`server::simple_h1`'s `encode_head`) learns the length it need not write again and
+    /// (`http1::server`'s `encode_head`) learns the length it need not write again and
     /// whether a `Date` came. A framing that is an error leaves the lines as they were.
     fn finish(
         self,

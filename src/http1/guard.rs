@@ -430,7 +430,7 @@ impl<S> FramingGuard<S> {
 }
 
 /// What the bytes at the start of a read hold, line by line (for [`FramingGuard::whole_head`]
-/// and tollgate's own HTTP/1.1 path, `server::simple_h1`).
+/// and tollgate's own HTTP/1.1 path, `http1::server`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HeadScan {
     /// A whole head of `end` bytes, every line ended by CRLF; `folded`: a line of it starts

@@ -48,11 +48,11 @@ use http::{Method, Request, StatusCode, Uri, Version};
 use http_body::{Body, Frame};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
-use super::{Activity, ClientStream, InFlight};
 use crate::body::{BodyError, ClientBody, ProxyBody};
-use crate::framing::{self, HeadScan};
 use crate::headers;
+use crate::http1::guard::{self as framing, HeadScan};
 use crate::proxy::{ConnInfo, Proxy};
+use crate::server::connection::{Activity, ClientStream, InFlight};
 
 /// The largest head this path waits for; a larger one (rare) is hyper's, under the guard's
 /// own bound (`framing::MAX_HEAD`).
@@ -83,7 +83,7 @@ const READ_BUFFER: usize = 8 * 1024;
 const READ_AHEAD: usize = 4 * 1024;
 
 /// How the simple path ended.
-pub(super) enum Ending {
+pub(crate) enum Ending {
     /// The connection is done: the client closed it, a response asked to close it, or it
     /// failed.
     Closed,
@@ -94,7 +94,7 @@ pub(super) enum Ending {
 }
 
 /// Serves simple requests on `stream` until the connection ends or a request is not simple.
-pub(super) async fn serve<S: ClientStream>(
+pub(crate) async fn serve<S: ClientStream>(
     stream: &mut S,
     info: &ConnInfo,
     proxy: &Proxy,

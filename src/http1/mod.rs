@@ -1,0 +1,9 @@
+//! Every HTTP/1.1 byte tollgate reads or writes itself.
+//!
+//! - [`guard`]: the framing guard below hyper's server (request smuggling).
+//! - [`server`]: tollgate's own HTTP/1.1 server for simple requests, before hyper's.
+//! - [`client`]: tollgate's own HTTP/1.1 client for requests without a body.
+
+pub mod client;
+pub mod guard;
+pub mod server;
