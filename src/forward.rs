@@ -442,7 +442,7 @@ impl UpstreamPool {
                 return Ok((response, response_names));
             }
             let announced = response_names.trailer(response.headers(), response.body());
-            headers::settle_response_length(response.headers_mut());
+            crate::http1::rules::settle_response_length(response.headers_mut());
             headers::strip_hop_by_hop(response.headers_mut(), &response_names);
             // A client that negotiated trailers (`TE: trailers`, e.g. gRPC) gets the
             // announcement back with a body that carries them, so that they actually arrive

@@ -26,7 +26,7 @@ use crate::config::{Config, RouteConfig, StoreErrorPolicy};
 use crate::error::{GrpcCode, RequestError, StartupError};
 use crate::forward::{ForwardRequest, UpstreamPool};
 use crate::headers;
-use crate::http1::guard as framing;
+use crate::http1::rules::MAX_TARGET;
 use crate::key::{self, BucketHasher, RequestIdentity};
 use crate::limit::{LimitOutcome, Limiter, Outcomes, PlannedLimit, Plans, Verdict};
 use crate::log_format::{self, AccessLine};
@@ -285,7 +285,7 @@ impl Proxy {
             }
             // HTTP/1.1's framing guard has refused longer targets already; HTTP/2's `:path` comes
             // here.
-            if req.uri().path_and_query().map_or(0, |pq| pq.as_str().len()) > framing::MAX_TARGET {
+            if req.uri().path_and_query().map_or(0, |pq| pq.as_str().len()) > MAX_TARGET {
                 let mut handled = local_error(None, RequestError::UriTooLong, &req);
                 close_if_body_unread(&req, &mut handled.response);
                 return handled;

@@ -36,28 +36,19 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use super::head;
+use super::rules::{
+    self, ChunkSizes, HYPER_MAX_CHUNK_LINE, HYPER_MAX_EXTENSIONS, HYPER_MAX_FIELDS,
+    HYPER_MAX_LENGTH, HYPER_MAX_RESPONSE_HEAD, MAX_TRAILERS,
+};
 use crate::body::RequestBody;
 use crate::error::RequestError;
 use crate::forward::{lock, Lane, UpstreamIo};
 use crate::headers::{self, Added};
-use crate::http1::guard as framing;
 use hyper_rustls::MaybeHttpsStream;
 
-/// hyper's limit on a response head's fields.
-const MAX_FIELDS: usize = 100;
-/// hyper's default read buffer limit: a response head larger than this is an error.
-const MAX_HEAD: usize = 8192 + 4096 * 100;
 /// What a connection's read buffer grows by.
 const READ_CHUNK: usize = 8 * 1024;
-/// hyper's limits on a chunked response body: chunk extensions, counted over the whole body,
-/// and the trailer section.
-const MAX_EXTENSIONS: u64 = 16 * 1024;
-const MAX_TRAILERS: usize = 16 * 1024;
-/// A chunk-size line still without its LF past this is refused (its extensions alone would be
-/// over [`MAX_EXTENSIONS`]).
-const MAX_CHUNK_LINE: usize = MAX_EXTENSIONS as usize + 1024;
-/// hyper's largest body length (`DecodedLength::MAX`): two values above are its own markers.
-const MAX_LENGTH: u64 = u64::MAX - 2;
 /// Room left in a response's field map for what the proxy adds to it (rate-limit fields and
 /// `X-Request-Id`), so it is not grown (rehashed) on the way: for an answer to HTTP/2, which
 /// hyper's server encodes from the map. The simple path writes those fields as lines
@@ -258,7 +249,7 @@ async fn read_head(
             if let Some(head) = parse_head(&mut conn.buf, &mut conn.fields, head_only, answer)? {
                 return Ok(head);
             }
-            if conn.buf.len() > MAX_HEAD {
+            if conn.buf.len() > HYPER_MAX_RESPONSE_HEAD {
                 return Err(unreachable("response head too large".into()));
             }
         }
@@ -286,7 +277,7 @@ fn parse_head(
     head_only: bool,
     answer: &mut Answer<'_>,
 ) -> Result<Option<Head>, RequestError> {
-    let mut slots = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_FIELDS];
+    let mut slots = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; HYPER_MAX_FIELDS];
     let mut parsed = httparse::Response::new(&mut []);
     // hyper's client parses with httparse's default (strict) configuration too.
     let config = httparse::ParserConfig::default();
@@ -305,11 +296,11 @@ fn parse_head(
     } else {
         Version::HTTP_10
     };
-    let place = |part: &[u8]| framing::place_in(buf, part).ok_or_else(|| invalid("field"));
+    let place = |part: &[u8]| head::place_in(buf, part).ok_or_else(|| invalid("field"));
     // httparse gives an empty reason that is not in the buffer for a status line without one,
     // or with obs-text in it: hyper keeps it as an empty reason phrase.
     let reason = parsed.reason.unwrap_or("");
-    let reason = match framing::place_in(buf, reason.as_bytes()) {
+    let reason = match head::place_in(buf, reason.as_bytes()) {
         _ if Some(reason) == status.canonical_reason() => None,
         Some(place) if !reason.is_empty() => Some(place),
         _ => Some(0..0),
@@ -469,7 +460,7 @@ const MAX_NAME: usize = (1 << 16) - 1;
 /// would have carried them through the forwarder and the server's encoder: the name in lower
 /// case, hop-by-hop fields left out, a `Content-Length` left out beside a
 /// `Transfer-Encoding` (RFC 9112 6.3) and written once when the upstream repeats it
-/// ([`headers::settle_response_length`]). None, with `lines` as it was, for a head that needs
+/// ([`rules::settle_response_length`]). None, with `lines` as it was, for a head that needs
 /// the map's handling: a `Connection` that names other fields, a `TE`, a `Trailer` to keep,
 /// a field tollgate sets itself, a name the map would refuse, a `Content-Length` that is not
 /// plain digits. httparse has checked every
@@ -506,7 +497,7 @@ fn fields_as_lines<'h>(
             headers::ResponseField::Kept if is_length => {
                 // A length the map would re-state (a list, leading zeros, not a number) goes
                 // through the map; a repeated plain one is written once.
-                if !headers::is_plain_length(value) {
+                if rules::plain_length(value).is_none() {
                     out.truncate(start);
                     return None;
                 }
@@ -574,9 +565,9 @@ impl AsLines<'_> {
         let keep = match &framing {
             _ if self.framing.transfer_encoding.is_some() => false,
             // An answer to HEAD: nothing read its length; one that does not read as a length
-            // (values that differ) is left out, as `headers::settle_response_length` does.
+            // (values that differ) is left out, as `rules::settle_response_length` does.
             Framing::Length(0) => {
-                head_only && headers::content_length(self.framing.lengths.iter().copied()).is_some()
+                head_only && rules::content_length(self.framing.lengths.iter().copied()).is_some()
             }
             Framing::Length(n) => {
                 lines.length = Some(*n);
@@ -609,28 +600,17 @@ fn framing_of(
         if version == Version::HTTP_10 {
             return Err(invalid("Transfer-Encoding in HTTP/1.0"));
         }
-        // As hyper reads it: a value that is not visible ASCII (`HeaderValue::to_str`) names
-        // no coding.
-        let visible = last
-            .iter()
-            .all(|&b| (0x20..0x7f).contains(&b) || b == b'\t');
-        let last = std::str::from_utf8(last)
-            .ok()
-            .filter(|_| visible)
-            .and_then(|v| v.rsplit(',').next())
-            .map(str::trim);
-        return Ok(match last {
-            Some(coding) if coding.eq_ignore_ascii_case("chunked") => {
-                Framing::Chunked(Chunked::Size(0))
-            }
-            _ => Framing::UntilClose,
+        return Ok(if rules::ends_in_chunked(last) {
+            Framing::Chunked(Chunked::Size(0))
+        } else {
+            Framing::UntilClose
         });
     }
     if fields.lengths.is_empty() {
         return Ok(Framing::UntilClose);
     }
-    match crate::headers::content_length(fields.lengths.iter().copied()) {
-        Some(n) if n <= MAX_LENGTH => Ok(Framing::Length(n)),
+    match rules::content_length(fields.lengths.iter().copied()) {
+        Some(n) if n <= HYPER_MAX_LENGTH => Ok(Framing::Length(n)),
         _ => Err(invalid("Content-Length")),
     }
 }
@@ -776,7 +756,7 @@ pub enum WentAs {
 /// Reads the response head at the start of `wire` (the answer to a GET, or to a HEAD) both
 /// ways a response can reach tollgate's own HTTP/1.1 server path, and says where they
 /// disagree: as lines (`Answer::Lines`), and into the map, carried through the forwarder's
-/// handling (`headers::settle_response_length`, `headers::strip_hop_by_hop`) and the server
+/// handling (`rules::settle_response_length`, `headers::strip_hop_by_hop`) and the server
 /// encoder's `Content-Length` rules. The lines, when they carry the head, must hold exactly
 /// the fields the encoder would have written from the map (in any order: RFC 9110 5.3), tell
 /// it the same length and whether a `Date` came, and give the same framing and keep-alive; a
@@ -859,7 +839,7 @@ pub fn lines_against_the_map(wire: &[u8], head_only: bool) -> Result<WentAs, Str
     // What the server's encoder writes from the map once the forwarder has handled it.
     let mut map = mapped.headers().clone();
     let names = headers::FieldNames::of(&map, false);
-    headers::settle_response_length(&mut map);
+    rules::settle_response_length(&mut map);
     headers::strip_hop_by_hop(&mut map, &names);
     let (mut expected, mut length) = (Vec::new(), None);
     for (name, value) in &map {
@@ -963,7 +943,7 @@ fn chunk_step(chunk: &mut Chunked, buf: &mut BytesMut) -> io::Result<Step> {
         match chunk {
             Chunked::Size(extensions) => {
                 let Some(end) = memchr::memchr(b'\n', buf) else {
-                    if buf.len() > MAX_CHUNK_LINE {
+                    if buf.len() > HYPER_MAX_CHUNK_LINE {
                         return Err(invalid_body("chunk extensions over limit"));
                     }
                     return Ok(Step::Read);
@@ -971,7 +951,7 @@ fn chunk_step(chunk: &mut Chunked, buf: &mut BytesMut) -> io::Result<Step> {
                 let line = buf.split_to(end + 1);
                 let (size, extension) = parse_chunk_line(&line)?;
                 *extensions += extension;
-                if *extensions >= MAX_EXTENSIONS {
+                if *extensions >= HYPER_MAX_EXTENSIONS {
                     return Err(invalid_body("chunk extensions over limit"));
                 }
                 let extensions = *extensions;
@@ -1031,40 +1011,19 @@ fn chunk_step(chunk: &mut Chunked, buf: &mut BytesMut) -> io::Result<Step> {
     }
 }
 
-/// A chunk-size line (with its LF) as hyper's decoder reads one: hex digits (as many as fit in
-/// 64 bits), optional spaces or tabs, optional `;` extensions without CR, then CRLF. The size,
-/// and how many bytes of extensions it had.
+/// A chunk-size line (with its LF) as hyper's decoder reads one ([`rules::chunk_size`],
+/// leniently): the size, and how many bytes of extensions it had.
 fn parse_chunk_line(line: &[u8]) -> io::Result<(u64, u64)> {
-    let bad = || invalid_body("invalid chunk-size line");
-    let line = line.strip_suffix(b"\r\n").ok_or_else(bad)?;
-    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
-    if digits == 0 {
-        return Err(bad());
+    match rules::chunk_size(line, ChunkSizes::Lenient) {
+        Ok(chunk) => Ok((chunk.size, chunk.extensions)),
+        Err(rules::BadChunkLine::Overflow) => Err(invalid_body("chunk size overflows")),
+        Err(_) => Err(invalid_body("invalid chunk-size line")),
     }
-    let mut size: u64 = 0;
-    for &b in &line[..digits] {
-        let digit = char::from(b).to_digit(16).ok_or_else(bad)?;
-        size = size
-            .checked_mul(16)
-            .and_then(|s| s.checked_add(u64::from(digit)))
-            .ok_or_else(|| invalid_body("chunk size overflows"))?;
-    }
-    let rest = &line[digits..];
-    let spaces = rest
-        .iter()
-        .take_while(|&&b| b == b' ' || b == b'\t')
-        .count();
-    let extension = match &rest[spaces..] {
-        [] => 0,
-        [b';', ext @ ..] if !ext.contains(&b'\r') => ext.len() as u64,
-        _ => return Err(bad()),
-    };
-    Ok((size, extension))
 }
 
 /// The trailer fields of a chunked body (the section with its final empty line).
 fn parse_trailers(section: &Bytes) -> io::Result<HeaderMap> {
-    let mut slots = [httparse::EMPTY_HEADER; MAX_FIELDS];
+    let mut slots = [httparse::EMPTY_HEADER; HYPER_MAX_FIELDS];
     let fields = match httparse::parse_headers(section, &mut slots) {
         Ok(httparse::Status::Complete((_, fields))) => fields,
         _ => return Err(invalid_body("invalid trailer section")),
@@ -1432,7 +1391,9 @@ mod tests {
         for (text, expected) in cases {
             assert_eq!(framing(text), expected, "{text:?}");
         }
-        let many: String = (0..=MAX_FIELDS).map(|i| format!("x-{i}: v\r\n")).collect();
+        let many: String = (0..=HYPER_MAX_FIELDS)
+            .map(|i| format!("x-{i}: v\r\n"))
+            .collect();
         assert_eq!(framing(&format!("HTTP/1.1 200 OK\r\n{many}\r\n")), "error");
     }
 
@@ -1537,7 +1498,7 @@ mod tests {
                 String::from_utf8_lossy(wire)
             );
         }
-        let long_line = vec![b'1'; MAX_CHUNK_LINE + 1];
+        let long_line = vec![b'1'; HYPER_MAX_CHUNK_LINE + 1];
         assert!(dechunk(&long_line, long_line.len()).is_err());
         // hyper's limit on extensions counts over the whole body, however the bytes come.
         let ext = "e".repeat(9000);

@@ -1,9 +1,13 @@
 //! Every HTTP/1.1 byte tollgate reads or writes itself.
 //!
+//! - [`rules`]: the framing rules (lengths, codings, chunk sizes, limits), each once.
+//! - [`head`]: where a head ends and where its parts lie.
 //! - [`guard`]: the framing guard below hyper's server (request smuggling).
 //! - [`server`]: tollgate's own HTTP/1.1 server for simple requests, before hyper's.
 //! - [`client`]: tollgate's own HTTP/1.1 client for requests without a body.
 
 pub mod client;
 pub mod guard;
+pub mod head;
+pub mod rules;
 pub mod server;

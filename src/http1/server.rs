@@ -5,7 +5,7 @@
 //! framing guard had parsed it, and ran its dispatcher, channels and encoder around a request
 //! that is one head in and one response out. Here a connection starts on this path: one task
 //! reads a head, parses it once (httparse), lets the framing guard's own judgement decide
-//! whether it is clean ([`framing::scan_head`], [`framing::accepts_without_body`]), builds the
+//! whether it is clean ([`head::scan_head`], [`guard::accepts_without_body`]), builds the
 //! request from that one parse, runs the proxy, and writes the response head into a buffer the
 //! connection keeps, with small bodies copied behind it: usually one write per response.
 //!
@@ -14,7 +14,7 @@
 //! (the request's head first): that request and everything after it go through the framing
 //! guard and hyper, as every request did before. It does not take:
 //!
-//! - anything that is not a whole, clean HTTP/1.1 head in the first [`MAX_SIMPLE_HEAD`] bytes
+//! - anything that is not a whole, clean HTTP/1.1 head in the first [`SIMPLE_MAX_HEAD`] bytes
 //!   (bare LF, folds, HTTP/1.0, HTTP/2's preface, a head too large or malformed: the guard and
 //!   hyper answer those with their 400, 414 and 431, or switch to HTTP/2);
 //! - a body (`Content-Length` other than 0, `Transfer-Encoding`);
@@ -48,17 +48,14 @@ use http::{Method, Request, StatusCode, Uri, Version};
 use http_body::{Body, Frame};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
+use super::guard;
+use super::head::{self, HeadScan};
+use super::rules::{self, HYPER_MAX_FIELDS, SIMPLE_MAX_HEAD};
 use crate::body::{BodyError, ClientBody, ProxyBody};
 use crate::headers;
-use crate::http1::guard::{self as framing, HeadScan};
 use crate::proxy::{ConnInfo, Proxy};
 use crate::server::connection::{Activity, ClientStream, InFlight};
 
-/// The largest head this path waits for; a larger one (rare) is hyper's, under the guard's
-/// own bound (`framing::MAX_HEAD`).
-const MAX_SIMPLE_HEAD: usize = 16 * 1024;
-/// hyper's default limit on header fields: a head with more gets hyper's 431.
-const MAX_SIMPLE_HEADERS: usize = 100;
 /// Fields the forwarder may add to a request's map on tollgate's own client (a `Trailer`
 /// announcement; `Host` replaces the client's). What it adds for every request goes into the
 /// head as lines (`headers::Added`), and hyper's clients reserve room for it themselves: a
@@ -147,7 +144,7 @@ fn give_back_grown(out: &mut Vec<u8>) {
 /// fuzz target (`fuzz/fuzz_targets/simple_head.rs`), which checks every head taken here
 /// against the guard and httparse as hyper calls it.
 pub fn simple_request(bytes: &[u8]) -> Option<(usize, Request<()>, bool)> {
-    let HeadScan::Whole { end, folded: false } = framing::scan_head(bytes) else {
+    let HeadScan::Whole { end, folded: false } = head::scan_head(bytes) else {
         return None;
     };
     let mut fields = Vec::new();
@@ -268,12 +265,12 @@ impl<'a, S: ClientStream> Simple<'a, S> {
     async fn next_head(&mut self) -> Result<ParsedHead, Stop> {
         loop {
             if !self.buf.is_empty() {
-                match framing::scan_head(&self.buf) {
+                match head::scan_head(&self.buf) {
                     HeadScan::Whole { end, folded: false } => {
                         let parsed = parse_head(&self.buf[..end], &mut self.fields);
                         return parsed.ok_or(Stop::HandOver);
                     }
-                    HeadScan::Unfinished if self.buf.len() < MAX_SIMPLE_HEAD => {}
+                    HeadScan::Unfinished if self.buf.len() < SIMPLE_MAX_HEAD => {}
                     _ => return Err(Stop::HandOver),
                 }
             }
@@ -435,7 +432,7 @@ impl<'a, S: ClientStream> Simple<'a, S> {
         let mut length_fields = None;
         if matches!(known, Length::Unknown) && parts.headers.contains_key(header::CONTENT_LENGTH) {
             let fields = parts.headers.get_all(header::CONTENT_LENGTH).iter();
-            match headers::content_length(fields.map(HeaderValue::as_bytes)) {
+            match rules::content_length(fields.map(HeaderValue::as_bytes)) {
                 Some(n) => length_fields = Some(n),
                 None => return self.refused_response(),
             }
@@ -766,13 +763,13 @@ fn request_from(
 /// None when it is not one this path takes (see the module notes).
 fn parse_head(bytes: &[u8], fields: &mut Vec<(Range<usize>, Range<usize>)>) -> Option<ParsedHead> {
     fields.clear();
-    let mut slots = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_SIMPLE_HEADERS];
+    let mut slots = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; HYPER_MAX_FIELDS];
     let mut request = httparse::Request::new(&mut []);
     let len = match request.parse_with_uninit_headers(bytes, &mut slots) {
         Ok(httparse::Status::Complete(len)) => len,
         _ => return None,
     };
-    if request.version != Some(1) || !framing::accepts_without_body(&request) {
+    if request.version != Some(1) || !guard::accepts_without_body(&request) {
         return None;
     }
     let method = Method::from_bytes(request.method?.as_bytes()).ok()?;
@@ -781,7 +778,7 @@ fn parse_head(bytes: &[u8], fields: &mut Vec<(Range<usize>, Range<usize>)>) -> O
     }
     // Every part httparse gives of a request is a slice of `bytes`; one that were not would
     // be hyper's to read.
-    let offset = |part: &[u8]| framing::place_in(bytes, part);
+    let offset = |part: &[u8]| head::place_in(bytes, part);
     let mut head = ParsedHead {
         len,
         method,
@@ -947,7 +944,7 @@ mod tests {
         for head in left {
             assert!(parsed(head).is_none(), "{head:?} should be left to hyper");
         }
-        let many: String = (0..=MAX_SIMPLE_HEADERS)
+        let many: String = (0..=HYPER_MAX_FIELDS)
             .map(|i| format!("x-{i}: v\r\n"))
             .collect();
         assert!(parsed(&format!("GET / HTTP/1.1\r\n{many}\r\n")).is_none());

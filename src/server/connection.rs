@@ -213,7 +213,7 @@ pub(super) async fn serve_connection<S>(
         .keep_alive_interval(Some(h2_ping))
         .keep_alive_timeout(h2_ping)
         .max_concurrent_streams(H2_MAX_STREAMS)
-        .max_header_list_size(crate::http1::guard::MAX_HEAD as u32);
+        .max_header_list_size(crate::http1::rules::MAX_HEAD as u32);
     let conn = builder.serve_connection_with_upgrades(io, service);
     tokio::pin!(conn);
     let served = supervise(conn, &activity, settings, &mut phase, |conn| {
