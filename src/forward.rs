@@ -63,7 +63,7 @@ const SURPLUS_GRACE: Duration = Duration::from_secs(1);
 const TRIM_EVERY: Duration = Duration::from_secs(1);
 
 use crate::http1::client as direct;
-use direct::{DirectConn, ExchangeError, Parking};
+use direct::{DirectConn, ExchangeError, Parking, Reply};
 
 type Connector = HttpsConnector<HttpConnector>;
 pub(crate) type UpstreamIo = MaybeHttpsStream<TokioIo<TcpStream>>;
@@ -157,9 +157,6 @@ pub struct ForwardRequest<'a> {
     pub request_id: Option<headers::RequestId>,
     /// The route's `max_body_size`: a body growing past it is cut and the request aborted.
     pub max_body_size: Option<u64>,
-    /// Where tollgate's own HTTP/1.1 server path takes the response's fields as lines; `None`
-    /// for hyper's servers, which encode them from the map.
-    pub lines: Option<&'a mut headers::ResponseLines>,
     /// Where connect failures are counted.
     pub metrics: &'a Metrics,
     /// The connection worker sending it, whose own upstream connections it uses (see
@@ -318,6 +315,7 @@ impl UpstreamPool {
             if from_h2 && req.body().is_end_stream() {
                 *req.body_mut() = ClientBody::Empty;
             }
+            let simple = matches!(req.body(), ClientBody::Simple);
             let connect = req.method() == Method::CONNECT;
             let client_takes_trailers = names.accepts_trailers(req.headers());
             // Towards an HTTP/1.1 upstream the client's `Trailer` goes along with a body that
@@ -343,17 +341,20 @@ impl UpstreamPool {
             // the map (`headers::Added`).
             let mut added = headers::Added::new(fwd.request_id);
             added.forwarding(headers, fwd.forwarded, names);
-            // An answer to HTTP/2 gets the proxy's fields in its map; one to the simple path,
-            // the only HTTP/1.1 requests on tollgate's own client, as lines, and the
-            // upstream's fields too when tollgate's own client reads them.
-            let mut answer = match fwd.lines {
-                Some(lines) if !from_h2 => direct::Answer::Lines {
-                    lines,
+            // An answer to HTTP/2 gets the proxy's fields in its map; one to tollgate's own
+            // HTTP/1.1 server (its request's body says it came from there), the only HTTP/1.1
+            // requests on tollgate's own client, as lines, and the upstream's fields too when
+            // tollgate's own client reads them (`http1::lines`). It goes down by reference:
+            // by value, the futures that carry it were moved with four more `memcpy` calls per
+            // request (about 130 instructions, `bench/instructions.sh`).
+            let reply = if simple {
+                Reply::Lines {
                     keep_trailer: client_takes_trailers,
-                },
-                _ => direct::Answer::Map {
+                }
+            } else {
+                Reply::Map {
                     room: if from_h2 { direct::PROXY_FIELDS } else { 0 },
-                },
+                }
             };
             // An HTTP/1.0 request may name no host; HTTP/1.1 upstream needs one: the origin's,
             // set by `aim` for whichever origin the request goes to.
@@ -396,7 +397,7 @@ impl UpstreamPool {
             let sent = self.deadlines.timeout(
                 worker,
                 self.config.response_timeout,
-                self.send(via, req, &host, added, &mut answer),
+                self.send(via, req, &host, added, &reply),
             );
             let sent = sent.await;
             // Whatever the upstream connection made of it, a body cut at the limit is the
@@ -466,14 +467,14 @@ impl UpstreamPool {
     /// also how an origin that came back is found when nothing else works.
     // Not an `async fn`, for the reason given on `forward`.
     #[allow(clippy::manual_async_fn)]
-    fn send<'a, 'l>(
+    fn send<'a>(
         &'a self,
         via: Via<'a>,
         mut req: Request<RequestBody>,
         host: &'a HostHeader,
         mut added: headers::Added<'a>,
-        answer: &'a mut direct::Answer<'l>,
-    ) -> impl Future<Output = Result<Response<UpstreamBody>, RequestError>> + use<'a, 'l> {
+        reply: &'a Reply,
+    ) -> impl Future<Output = Result<Response<UpstreamBody>, RequestError>> + use<'a> {
         async move {
             let Via {
                 worker,
@@ -510,7 +511,7 @@ impl UpstreamPool {
                     self.send_h2(worker, origin, req).await
                 } else {
                     let direct = direct_client && req.body().is_absent();
-                    self.send_h1(worker, origin, req, &mut added, answer, direct)
+                    self.send_h1(worker, origin, req, &mut added, reply, direct)
                         .await
                 };
                 match attempt {
@@ -608,20 +609,20 @@ impl UpstreamPool {
     /// be made gives the request back ([`Failure::Connect`]).
     // Not an `async fn`, for the reason given on `forward`.
     #[allow(clippy::manual_async_fn)]
-    fn send_h1<'a, 'b, 'l>(
+    fn send_h1<'a, 'b>(
         &'a self,
         worker: usize,
         origin: usize,
         mut req: Request<RequestBody>,
         added: &'a mut headers::Added<'b>,
-        answer: &'a mut direct::Answer<'l>,
+        reply: &'a Reply,
         direct: bool,
-    ) -> impl Future<Output = Result<Response<UpstreamBody>, Failure>> + use<'a, 'b, 'l> {
+    ) -> impl Future<Output = Result<Response<UpstreamBody>, Failure>> + use<'a, 'b> {
         async move {
             // A request without a body (`direct`: it has none and may go so) to a plain-HTTP
             // origin goes on tollgate's own client.
             if direct && self.origins[origin].scheme == Scheme::HTTP {
-                return self.send_direct(worker, origin, req, added, answer).await;
+                return self.send_direct(worker, origin, req, added, reply).await;
             }
             added.move_into(req.headers_mut());
             if let Some(mut sender) = self.idle_h1(worker, origin) {
@@ -658,14 +659,14 @@ impl UpstreamPool {
     /// when no new connection can be made.
     // Not an `async fn`, for the reason given on `forward`.
     #[allow(clippy::manual_async_fn)]
-    fn send_direct<'a, 'b, 'l>(
+    fn send_direct<'a, 'b>(
         &'a self,
         worker: usize,
         origin: usize,
         req: Request<RequestBody>,
         added: &'a headers::Added<'b>,
-        answer: &'a mut direct::Answer<'l>,
-    ) -> impl Future<Output = Result<Response<UpstreamBody>, Failure>> + use<'a, 'b, 'l> {
+        reply: &'a Reply,
+    ) -> impl Future<Output = Result<Response<UpstreamBody>, Failure>> + use<'a, 'b> {
         async move {
             let parking = || Parking {
                 lanes: self.lanes.clone(),
@@ -673,7 +674,7 @@ impl UpstreamPool {
                 origin,
             };
             if let Some(conn) = self.idle_direct(worker, origin) {
-                match direct::exchange(conn, &req, added, answer, parking()).await {
+                match direct::exchange(conn, &req, added, reply, parking()).await {
                     Ok(response) => return Ok(response.map(UpstreamBody::Direct)),
                     Err(ExchangeError::Unsent(_)) => {}
                     Err(ExchangeError::Sent(err)) => return Err(Failure::Sent(err)),
@@ -685,7 +686,7 @@ impl UpstreamPool {
                 Ok(conn) => conn,
                 Err(err) => return Err(Failure::Connect(Box::new(req), err)),
             };
-            match direct::exchange(conn, &req, added, answer, parking()).await {
+            match direct::exchange(conn, &req, added, reply, parking()).await {
                 Ok(response) => Ok(response.map(UpstreamBody::Direct)),
                 Err(ExchangeError::Unsent(err) | ExchangeError::Sent(err)) => {
                     Err(Failure::Sent(err))

@@ -444,7 +444,7 @@ pub fn add_forwarded(headers: &mut HeaderMap, fwd: &ForwardedFor<'_>, names: &Fi
 /// `X-Request-Id` it made for a request that carried none, and the fields of [`add_forwarded`]
 /// for a request that carried none of those. They go after the request's own fields, in the
 /// order the map would have had them: tollgate's own HTTP/1.1 client writes them straight into
-/// the head ([`Added::write`]), hyper's clients get them in the map ([`Added::move_into`]). The
+/// the head ([`Added::each_field`]), hyper's clients get them in the map ([`Added::move_into`]). The
 /// usual request, on tollgate's own client, is then sent without five hashed inserts into its
 /// map (about 1,500 instructions).
 #[derive(Default)]
@@ -495,20 +495,20 @@ impl<'a> Added<'a> {
         }
     }
 
-    /// Writes what is kept as HTTP/1.1 field lines, as [`Added::move_into`] and an encoder
-    /// walking the map would.
-    pub fn write(&self, out: &mut Vec<u8>) {
-        let mut line = |name: &HeaderName, value: &[u8]| field_line(out, name, value);
+    /// Hands each field that is kept to `field` (name and value), in the order
+    /// [`Added::move_into`] puts them into a map, for tollgate's own client to write as field
+    /// lines (`http1::client`).
+    pub fn each_field(&self, mut field: impl FnMut(&HeaderName, &[u8])) {
         if let Some(id) = &self.request_id {
-            line(&X_REQUEST_ID, id.as_bytes());
+            field(&X_REQUEST_ID, id.as_bytes());
         }
         if let Some(fwd) = &self.forwarded {
-            line(&X_FORWARDED_FOR, fwd.peer.as_bytes());
-            line(&X_FORWARDED_PROTO, fwd.proto.as_bytes());
+            field(&X_FORWARDED_FOR, fwd.peer.as_bytes());
+            field(&X_FORWARDED_PROTO, fwd.proto.as_bytes());
             if let Some(host) = fwd.host {
-                line(&X_FORWARDED_HOST, host.as_bytes());
+                field(&X_FORWARDED_HOST, host.as_bytes());
             }
-            line(&X_REAL_IP, fwd.client.as_bytes());
+            field(&X_REAL_IP, fwd.client.as_bytes());
         }
     }
 }
@@ -599,7 +599,7 @@ pub fn rate_limit_policy_value(outcomes: &[LimitOutcome]) -> Option<HeaderValue>
 /// The values are written straight into byte buffers (integers with `itoa`): built with
 /// `format!` and joined, these fields were a quarter of the limiter's cost per request.
 pub fn add_rate_limit_headers(
-    to: &mut AddTo<'_>,
+    to: &mut impl ResponseFields,
     mode: RateLimitHeaders,
     outcomes: &[LimitOutcome],
     policy: Option<&HeaderValue>,
@@ -650,7 +650,7 @@ pub fn add_rate_limit_headers(
 /// response whose scan (`FieldNames::own`) found some: `X-Request-Id` (always set), and the
 /// rate-limit fields [`add_rate_limit_headers`] sets for these `outcomes` in this `mode`. Then
 /// what tollgate sets is added after the upstream's fields, the same whether it goes into the
-/// map or onto the wire ([`AddTo`]).
+/// map or onto the wire ([`ResponseFields`]).
 pub fn remove_replaced(
     headers: &mut HeaderMap,
     names: &FieldNames,
@@ -676,37 +676,17 @@ pub fn remove_replaced(
 }
 
 /// Where the fields tollgate sets on a response go (`X-Request-Id` and the rate-limit fields):
-/// into its map, which hyper's server encodes (HTTP/2 honours their never-indexed mark), or
-/// straight onto the wire as HTTP/1.1 field lines, for tollgate's own server path to write
-/// after the map's fields (`http1::server`), where hyper's encoder puts fields inserted
-/// into the map last. The map holds none of their names when they are set
-/// ([`remove_replaced`]), so both give the same head; the lines cost no hashed insert and no
-/// allocation per value (about 1,000 instructions per request).
-pub enum AddTo<'a> {
-    Map(&'a mut HeaderMap),
-    Lines(&'a mut Vec<u8>),
-}
+/// into its map (this module's implementation), which hyper's servers encode (HTTP/2 honours
+/// their never-indexed mark), or, for tollgate's own HTTP/1.1 server, straight onto the wire as
+/// field lines written after the map's fields (`http1::lines`), where hyper's encoder puts
+/// fields inserted into the map last. The map holds none of their names when they are set
+/// ([`remove_replaced`]), so both give the same head.
+pub trait ResponseFields {
+    /// Sets `X-Request-Id` to `id`.
+    fn request_id(&mut self, id: &RequestId);
 
-impl AddTo<'_> {
-    /// Sets `X-Request-Id` to `id` (as a value in the map, copied into the lines).
-    pub fn request_id(&mut self, id: &RequestId) {
-        match self {
-            AddTo::Map(headers) => {
-                headers.insert(X_REQUEST_ID.clone(), id.to_value());
-            }
-            AddTo::Lines(out) => field_line(out, &X_REQUEST_ID, id.as_bytes()),
-        }
-    }
-
-    /// Sets `name` to `value` (shared with the map, copied into the lines).
-    pub fn value(&mut self, name: &HeaderName, value: &HeaderValue) {
-        match self {
-            AddTo::Map(headers) => {
-                headers.insert(name.clone(), value.clone());
-            }
-            AddTo::Lines(out) => field_line(out, name, value.as_bytes()),
-        }
-    }
+    /// Sets `name` to `value`.
+    fn value(&mut self, name: &HeaderName, value: &HeaderValue);
 
     /// Sets `name` to the value `write` writes, unless `write` says that what it took from
     /// outside tollgate's own digits and punctuation (a policy name) is not valid field text
@@ -718,66 +698,30 @@ impl AddTo<'_> {
         name: &HeaderName,
         indexing: Indexing,
         write: impl FnOnce(&mut Vec<u8>) -> bool,
+    );
+}
+
+impl ResponseFields for HeaderMap {
+    /// As a shared value, marked never indexed.
+    fn request_id(&mut self, id: &RequestId) {
+        self.insert(X_REQUEST_ID.clone(), id.to_value());
+    }
+
+    /// Shared with the map.
+    fn value(&mut self, name: &HeaderName, value: &HeaderValue) {
+        self.insert(name.clone(), value.clone());
+    }
+
+    fn written(
+        &mut self,
+        name: &HeaderName,
+        indexing: Indexing,
+        write: impl FnOnce(&mut Vec<u8>) -> bool,
     ) {
-        match self {
-            AddTo::Map(headers) => {
-                let mut value = Vec::with_capacity(64);
-                if write(&mut value) {
-                    insert(headers, name, value, indexing);
-                }
-            }
-            AddTo::Lines(out) => {
-                let start = out.len();
-                field_name(out, name);
-                if write(out) {
-                    out.extend_from_slice(b"\r\n");
-                } else {
-                    out.truncate(start);
-                }
-            }
+        let mut value = Vec::with_capacity(64);
+        if write(&mut value) {
+            insert(self, name, value, indexing);
         }
-    }
-}
-
-/// The most a connection's [`ResponseLines`] keeps allocated between its responses.
-pub const KEPT_LINES: usize = 16 * 1024;
-
-/// A response's field lines for tollgate's own HTTP/1.1 server path, written after its map's
-/// fields (`http1::server`): the fields tollgate sets ([`AddTo::Lines`]) and, ahead of
-/// them, the upstream's own when tollgate's own client read the response
-/// (`http1::client`), which then leaves the map empty. What the server's encoder would
-/// have learnt from the upstream's fields in the map comes with them.
-#[derive(Default)]
-pub struct ResponseLines {
-    pub bytes: Vec<u8>,
-    /// The body's length, when a `Content-Length` line among the upstream's gives it (the
-    /// encoder then writes none of its own).
-    pub length: Option<u64>,
-    /// Whether the upstream's lines hold a `Date` (the encoder then writes none of its own).
-    pub date: bool,
-}
-
-impl ResponseLines {
-    /// Room for the usual response's lines (nginx's five fields and tollgate's own).
-    const USUAL: usize = 512;
-
-    pub fn new() -> Self {
-        ResponseLines {
-            bytes: Vec::with_capacity(Self::USUAL),
-            ..ResponseLines::default()
-        }
-    }
-
-    /// Empty again, for the next response, keeping the allocation unless an upstream's
-    /// unusually large head grew it past [`KEPT_LINES`]: that much is not held for as long as
-    /// the client keeps its connection.
-    pub fn clear(&mut self) {
-        self.bytes.clear();
-        if self.bytes.capacity() > KEPT_LINES {
-            self.bytes.shrink_to(Self::USUAL);
-        }
-        self.length = None;
-        self.date = false;
     }
 }
 
@@ -785,21 +729,6 @@ impl ResponseLines {
 /// space, tab and obs-text), so that the lines and the map leave out the same values.
 fn is_field_text(text: &str) -> bool {
     text.bytes().all(|b| (b >= 0x20 && b != 0x7f) || b == b'\t')
-}
-
-/// One HTTP/1.1 field line, `name: value` and its end, as the encoders of the simple path and
-/// of tollgate's own client write each of a map's fields. They keep their own loops: calling
-/// this from them cost 90–130 more instructions per request (`bench/instructions.sh`).
-fn field_line(out: &mut Vec<u8>, name: &HeaderName, value: &[u8]) {
-    field_name(out, name);
-    out.extend_from_slice(value);
-    out.extend_from_slice(b"\r\n");
-}
-
-/// The start of a field line: `name: `.
-fn field_name(out: &mut Vec<u8>, name: &HeaderName) {
-    out.extend_from_slice(name.as_str().as_bytes());
-    out.extend_from_slice(b": ");
 }
 
 static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -964,7 +893,7 @@ pub fn set_retry_after(headers: &mut HeaderMap, secs: u64, grpc: bool) {
 
 /// Whether a field's value may enter HTTP/2's HPACK table ([`never_indexed`]).
 #[derive(Clone, Copy)]
-enum Indexing {
+pub enum Indexing {
     /// The same from response to response (a limit's size).
     Allowed,
     /// Changes with every response (the requests left, the reset time).
@@ -1145,7 +1074,7 @@ mod tests {
     /// every mode, with shadow limits and with a policy name no field value may carry; and an
     /// upstream's own copies are removed exactly where they would have been replaced.
     #[test]
-    fn rate_limit_fields_as_lines_are_the_maps_fields() {
+    fn the_fields_tollgate_sets_replace_the_upstreams() {
         let outcome = |policy: &str, count: u32, shadow: bool| LimitOutcome {
             policy: policy.into(),
             requests: 10,
@@ -1173,16 +1102,7 @@ mod tests {
         ];
         for outcomes in &sets {
             for mode in modes {
-                let mut map = HeaderMap::new();
-                add_rate_limit_headers(&mut AddTo::Map(&mut map), mode, outcomes, None);
-                let mut from_map = Vec::new();
-                for (name, value) in &map {
-                    field_line(&mut from_map, name, value.as_bytes());
-                }
-                let mut lines = Vec::new();
-                add_rate_limit_headers(&mut AddTo::Lines(&mut lines), mode, outcomes, None);
                 let context = format!("{mode:?} {outcomes:?}");
-                assert_eq!(lossy(&lines), lossy(&from_map), "{context}");
 
                 // An upstream that sent every such field: the ones tollgate sets in this mode
                 // are gone before it sets them (a value it cannot send leaves neither), the
@@ -1217,10 +1137,6 @@ mod tests {
                 }
             }
         }
-    }
-
-    fn lossy(bytes: &[u8]) -> String {
-        String::from_utf8_lossy(bytes).into_owned()
     }
 
     #[test]
@@ -1265,27 +1181,6 @@ mod tests {
         );
         // In a map, a made id is marked never indexed like a kept one.
         assert!(RequestId::random().to_value().is_sensitive());
-    }
-
-    #[test]
-    fn response_lines_grown_by_a_large_head_are_given_back() {
-        let mut lines = ResponseLines::new();
-        lines.bytes.extend_from_slice(&[b'x'; 400]);
-        lines.length = Some(1);
-        lines.date = true;
-        lines.clear();
-        assert_eq!(
-            (lines.bytes.len(), lines.length, lines.date),
-            (0, None, false)
-        );
-        assert!(lines.bytes.capacity() >= 400, "the usual size is kept");
-        lines.bytes.extend_from_slice(&vec![b'x'; 100_000]);
-        lines.clear();
-        assert!(
-            lines.bytes.capacity() <= KEPT_LINES,
-            "{}",
-            lines.bytes.capacity()
-        );
     }
 
     #[test]

@@ -37,6 +37,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::head;
+use super::lines::{field_line, AddTo, ResponseLines};
 use super::rules::{
     self, ChunkSizes, HYPER_MAX_CHUNK_LINE, HYPER_MAX_EXTENSIONS, HYPER_MAX_FIELDS,
     HYPER_MAX_LENGTH, HYPER_MAX_RESPONSE_HEAD, MAX_TRAILERS,
@@ -51,22 +52,35 @@ use hyper_rustls::MaybeHttpsStream;
 const READ_CHUNK: usize = 8 * 1024;
 /// Room left in a response's field map for what the proxy adds to it (rate-limit fields and
 /// `X-Request-Id`), so it is not grown (rehashed) on the way: for an answer to HTTP/2, which
-/// hyper's server encodes from the map. The simple path writes those fields as lines
-/// (`headers::AddTo`), and a map sized for them would be allocated larger than it needs, past
+/// hyper's server encodes from the map. tollgate's own server gets those fields as lines
+/// ([`AddTo`]), and a map sized for them would be allocated larger than it needs, past
 /// the allocator's cache of small blocks, on every request.
 pub(crate) const PROXY_FIELDS: usize = 5;
 
-/// Where a response's fields go.
-pub(crate) enum Answer<'l> {
+/// Where the forwarder wants a response's fields: as lines when the request came from
+/// tollgate's own HTTP/1.1 server (its body says so: `ClientBody::Simple`), which writes them,
+/// else in the map.
+#[derive(Clone, Copy)]
+pub(crate) enum Reply {
     /// Into the response's map, with room for `room` more (what the proxy adds to an answer
     /// to HTTP/2).
     Map { room: usize },
-    /// As field lines for tollgate's own HTTP/1.1 server path, the map left empty
-    /// ([`headers::ResponseLines`]): the kept fields are copied once, where a map would
-    /// parse, hash and insert each name, and the server's encoder write it out again (about
-    /// 1,200 instructions per request). `keep_trailer`: the client takes trailers.
+    /// As field lines, the map left empty ([`Answer::Lines`]); `keep_trailer`: the client
+    /// takes trailers.
+    Lines { keep_trailer: bool },
+}
+
+/// Where a response's fields go as its head is read.
+enum Answer<'l> {
+    /// Into the response's map, with room for `room` more.
+    Map { room: usize },
+    /// As field lines for tollgate's own HTTP/1.1 server, the map left empty
+    /// ([`ResponseLines`], the connection's own, which the response's body carries to the
+    /// server): the kept fields are copied once, where a map would parse, hash and insert each
+    /// name, and the server's encoder write it out again (about 1,200 instructions per
+    /// request). `keep_trailer`: the client takes trailers.
     Lines {
-        lines: &'l mut headers::ResponseLines,
+        lines: &'l mut ResponseLines,
         keep_trailer: bool,
     },
 }
@@ -82,6 +96,9 @@ pub(crate) struct DirectConn {
     out: Vec<u8>,
     /// Where a response head's fields are (name, value), from its one parse; kept likewise.
     fields: Vec<(Range<usize>, Range<usize>)>,
+    /// The response's field lines for tollgate's own server ([`Reply::Lines`]); kept likewise,
+    /// emptied when the connection goes back to its lane.
+    lines: ResponseLines,
 }
 
 /// Why an exchange gave no response.
@@ -113,6 +130,7 @@ impl DirectConn {
             buf: BytesMut::with_capacity(READ_CHUNK),
             out: Vec::with_capacity(512),
             fields: Vec::with_capacity(16),
+            lines: ResponseLines::new(),
         }))
     }
 
@@ -139,13 +157,13 @@ impl DirectConn {
 // Not an `async fn`: that would keep `conn` twice, as its argument and as a local of its
 // body (rust-lang/rust#62958).
 #[allow(clippy::manual_async_fn)]
-pub(crate) fn exchange<'r, 'l>(
+pub(crate) fn exchange<'r>(
     mut conn: Box<DirectConn>,
     req: &'r Request<RequestBody>,
     added: &Added<'_>,
-    answer: &'r mut Answer<'l>,
+    reply: &'r Reply,
     parking: Parking,
-) -> impl Future<Output = Result<Response<DirectBody>, ExchangeError>> + use<'r, 'l> {
+) -> impl Future<Output = Result<Response<DirectBody>, ExchangeError>> + use<'r> {
     // Encoded now: the future need not hold `added`.
     encode_request(req, added, &mut conn.out);
     async move {
@@ -162,20 +180,27 @@ pub(crate) fn exchange<'r, 'l>(
         }
         let head_only = req.method() == Method::HEAD;
         loop {
-            match read_head(&mut conn, head_only, answer).await {
+            match read_head(&mut conn, head_only, *reply).await {
                 Ok(Head::Informational) => continue,
                 Ok(Head::Response {
                     response,
                     framing,
                     keep_alive,
                 }) => {
+                    let as_lines = matches!(*reply, Reply::Lines { .. });
                     let mut body = DirectBody {
                         conn: Some(conn),
                         framing,
                         keep_alive,
                         parking: Some(parking),
+                        as_lines,
                     };
-                    body.finish_if_done();
+                    // A body read whole already goes back at once, unless it carries the
+                    // lines that tollgate's own server has yet to write: then when the server
+                    // is done with them (`DirectBody::finish`).
+                    if !as_lines {
+                        body.finish_if_done();
+                    }
                     return Ok(response.map(|()| body));
                 }
                 Err(err) => return Err(ExchangeError::Sent(err)),
@@ -207,7 +232,7 @@ fn encode_request(req: &Request<RequestBody>, added: &Added<'_>, out: &mut Vec<u
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
     }
-    added.write(out);
+    added.each_field(|name, value| field_line(out, name, value));
     out.extend_from_slice(b"\r\n");
 }
 
@@ -242,11 +267,19 @@ enum Head {
 async fn read_head(
     conn: &mut DirectConn,
     head_only: bool,
-    answer: &mut Answer<'_>,
+    reply: Reply,
 ) -> Result<Head, RequestError> {
+    let mut answer = match reply {
+        Reply::Map { room } => Answer::Map { room },
+        Reply::Lines { keep_trailer } => Answer::Lines {
+            lines: &mut conn.lines,
+            keep_trailer,
+        },
+    };
     loop {
         if !conn.buf.is_empty() {
-            if let Some(head) = parse_head(&mut conn.buf, &mut conn.fields, head_only, answer)? {
+            let fields = &mut conn.fields;
+            if let Some(head) = parse_head(&mut conn.buf, fields, head_only, &mut answer)? {
                 return Ok(head);
             }
             if conn.buf.len() > HYPER_MAX_RESPONSE_HEAD {
@@ -468,7 +501,7 @@ const MAX_NAME: usize = (1 << 16) - 1;
 fn fields_as_lines<'h>(
     head: &'h Bytes,
     fields: &[(Range<usize>, Range<usize>)],
-    lines: &mut headers::ResponseLines,
+    lines: &mut ResponseLines,
     keep_trailer: bool,
     version: Version,
 ) -> Option<AsLines<'h>> {
@@ -550,7 +583,7 @@ impl AsLines<'_> {
     /// whether a `Date` came. A framing that is an error leaves the lines as they were.
     fn finish(
         self,
-        lines: &mut headers::ResponseLines,
+        lines: &mut ResponseLines,
         status: StatusCode,
         version: Version,
         head_only: bool,
@@ -661,6 +694,10 @@ pub struct DirectBody {
     framing: Framing,
     keep_alive: bool,
     parking: Option<Parking>,
+    /// Its response's fields go to tollgate's own server as the connection's lines
+    /// ([`Reply::Lines`]): the connection stays with the body until the server has written
+    /// them (the body read to its end, or [`DirectBody::finish`]ed).
+    as_lines: bool,
 }
 
 /// What one step of reading a body found.
@@ -701,10 +738,39 @@ impl DirectBody {
             return;
         }
         let conn = self.conn.take();
-        if let (Some(conn), Some(parking), true) = (conn, self.parking.take(), self.keep_alive) {
+        if let (Some(mut conn), Some(parking), true) = (conn, self.parking.take(), self.keep_alive)
+        {
             if conn.buf.is_empty() {
+                // The next response's lines start empty, and a grown buffer is given back.
+                conn.lines.clear();
                 lock(&parking.lanes[parking.worker]).park_direct(parking.origin, conn);
             }
+        }
+    }
+
+    /// The end of a body that tollgate's own server sends nothing of (a response without a
+    /// body, whose lines it has written): the connection goes back to its lane when the body
+    /// has nothing left to read, as it would have at once had it not carried the lines.
+    pub fn finish(&mut self) {
+        self.finish_if_done();
+    }
+
+    /// The response's field lines, when they go to tollgate's own server ([`Reply::Lines`]):
+    /// the upstream's kept fields, when the head went as lines (the response's map is then
+    /// empty), then the fields tollgate set ([`DirectBody::fields_to`]).
+    pub fn lines(&self) -> Option<&ResponseLines> {
+        match &self.conn {
+            Some(conn) if self.as_lines => Some(&conn.lines),
+            _ => None,
+        }
+    }
+
+    /// Where the fields tollgate sets on this response go: its lines when it carries them,
+    /// else `map`, the response's.
+    pub fn fields_to<'a>(&'a mut self, map: &'a mut HeaderMap) -> AddTo<'a> {
+        match &mut self.conn {
+            Some(conn) if self.as_lines => AddTo::Lines(&mut conn.lines),
+            _ => AddTo::Map(map),
         }
     }
 
@@ -770,7 +836,7 @@ pub fn lines_against_the_map(wire: &[u8], head_only: bool) -> Result<WentAs, Str
         head_only,
         &mut Answer::Map { room: 0 },
     );
-    let mut lines = headers::ResponseLines::default();
+    let mut lines = ResponseLines::default();
     let mut answer = Answer::Lines {
         lines: &mut lines,
         keep_trailer: false,
@@ -1154,7 +1220,7 @@ mod tests {
         head_only: bool,
         keep_trailer: bool,
     ) -> (String, Option<u64>, bool, usize) {
-        let mut lines = headers::ResponseLines::default();
+        let mut lines = ResponseLines::default();
         lines.bytes.extend_from_slice(b"before: 1\r\n");
         let mut answer = Answer::Lines {
             lines: &mut lines,
@@ -1305,7 +1371,7 @@ mod tests {
         );
         assert_eq!((lines.as_str(), in_map), ("before: 1\r\n", 1));
         // A head whose framing is an error leaves nothing either.
-        let mut lines = headers::ResponseLines::default();
+        let mut lines = ResponseLines::default();
         let mut answer = Answer::Lines {
             lines: &mut lines,
             keep_trailer: false,

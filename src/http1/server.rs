@@ -50,8 +50,9 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
 use super::guard;
 use super::head::{self, HeadScan};
+use super::lines::ResponseLines;
 use super::rules::{self, HYPER_MAX_FIELDS, SIMPLE_MAX_HEAD};
-use crate::body::{BodyError, ClientBody, ProxyBody};
+use crate::body::{BodyError, ClientBody, ProxyBody, UpstreamBody};
 use crate::headers;
 use crate::proxy::{ConnInfo, Proxy};
 use crate::server::connection::{Activity, ClientStream, InFlight};
@@ -102,7 +103,6 @@ pub(crate) async fn serve<S: ClientStream>(
         activity,
         buf: BytesMut::with_capacity(READ_BUFFER),
         out: Vec::with_capacity(USUAL_OUT),
-        added: headers::ResponseLines::new(),
         fields: Vec::with_capacity(16),
         date: DateField::default(),
         watch: CloseWatch { on: false },
@@ -168,10 +168,6 @@ struct Simple<'a, S> {
     buf: BytesMut,
     /// The response being written; kept (cleared) from response to response.
     out: Vec<u8>,
-    /// The field lines tollgate sets on a response (`X-Request-Id`, the rate-limit fields),
-    /// written after the map's ([`crate::headers::AddTo`]), behind the upstream's own when
-    /// tollgate's own client read the response ([`headers::ResponseLines`]); kept likewise.
-    added: headers::ResponseLines,
     /// Where the head's fields are (name, value), from its one parse; kept likewise.
     fields: Vec<(Range<usize>, Range<usize>)>,
     date: DateField,
@@ -322,10 +318,8 @@ impl<'a, S: ClientStream> Simple<'a, S> {
             let head_request = request.method() == Method::HEAD;
             let _in_flight = InFlight::start(self.activity.clone());
             self.watch.start(&self.buf);
-            let mut added = std::mem::take(&mut self.added);
-            added.clear();
             let response = {
-                let handling = pin!(proxy.handle(request, info.clone(), Some(&mut added)));
+                let handling = pin!(proxy.handle(request, info.clone()));
                 self.unless_client_goes(handling).await
             };
             let Some(response) = response else {
@@ -333,16 +327,16 @@ impl<'a, S: ClientStream> Simple<'a, S> {
             };
             let closing = asks.close || self.activity.draining();
             let (parts, mut body) = response.into_parts();
-            let mut framing = self.encode_head(&parts, &added, &body, head_request, closing);
-            self.added = added;
+            let mut framing = self.encode_head(&parts, &body, head_request, closing);
             if !asks.trailers {
                 if let Some(BodyFraming::Chunked(names)) = &mut framing.body {
                     *names = None;
                 }
             }
             if framing.body.is_none() {
-                // Nothing of the body goes out (HEAD, 204, 304...): dropped unread, as hyper does.
-                drop(body);
+                // Nothing of the body goes out (HEAD, 204, 304...): dropped unread, as hyper does,
+                // once an upstream connection it holds for its lines has gone back.
+                body.finish_unsent();
             } else if !self.send_body(&mut body, &mut framing.body).await {
                 // What was ready goes out, as hyper writes it before it closes: the client sees a
                 // cut response, not none.
@@ -376,12 +370,11 @@ impl<'a, S: ClientStream> Simple<'a, S> {
         .await
     }
 
-    /// Writes the status line and fields into `out` (the map's, then `added`, as field lines),
-    /// and says how the body goes.
+    /// Writes the status line and fields into `out` (the map's, then the lines the body
+    /// carries: [`lines_of`]), and says how the body goes.
     fn encode_head(
         &mut self,
         parts: &http::response::Parts,
-        added: &headers::ResponseLines,
         body: &ProxyBody,
         head_request: bool,
         closing: bool,
@@ -423,8 +416,9 @@ impl<'a, S: ClientStream> Simple<'a, S> {
         let chunkable = can_have_body(head_request, status);
         let mut last = closing;
         // What the upstream's own lines, when they are there, say (the map is empty then).
-        let mut length: Option<u64> = added.length;
-        let mut wrote_date = added.date;
+        let lines = lines_of(body);
+        let mut length: Option<u64> = lines.and_then(|lines| lines.length);
+        let mut wrote_date = lines.is_some_and(|lines| lines.date);
         let mut close_said = false;
         let mut trailer_names: Option<Vec<HeaderName>> = None;
         // An unknown length takes the fields' own (hyper trusts a known one); fields that
@@ -473,7 +467,9 @@ impl<'a, S: ClientStream> Simple<'a, S> {
             out.extend_from_slice(b"\r\n");
         }
         // Where hyper's encoder would have written them had they been put into the map last.
-        out.extend_from_slice(&added.bytes);
+        if let Some(lines) = lines {
+            out.extend_from_slice(lines.as_bytes());
+        }
         if last && !close_said {
             out.extend_from_slice(b"connection: close\r\n");
         }
@@ -722,6 +718,16 @@ enum BodyFraming {
     Chunked(Option<Vec<HeaderName>>),
 }
 
+/// The field lines a response carries to this server: those of a response tollgate's own
+/// client read for it (`DirectBody::lines`), the upstream's kept fields and the ones tollgate
+/// set; None for any other response, whose fields are all in its map.
+fn lines_of(body: &ProxyBody) -> Option<&ResponseLines> {
+    match body {
+        ProxyBody::Upstream(UpstreamBody::Direct(body)) => body.lines(),
+        _ => None,
+    }
+}
+
 /// How one response's body goes: None when no body follows the head.
 struct Framing {
     body: Option<BodyFraming>,
@@ -742,7 +748,7 @@ fn request_from(
     fields: &[(Range<usize>, Range<usize>)],
 ) -> Option<Request<ClientBody>> {
     let uri = Uri::from_maybe_shared(head.slice(parsed.target.clone())).ok()?;
-    let mut request = Request::new(ClientBody::Empty);
+    let mut request = Request::new(ClientBody::Simple);
     *request.method_mut() = parsed.method.clone();
     *request.uri_mut() = uri;
     *request.version_mut() = Version::HTTP_11;

@@ -157,7 +157,7 @@ pub(super) async fn serve_connection<S>(
         // a pointer.
         Box::pin(async move {
             let version = req.version();
-            let mut response = proxy.handle(req.map(ClientBody::Hyper), info, None).await;
+            let mut response = proxy.handle(req.map(ClientBody::Hyper), info).await;
             if version != http::Version::HTTP_2
                 && response.status() != http::StatusCode::SWITCHING_PROTOCOLS
                 && in_flight.connection().draining()
