@@ -87,16 +87,6 @@ impl Body for UpstreamBody {
 }
 
 impl ProxyBody {
-    /// Drops a body of which nothing is sent (HEAD, 204, 304), after handing an upstream
-    /// connection it holds back to its pool when the body has nothing left to read (a body
-    /// whose response went to tollgate's own server as lines keeps its connection until then:
-    /// `DirectBody::finish`).
-    pub fn finish_unsent(self) {
-        if let ProxyBody::Upstream(UpstreamBody::Direct(mut body)) = self {
-            body.finish();
-        }
-    }
-
     pub fn empty() -> Self {
         ProxyBody::Local(None)
     }

@@ -66,7 +66,7 @@ use crate::http1::client as direct;
 use direct::{DirectConn, ExchangeError, Parking, Reply};
 
 type Connector = HttpsConnector<HttpConnector>;
-pub(crate) type UpstreamIo = MaybeHttpsStream<TokioIo<TcpStream>>;
+type UpstreamIo = MaybeHttpsStream<TokioIo<TcpStream>>;
 
 pub struct UpstreamPool {
     pub config: Arc<UpstreamConfig>,
@@ -79,7 +79,7 @@ pub struct UpstreamPool {
     /// opened it; a worker only uses its own lane, so a request and the upstream connection
     /// that carries it stay on one thread, and the lane's lock is only ever contended by the
     /// once-a-second trim ([`trim_idle`]).
-    lanes: Arc<[Mutex<Lane>]>,
+    lanes: Arc<Lanes>,
     /// `response_timeout`s, one lane per worker as above, without a timer per request.
     deadlines: Arc<Deadlines>,
     /// When the pool was built: the clock of `Origin::failed_until`.
@@ -100,7 +100,7 @@ struct Origin {
 
 /// One worker's connections to one upstream, by origin index.
 #[derive(Default)]
-pub(crate) struct Lane {
+struct Lane {
     /// Idle HTTP/1.1 connections of hyper's client, the most recently used last.
     idle: Vec<VecDeque<Idle<http1::SendRequest<RequestBody>>>>,
     /// Idle HTTP/1.1 connections of tollgate's own client ([`direct`]), likewise.
@@ -131,6 +131,26 @@ impl<C> Idle<C> {
     }
 }
 
+/// A pool's lanes, one per connection worker.
+struct Lanes(Box<[Mutex<Lane>]>);
+
+/// Where tollgate's own client puts a connection whose response it has read whole.
+impl direct::Park for Lanes {
+    fn park(&self, worker: usize, origin: usize, conn: Box<DirectConn>) {
+        lock(&self.0[worker]).park_direct(origin, conn);
+    }
+}
+
+/// tollgate's own client on a connection the connector made to a plain-HTTP origin.
+fn direct_conn(io: UpstreamIo) -> Result<Box<DirectConn>, RequestError> {
+    match io {
+        MaybeHttpsStream::Http(io) => Ok(DirectConn::new(io.into_inner())),
+        MaybeHttpsStream::Https(_) => Err(RequestError::UpstreamUnreachable(
+            "TLS to an origin tollgate's own client does not serve".into(),
+        )),
+    }
+}
+
 impl Lane {
     /// Puts a ready connection at the most-recently-used end of the origin's idle list.
     /// Expired and surplus connections are closed by `trim_idle`, not here.
@@ -139,7 +159,7 @@ impl Lane {
     }
 
     /// The same for a connection of tollgate's own client, once its response was read whole.
-    pub(crate) fn park_direct(&mut self, origin: usize, conn: Box<DirectConn>) {
+    fn park_direct(&mut self, origin: usize, conn: Box<DirectConn>) {
         self.direct[origin].push_back(Idle::new(conn));
     }
 }
@@ -252,7 +272,7 @@ impl UpstreamPool {
                 })
             })
             .collect();
-        let lanes: Arc<[Mutex<Lane>]> = lanes;
+        let lanes = Arc::new(Lanes(lanes));
         // Outside a runtime (`check`) nothing is ever pooled, so there is nothing to trim.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(trim_idle(
@@ -266,7 +286,7 @@ impl UpstreamPool {
             origins,
             next: AtomicUsize::new(0),
             connector,
-            deadlines: Deadlines::new(lanes.len()),
+            deadlines: Deadlines::new(lanes.0.len()),
             lanes,
             born: std::time::Instant::now(),
         })
@@ -388,7 +408,7 @@ impl UpstreamPool {
                 }
                 None => (req.map(RequestBody::unlimited), None),
             };
-            let worker = fwd.worker % self.lanes.len();
+            let worker = fwd.worker % self.lanes.0.len();
             let via = Via {
                 worker,
                 metrics: fwd.metrics,
@@ -456,7 +476,7 @@ impl UpstreamPool {
     }
 
     fn lane(&self, worker: usize) -> MutexGuard<'_, Lane> {
-        lock(&self.lanes[worker])
+        lock(&self.lanes.0[worker])
     }
 
     /// Sends the request to the upstream's next origin (round robin). An origin that cannot
@@ -669,7 +689,7 @@ impl UpstreamPool {
     ) -> impl Future<Output = Result<Response<UpstreamBody>, Failure>> + use<'a, 'b> {
         async move {
             let parking = || Parking {
-                lanes: self.lanes.clone(),
+                pool: self.lanes.clone(),
                 worker,
                 origin,
             };
@@ -682,7 +702,7 @@ impl UpstreamPool {
             }
             // Boxed, as in `send_h1`: connecting is the rare path.
             let connected = Box::pin(self.connect(origin)).await;
-            let conn = match connected.and_then(DirectConn::over) {
+            let conn = match connected.and_then(direct_conn) {
                 Ok(conn) => conn,
                 Err(err) => return Err(Failure::Connect(Box::new(req), err)),
             };
@@ -749,7 +769,7 @@ impl UpstreamPool {
         let lanes = self.lanes.clone();
         tokio::spawn(async move {
             if sender.ready().await.is_ok() {
-                lock(&lanes[worker]).park(origin, sender);
+                lock(&lanes.0[worker]).park(origin, sender);
             }
         });
     }
@@ -822,7 +842,7 @@ impl UpstreamPool {
 /// and the oldest beyond `keep` per lane and origin once idle for [`SURPLUS_GRACE`], like
 /// nginx's `keepalive`. Dropping a sender closes its connection, on whichever worker drives
 /// it.
-async fn trim_idle(lanes: Weak<[Mutex<Lane>]>, keep: usize) {
+async fn trim_idle(lanes: Weak<Lanes>, keep: usize) {
     let mut tick = tokio::time::interval(TRIM_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -831,7 +851,7 @@ async fn trim_idle(lanes: Weak<[Mutex<Lane>]>, keep: usize) {
             return;
         };
         let now = Instant::now();
-        for lane in lanes.iter() {
+        for lane in lanes.0.iter() {
             let lane = &mut *lock(lane);
             for (hyper, direct) in lane.idle.iter_mut().zip(lane.direct.iter_mut()) {
                 trim(hyper, direct, now, keep);
@@ -899,7 +919,7 @@ fn trim<A, B>(
 
 /// A lane's lock. A panic while it was held leaves nothing half-done that matters (a lane
 /// only holds connections), so a poisoned lock is used as it is.
-pub(crate) fn lock(lane: &Mutex<Lane>) -> MutexGuard<'_, Lane> {
+fn lock(lane: &Mutex<Lane>) -> MutexGuard<'_, Lane> {
     lane.lock().unwrap_or_else(PoisonError::into_inner)
 }
 

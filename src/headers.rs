@@ -280,7 +280,7 @@ impl FieldNames {
     /// [`strip_hop_by_hop`] removes it: the trailer fields the message announces, as one
     /// value, when `body` can still carry trailers there; else None.
     ///
-    /// `Trailer` is hop-by-hop, but hyper's HTTP/1.1 encoder (and `simple_h1`'s) sends only
+    /// `Trailer` is hop-by-hop, but hyper's HTTP/1.1 encoder (and `http1::server`'s) sends only
     /// the trailer fields it announces, so the forwarder puts it back for a body whose
     /// trailers pass through. Only a chunked body carries trailers (RFC 9112 7.1.2), and an
     /// encoder chunks only a body that has not ended and whose length it does not know: any

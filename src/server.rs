@@ -39,7 +39,7 @@
 //! [`crate::store::start`].
 
 mod coarse_clock;
-pub(crate) mod connection;
+mod connection;
 mod open_files;
 pub mod proxy_protocol;
 mod reload;

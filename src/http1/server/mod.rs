@@ -35,34 +35,25 @@
 
 use std::future::Future;
 use std::io::{self, IoSlice};
-use std::mem::MaybeUninit;
 use std::ops::Range;
 use std::pin::{pin, Pin};
-use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::{Bytes, BytesMut};
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Method, Request, StatusCode, Uri, Version};
+use http::{Method, Request, Response};
 use http_body::{Body, Frame};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use super::guard;
 use super::head::{self, HeadScan};
 use super::lines::ResponseLines;
-use super::rules::{self, HYPER_MAX_FIELDS, SIMPLE_MAX_HEAD};
-use crate::body::{BodyError, ClientBody, ProxyBody, UpstreamBody};
-use crate::headers;
-use crate::proxy::{ConnInfo, Proxy};
-use crate::server::connection::{Activity, ClientStream, InFlight};
+use super::rules::SIMPLE_MAX_HEAD;
 
-/// Fields the forwarder may add to a request's map on tollgate's own client (a `Trailer`
-/// announcement; `Host` replaces the client's). What it adds for every request goes into the
-/// head as lines (`headers::Added`), and hyper's clients reserve room for it themselves: a
-/// map sized for it here would be allocated larger than it needs, past the allocator's cache
-/// of small blocks, on every request.
-const FORWARDER_FIELDS: usize = 1;
+mod encode;
+mod parse;
+
+use encode::{encode_head, hex, write_trailers, BodyFraming, DateField};
+pub use parse::simple_request;
+use parse::{parse_head, request_from, Asks, ParsedHead};
 /// Body data at least this long is written from where it is, not copied behind the head.
 const COPY_LIMIT: usize = 8 * 1024;
 /// A body whose frames keep coming ready is written out once this much has gathered: the
@@ -80,8 +71,73 @@ const READ_BUFFER: usize = 8 * 1024;
 /// Room kept for one read ahead while a request is in flight (TLS: [`poll_read_ahead`]).
 const READ_AHEAD: usize = 4 * 1024;
 
+/// A client connection's byte stream, and whether tollgate can see the client close it
+/// without reading from it.
+///
+/// hyper notices a client that goes away while its request waits for the upstream by reading
+/// from the connection (`mid_message_detect_eof`), and for that read it allocates a fresh
+/// 8 KiB buffer per request (its last one still holds the request's head). Where the stream is
+/// a plain socket, tollgate looks instead, the way nginx does: a peek of one byte, from the
+/// socket wrapper's `poll_flush`, which hyper calls at every turn of the connection while the
+/// request is in flight. Through TLS a peek would see the encrypted `close_notify`, not the
+/// close, so hyper's read stays in charge there.
+pub trait ClientStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
+    /// Whether [`ClientStream::poll_peer_closed`] answers; hyper's own check is turned off
+    /// (`half_close`) exactly when it does.
+    const SEES_CLOSE: bool;
+
+    /// `Ready(true)`: the client closed the connection (or it failed); `Ready(false)`: bytes
+    /// are waiting to be read, so a close cannot be seen behind them; `Pending`: neither, and
+    /// the task is woken when that changes. Never consumes a byte.
+    fn poll_peer_closed(&self, cx: &mut Context<'_>) -> Poll<bool>;
+
+    /// Whether HTTP/1.1 may be spoken on the connection, so that its first requests go to the
+    /// simple path ([`serve`]): false only for TLS that agreed on HTTP/2 by ALPN.
+    fn may_speak_h1(&self) -> bool;
+}
+
+/// What tollgate's own server serves requests for: the proxy behind it and the record the
+/// connection keeps of its activity (`server::connection`). The server itself knows bytes and
+/// HTTP/1.1 only; the request and response bodies are the service's.
+pub trait Service {
+    /// The body of a request this server read: there is none, and it says that the response
+    /// goes back to this server, which takes field lines (`ClientBody::Simple`).
+    type RequestBody;
+    /// The body of a response.
+    type ResponseBody: Body<Data = Bytes> + Unpin;
+    /// Held while a request is in flight.
+    type InFlight;
+
+    /// The body of the next request.
+    fn request_body(&self) -> Self::RequestBody;
+
+    /// The response to `request`.
+    fn call(
+        &self,
+        request: Request<Self::RequestBody>,
+    ) -> impl Future<Output = Response<Self::ResponseBody>> + Send;
+
+    /// The field lines a response's body carries, written after the map's fields: those of a
+    /// response tollgate's own client read for this server (the upstream's kept fields and
+    /// the ones tollgate set); None for any other, whose fields are all in its map.
+    fn lines(body: &Self::ResponseBody) -> Option<&ResponseLines>;
+
+    /// Drops a body of which nothing is sent (HEAD, 204, 304), as hyper does, once an upstream
+    /// connection it keeps for its lines has gone back to its pool.
+    fn finish_unsent(body: Self::ResponseBody);
+
+    /// Bytes moved on the connection.
+    fn touch(&self);
+
+    /// The server is draining: close between requests, and say so on the response in flight.
+    fn draining(&self) -> bool;
+
+    /// A request starts; it is in flight until what this returns is dropped.
+    fn start(&self) -> Self::InFlight;
+}
+
 /// How the simple path ended.
-pub(crate) enum Ending {
+pub enum Ending {
     /// The connection is done: the client closed it, a response asked to close it, or it
     /// failed.
     Closed,
@@ -92,15 +148,10 @@ pub(crate) enum Ending {
 }
 
 /// Serves simple requests on `stream` until the connection ends or a request is not simple.
-pub(crate) async fn serve<S: ClientStream>(
-    stream: &mut S,
-    info: &ConnInfo,
-    proxy: &Proxy,
-    activity: &Arc<Activity>,
-) -> Ending {
+pub async fn serve<S: ClientStream, V: Service>(stream: &mut S, service: &V) -> Ending {
     let mut conn = Simple {
         stream,
-        activity,
+        service,
         buf: BytesMut::with_capacity(READ_BUFFER),
         out: Vec::with_capacity(USUAL_OUT),
         fields: Vec::with_capacity(16),
@@ -123,7 +174,7 @@ pub(crate) async fn serve<S: ClientStream>(
         let Some((request, asks)) = conn.build(head) else {
             return conn.hand_over();
         };
-        if !conn.exchange(request, asks, info, proxy).await {
+        if !conn.exchange(request, asks).await {
             let _ = conn.stream.shutdown().await;
             return Ending::Closed;
         }
@@ -138,22 +189,6 @@ fn give_back_grown(out: &mut Vec<u8>) {
     }
 }
 
-/// The simple path's verdict on the bytes at the start of a connection (or after a served
-/// request): the head's length, the request it builds and whether the client asked to close,
-/// or None when it would hand the bytes to the framing guard and hyper. For the differential
-/// fuzz target (`fuzz/fuzz_targets/simple_head.rs`), which checks every head taken here
-/// against the guard and httparse as hyper calls it.
-pub fn simple_request(bytes: &[u8]) -> Option<(usize, Request<()>, bool)> {
-    let HeadScan::Whole { end, folded: false } = head::scan_head(bytes) else {
-        return None;
-    };
-    let mut fields = Vec::new();
-    let head = parse_head(&bytes[..end], &mut fields)?;
-    let frozen = Bytes::copy_from_slice(&bytes[..head.len]);
-    let request = request_from(&frozen, &head, &fields)?;
-    Some((head.len, request.map(|_| ()), head.asks.close))
-}
-
 /// Why the wait for a head ended without one.
 enum Stop {
     Close,
@@ -161,9 +196,9 @@ enum Stop {
 }
 
 /// One connection on the simple path.
-struct Simple<'a, S> {
+struct Simple<'a, S, V> {
     stream: &'a mut S,
-    activity: &'a Arc<Activity>,
+    service: &'a V,
     /// Bytes read and not used yet: the next head, and whatever a client pipelined after it.
     buf: BytesMut,
     /// The response being written; kept (cleared) from response to response.
@@ -232,25 +267,7 @@ fn poll_read_ahead<S: AsyncRead + Unpin>(
     }
 }
 
-/// Where a head's parts are in its bytes (its fields: [`Simple::fields`]): one parse, read
-/// again once the bytes are frozen.
-struct ParsedHead {
-    len: usize,
-    method: Method,
-    target: Range<usize>,
-    asks: Asks,
-}
-
-/// What the client's fields ask of the response.
-#[derive(Clone, Copy, Default)]
-struct Asks {
-    /// `Connection: close`.
-    close: bool,
-    /// `TE: trailers`: hyper sends a response's trailer fields only then.
-    trailers: bool,
-}
-
-impl<'a, S: ClientStream> Simple<'a, S> {
+impl<'a, S: ClientStream, V: Service> Simple<'a, S, V> {
     fn hand_over(&mut self) -> Ending {
         Ending::HandOver {
             buffered: std::mem::take(&mut self.buf).freeze(),
@@ -271,28 +288,28 @@ impl<'a, S: ClientStream> Simple<'a, S> {
                 }
             }
             self.buf.reserve(READ_BUFFER);
-            let (stream, buf, activity) = (&mut *self.stream, &mut self.buf, self.activity);
+            let (stream, buf, service) = (&mut *self.stream, &mut self.buf, self.service);
             let read = std::future::poll_fn(|cx| {
                 // A drain closes a connection between requests, as hyper's graceful shutdown
                 // does; a head that has begun to arrive is read and answered first.
-                if buf.is_empty() && activity.draining() {
+                if buf.is_empty() && service.draining() {
                     return Poll::Ready(Ok(0));
                 }
                 pin!(stream.read_buf(buf)).poll(cx)
             });
             match read.await {
                 Ok(0) | Err(_) => return Err(Stop::Close),
-                Ok(_) => self.activity.touch(),
+                Ok(_) => self.service.touch(),
             }
         }
     }
 
     /// The request for a parsed head, and whether the client asked to close; None (the head
     /// left in the buffer) when `http` refuses a part of it that httparse accepted.
-    fn build(&mut self, head: ParsedHead) -> Option<(Request<ClientBody>, Asks)> {
+    fn build(&mut self, head: ParsedHead) -> Option<(Request<V::RequestBody>, Asks)> {
         // The target and values share the head's bytes, as hyper's do.
         let frozen = self.buf.split_to(head.len).freeze();
-        let built = request_from(&frozen, &head, &self.fields);
+        let built = request_from(&frozen, &head, &self.fields, self.service.request_body());
         if built.is_none() {
             // Give the head back: hyper answers what `http` refuses.
             let mut whole = BytesMut::with_capacity(frozen.len() + self.buf.len());
@@ -309,34 +326,33 @@ impl<'a, S: ClientStream> Simple<'a, S> {
     #[allow(clippy::manual_async_fn)]
     fn exchange<'f>(
         &'f mut self,
-        request: Request<ClientBody>,
+        request: Request<V::RequestBody>,
         asks: Asks,
-        info: &'f ConnInfo,
-        proxy: &'f Proxy,
-    ) -> impl Future<Output = bool> + use<'f, 'a, S> {
+    ) -> impl Future<Output = bool> + use<'f, 'a, S, V> {
         async move {
             let head_request = request.method() == Method::HEAD;
-            let _in_flight = InFlight::start(self.activity.clone());
+            let _in_flight = self.service.start();
             self.watch.start(&self.buf);
             let response = {
-                let handling = pin!(proxy.handle(request, info.clone()));
+                let handling = pin!(self.service.call(request));
                 self.unless_client_goes(handling).await
             };
             let Some(response) = response else {
                 return false;
             };
-            let closing = asks.close || self.activity.draining();
+            let closing = asks.close || self.service.draining();
             let (parts, mut body) = response.into_parts();
-            let mut framing = self.encode_head(&parts, &body, head_request, closing);
+            let (out, date) = (&mut self.out, &mut self.date);
+            let lines = V::lines(&body);
+            let mut framing = encode_head(out, date, &parts, lines, &body, head_request, closing);
             if !asks.trailers {
                 if let Some(BodyFraming::Chunked(names)) = &mut framing.body {
                     *names = None;
                 }
             }
             if framing.body.is_none() {
-                // Nothing of the body goes out (HEAD, 204, 304...): dropped unread, as hyper does,
-                // once an upstream connection it holds for its lines has gone back.
-                body.finish_unsent();
+                // Nothing of the body goes out (HEAD, 204, 304...): dropped unread, as hyper does.
+                V::finish_unsent(body);
             } else if !self.send_body(&mut body, &mut framing.body).await {
                 // What was ready goes out, as hyper writes it before it closes: the client sees a
                 // cut response, not none.
@@ -370,162 +386,13 @@ impl<'a, S: ClientStream> Simple<'a, S> {
         .await
     }
 
-    /// Writes the status line and fields into `out` (the map's, then the lines the body
-    /// carries: [`lines_of`]), and says how the body goes.
-    fn encode_head(
-        &mut self,
-        parts: &http::response::Parts,
-        body: &ProxyBody,
-        head_request: bool,
-        closing: bool,
-    ) -> Framing {
-        let out = &mut self.out;
-        out.clear();
-        let status = parts.status;
-        let reason = parts.extensions.get::<hyper::ext::ReasonPhrase>();
-        if status.is_informational() && status != StatusCode::SWITCHING_PROTOCOLS {
-            // hyper cannot send a 1xx as the response either: it answers 500 and closes.
-            out.extend_from_slice(b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\n");
-            self.date.write(out);
-            return Framing::none(true);
-        }
-        if status == StatusCode::OK && reason.is_none() {
-            out.extend_from_slice(b"HTTP/1.1 200 OK\r\n");
-        } else {
-            out.extend_from_slice(b"HTTP/1.1 ");
-            out.extend_from_slice(status.as_str().as_bytes());
-            out.push(b' ');
-            match reason {
-                Some(reason) => out.extend_from_slice(reason.as_bytes()),
-                None => {
-                    let canonical = status.canonical_reason().unwrap_or("<none>");
-                    out.extend_from_slice(canonical.as_bytes());
-                }
-            }
-            out.extend_from_slice(b"\r\n");
-        }
-        // What hyper knows of the body when it writes the head.
-        let known = if body.is_end_stream() {
-            Length::Nothing
-        } else {
-            match body.size_hint().exact() {
-                Some(n) => Length::Known(n),
-                None => Length::Unknown,
-            }
-        };
-        let chunkable = can_have_body(head_request, status);
-        let mut last = closing;
-        // What the upstream's own lines, when they are there, say (the map is empty then).
-        let lines = lines_of(body);
-        let mut length: Option<u64> = lines.and_then(|lines| lines.length);
-        let mut wrote_date = lines.is_some_and(|lines| lines.date);
-        let mut close_said = false;
-        let mut trailer_names: Option<Vec<HeaderName>> = None;
-        // An unknown length takes the fields' own (hyper trusts a known one); fields that
-        // disagree or do not read as a length: hyper refuses to send the response.
-        let mut length_fields = None;
-        if matches!(known, Length::Unknown) && parts.headers.contains_key(header::CONTENT_LENGTH) {
-            let fields = parts.headers.get_all(header::CONTENT_LENGTH).iter();
-            match rules::content_length(fields.map(HeaderValue::as_bytes)) {
-                Some(n) => length_fields = Some(n),
-                None => return self.refused_response(),
-            }
-        }
-        for (name, value) in parts.headers.iter() {
-            match *name {
-                header::CONTENT_LENGTH => match known {
-                    // The first is written; the body's own length frames it.
-                    Length::Known(n) if length.is_none() => length = Some(n),
-                    // Read once for all of them (below the loop's start): they agree.
-                    Length::Unknown if length.is_none() => length = length_fields,
-                    Length::Nothing if head_request => {}
-                    // hyper drops a length for an empty body (and writes its own below).
-                    _ => continue,
-                },
-                // Never on tollgate's responses (hop-by-hop, removed from upstream ones):
-                // the body's own framing below is the only one written.
-                header::TRANSFER_ENCODING => continue,
-                header::CONNECTION if headers::lists_token(value.as_bytes(), "close") => {
-                    last = true;
-                    close_said = true;
-                }
-                header::DATE => wrote_date = true,
-                header::TRAILER => {
-                    if !chunkable {
-                        continue;
-                    }
-                    let names = value.to_str().ok().into_iter().flat_map(|v| v.split(','));
-                    let names =
-                        names.filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok());
-                    trailer_names.get_or_insert_with(Vec::new).extend(names);
-                }
-                _ => {}
-            }
-            out.extend_from_slice(name.as_str().as_bytes());
-            out.extend_from_slice(b": ");
-            out.extend_from_slice(value.as_bytes());
-            out.extend_from_slice(b"\r\n");
-        }
-        // Where hyper's encoder would have written them had they been put into the map last.
-        if let Some(lines) = lines {
-            out.extend_from_slice(lines.as_bytes());
-        }
-        if last && !close_said {
-            out.extend_from_slice(b"connection: close\r\n");
-        }
-        let mut framing = match (length, known) {
-            (Some(n), _) => BodyFraming::Length(n),
-            (None, Length::Unknown) if chunkable => {
-                out.extend_from_slice(b"transfer-encoding: chunked\r\n");
-                BodyFraming::Chunked(trailer_names)
-            }
-            // Only where no body can follow anyway (HEAD, 204, 304).
-            (None, Length::Unknown) => BodyFraming::Length(0),
-            (None, Length::Nothing | Length::Known(0)) => {
-                if can_have_length(status) && !head_request {
-                    out.extend_from_slice(b"content-length: 0\r\n");
-                }
-                BodyFraming::Length(0)
-            }
-            (None, Length::Known(n)) => {
-                if can_have_length(status) {
-                    out.extend_from_slice(b"content-length: ");
-                    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
-                    out.extend_from_slice(b"\r\n");
-                    BodyFraming::Length(n)
-                } else {
-                    BodyFraming::Length(0)
-                }
-            }
-        };
-        if !chunkable {
-            framing = BodyFraming::Length(0);
-        }
-        if wrote_date {
-            out.extend_from_slice(b"\r\n");
-        } else {
-            self.date.write(out);
-        }
-        Framing {
-            body: match framing {
-                BodyFraming::Length(0) => None,
-                framing => Some(framing),
-            },
-            // Nothing follows a 101 on HTTP/1.1 (none is expected here: no upgrade was asked).
-            last: last || status == StatusCode::SWITCHING_PROTOCOLS,
-        }
-    }
-
-    /// What hyper sends for a response it refuses to encode (conflicting lengths): nothing of
-    /// it, an error, and the connection closes. The client sees it close.
-    fn refused_response(&mut self) -> Framing {
-        self.out.clear();
-        Framing::none(true)
-    }
-
     /// Streams the body behind the head in `out`, framed as `framing` says; false when the
     /// connection must end (the body failed, its length was wrong, the client went away).
-    async fn send_body(&mut self, body: &mut ProxyBody, framing: &mut Option<BodyFraming>) -> bool {
+    async fn send_body(
+        &mut self,
+        body: &mut V::ResponseBody,
+        framing: &mut Option<BodyFraming>,
+    ) -> bool {
         loop {
             let (stream, buf, watch) = (&mut *self.stream, &mut self.buf, &mut self.watch);
             let has_output = !self.out.is_empty();
@@ -666,7 +533,7 @@ impl<'a, S: ClientStream> Simple<'a, S> {
             match written {
                 Ok(0) | Err(_) => return false,
                 Ok(n) => {
-                    self.activity.touch();
+                    self.service.touch();
                     IoSlice::advance_slices(&mut slices, n);
                 }
             }
@@ -694,217 +561,17 @@ impl<'a, S: ClientStream> Simple<'a, S> {
 }
 
 /// One wait of [`Simple::send_body`].
-enum Step {
-    Frame(Option<Result<Frame<Bytes>, BodyError>>),
+enum Step<E> {
+    Frame(Option<Result<Frame<Bytes>, E>>),
     /// The body has nothing ready: write what is buffered first.
     Flush,
     /// The client went away.
     Gone,
 }
 
-/// What hyper knows of a body when it writes the head.
-#[derive(Clone, Copy)]
-enum Length {
-    /// It has ended already (`is_end_stream`).
-    Nothing,
-    Known(u64),
-    Unknown,
-}
-
-enum BodyFraming {
-    /// Bytes still to send.
-    Length(u64),
-    /// Chunked, with the trailer fields the response announced.
-    Chunked(Option<Vec<HeaderName>>),
-}
-
-/// The field lines a response carries to this server: those of a response tollgate's own
-/// client read for it (`DirectBody::lines`), the upstream's kept fields and the ones tollgate
-/// set; None for any other response, whose fields are all in its map.
-fn lines_of(body: &ProxyBody) -> Option<&ResponseLines> {
-    match body {
-        ProxyBody::Upstream(UpstreamBody::Direct(body)) => body.lines(),
-        _ => None,
-    }
-}
-
-/// How one response's body goes: None when no body follows the head.
-struct Framing {
-    body: Option<BodyFraming>,
-    /// The connection closes after this response.
-    last: bool,
-}
-
-impl Framing {
-    fn none(last: bool) -> Self {
-        Framing { body: None, last }
-    }
-}
-
-/// The request of a head: its bytes, its parse and its fields' places.
-fn request_from(
-    head: &Bytes,
-    parsed: &ParsedHead,
-    fields: &[(Range<usize>, Range<usize>)],
-) -> Option<Request<ClientBody>> {
-    let uri = Uri::from_maybe_shared(head.slice(parsed.target.clone())).ok()?;
-    let mut request = Request::new(ClientBody::Simple);
-    *request.method_mut() = parsed.method.clone();
-    *request.uri_mut() = uri;
-    *request.version_mut() = Version::HTTP_11;
-    // Filled in place: a map made apart would replace the request's own empty one, dropped.
-    // Room for what the forwarder may add ([`FORWARDER_FIELDS`]), so the map is not grown
-    // (rehashed) on the way upstream.
-    let headers = request.headers_mut();
-    headers.reserve(fields.len() + FORWARDER_FIELDS);
-    for (name, value) in fields {
-        let name = HeaderName::from_bytes(&head[name.clone()]).ok()?;
-        let value = HeaderValue::from_maybe_shared(head.slice(value.clone())).ok()?;
-        headers.append(name, value);
-    }
-    Some(request)
-}
-
-/// Parses a whole head that the guard's scan found clean, its fields' places into `fields`;
-/// None when it is not one this path takes (see the module notes).
-fn parse_head(bytes: &[u8], fields: &mut Vec<(Range<usize>, Range<usize>)>) -> Option<ParsedHead> {
-    fields.clear();
-    let mut slots = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; HYPER_MAX_FIELDS];
-    let mut request = httparse::Request::new(&mut []);
-    let len = match request.parse_with_uninit_headers(bytes, &mut slots) {
-        Ok(httparse::Status::Complete(len)) => len,
-        _ => return None,
-    };
-    if request.version != Some(1) || !guard::accepts_without_body(&request) {
-        return None;
-    }
-    let method = Method::from_bytes(request.method?.as_bytes()).ok()?;
-    if method == Method::CONNECT {
-        return None;
-    }
-    // Every part httparse gives of a request is a slice of `bytes`; one that were not would
-    // be hyper's to read.
-    let offset = |part: &[u8]| head::place_in(bytes, part);
-    let mut head = ParsedHead {
-        len,
-        method,
-        target: offset(request.path?.as_bytes())?,
-        asks: Asks::default(),
-    };
-    for field in request.headers.iter() {
-        let name = field.name;
-        if name.eq_ignore_ascii_case("upgrade") || name.eq_ignore_ascii_case("expect") {
-            return None;
-        }
-        if name.eq_ignore_ascii_case("connection") {
-            head.asks.close |= simple_connection_field(field.value)?;
-        } else if name.eq_ignore_ascii_case("te") {
-            head.asks.trailers |= headers::lists_token(field.value, "trailers");
-        }
-        fields.push((offset(name.as_bytes())?, offset(field.value)?));
-    }
-    Some(head)
-}
-
-/// A client's `Connection` field this path takes: only `close` and `keep-alive` tokens
-/// (others name hop-by-hop fields, or an upgrade, for hyper's path). Some(true): it says close.
-fn simple_connection_field(value: &[u8]) -> Option<bool> {
-    let mut closes = false;
-    for token in headers::raw_tokens(value) {
-        if token.eq_ignore_ascii_case(b"close") {
-            closes = true;
-        } else if !token.eq_ignore_ascii_case(b"keep-alive") && !token.is_empty() {
-            return None;
-        }
-    }
-    Some(closes)
-}
-
-/// Whether a response can carry a body (hyper's `can_chunked`): not to HEAD, and not 1xx, 204
-/// or 304.
-fn can_have_body(head_request: bool, status: StatusCode) -> bool {
-    !head_request && can_have_length(status)
-}
-
-/// Whether a response can carry a `Content-Length` (hyper's `can_have_content_length`).
-fn can_have_length(status: StatusCode) -> bool {
-    !status.is_informational()
-        && status != StatusCode::NO_CONTENT
-        && status != StatusCode::NOT_MODIFIED
-}
-
-/// Writes the trailer fields that were announced and are allowed in a trailer section (RFC
-/// 9110 6.5.1, hyper's list); none when nothing was announced.
-fn write_trailers(out: &mut Vec<u8>, trailers: &HeaderMap, announced: &[HeaderName]) {
-    for (name, value) in trailers {
-        if !announced.contains(name) || !allowed_in_trailers(name) {
-            continue;
-        }
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
-}
-
-fn allowed_in_trailers(name: &HeaderName) -> bool {
-    !matches!(
-        *name,
-        header::AUTHORIZATION
-            | header::CACHE_CONTROL
-            | header::CONTENT_ENCODING
-            | header::CONTENT_LENGTH
-            | header::CONTENT_RANGE
-            | header::CONTENT_TYPE
-            | header::HOST
-            | header::MAX_FORWARDS
-            | header::SET_COOKIE
-            | header::TRAILER
-            | header::TRANSFER_ENCODING
-            | header::TE
-    )
-}
-
-/// `n` in upper-case hex, as hyper writes a chunk size.
-fn hex(mut n: usize, buf: &mut [u8; 16]) -> &[u8] {
-    let mut at = buf.len();
-    loop {
-        at -= 1;
-        buf[at] = b"0123456789ABCDEF"[n & 0xf];
-        n >>= 4;
-        if n == 0 {
-            return &buf[at..];
-        }
-    }
-}
-
-/// The `date` field, formatted once a second.
-#[derive(Default)]
-struct DateField {
-    second: u64,
-    /// `date: <IMF-fixdate>\r\n\r\n`: the field and the end of the head.
-    line: Vec<u8>,
-}
-
-impl DateField {
-    fn write(&mut self, out: &mut Vec<u8>) {
-        let now = SystemTime::now();
-        let second = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        if second != self.second || self.line.is_empty() {
-            self.second = second;
-            self.line = format!("date: {}\r\n\r\n", httpdate::HttpDate::from(now)).into_bytes();
-        }
-        out.extend_from_slice(&self.line);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn parsed(head: &str) -> Option<ParsedHead> {
-        parse_head(head.as_bytes(), &mut Vec::new())
-    }
 
     #[test]
     fn a_response_buffer_grown_past_the_kept_size_is_given_back() {
@@ -921,70 +588,5 @@ mod tests {
             "a grown buffer is given back: {}",
             out.capacity()
         );
-    }
-
-    #[test]
-    fn simple_heads_are_taken_and_others_left_to_hyper() {
-        let taken = [
-            "GET / HTTP/1.1\r\nHost: a\r\n\r\n",
-            "HEAD /x?y=1 HTTP/1.1\r\nHost: a\r\nConnection: keep-alive\r\n\r\n",
-            "DELETE /x HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n",
-            "GET / HTTP/1.1\r\nHost: a\r\nConnection: Keep-Alive, close\r\n\r\n",
-        ];
-        for head in taken {
-            assert!(parsed(head).is_some(), "{head:?} should be taken");
-        }
-        let left = [
-            "GET / HTTP/1.0\r\nHost: a\r\n\r\n",
-            "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\n",
-            "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n",
-            "GET / HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n",
-            "GET / HTTP/1.1\r\nHost: a\r\nConnection: x-secret\r\n\r\n",
-            "PUT / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\n\r\n",
-            "CONNECT a:443 HTTP/1.1\r\nHost: a\r\n\r\n",
-            "GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 00\r\n\r\n",
-            "GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\nContent-Length: 0\r\n\r\n",
-            "PRI * HTTP/2.0\r\n\r\n",
-            "GET / HTTP/1.1\r\nHost : a\r\n\r\n",
-        ];
-        for head in left {
-            assert!(parsed(head).is_none(), "{head:?} should be left to hyper");
-        }
-        let many: String = (0..=HYPER_MAX_FIELDS)
-            .map(|i| format!("x-{i}: v\r\n"))
-            .collect();
-        assert!(parsed(&format!("GET / HTTP/1.1\r\n{many}\r\n")).is_none());
-    }
-
-    #[test]
-    fn a_close_token_anywhere_closes() {
-        let head = parsed("GET / HTTP/1.1\r\nConnection: keep-alive\r\nConnection: close\r\n\r\n");
-        assert!(head.is_some_and(|h| h.asks.close));
-        let head = parsed("GET / HTTP/1.1\r\nConnection: keep-alive\r\n\r\n");
-        assert!(head.is_some_and(|h| !h.asks.close));
-        let head = parsed("GET / HTTP/1.1\r\nTE: gzip\r\nTE: Trailers\r\n\r\n");
-        assert!(head.is_some_and(|h| h.asks.trailers));
-    }
-
-    #[test]
-    fn chunk_sizes_are_upper_case_hex() {
-        let mut buf = [0u8; 16];
-        assert_eq!(hex(0, &mut buf), b"0");
-        assert_eq!(hex(255, &mut buf), b"FF");
-        assert_eq!(hex(0x1000, &mut buf), b"1000");
-        assert_eq!(hex(usize::MAX, &mut buf).len(), usize::BITS as usize / 4);
-    }
-
-    #[test]
-    fn the_date_field_is_an_imf_fixdate() {
-        let mut date = DateField::default();
-        let mut out = Vec::new();
-        date.write(&mut out);
-        let text = String::from_utf8(out).expect("ascii");
-        let value = text
-            .strip_prefix("date: ")
-            .and_then(|t| t.strip_suffix("\r\n\r\n"));
-        let value = value.expect("a date field ending the head");
-        assert!(httpdate::parse_http_date(value).is_ok(), "{value}");
     }
 }
