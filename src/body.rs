@@ -4,7 +4,8 @@
 //!   (trailers included), or a small body tollgate wrote itself. An enum rather than a boxed
 //!   trait object keeps the hot path free of an allocation per response.
 //! - [`ClientBody`], the body of every request the proxy handles: hyper's, or none at all for a
-//!   request that tollgate's own HTTP/1.1 path read (it takes only requests without a body).
+//!   request that tollgate's own HTTP/1.1 server read (it takes only requests without a body),
+//!   which also says that the response may go back to that server as field lines.
 //! - [`RequestBody`], every request body sent upstream: the client's, streamed as it arrives,
 //!   and cut with an error once it grows past the route's `max_body_size` (SPEC 5), which
 //!   makes hyper abort the upstream request. Nothing is buffered.
@@ -18,7 +19,10 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
-use crate::forward::DirectBody;
+use http::HeaderMap;
+
+use crate::http1::client::DirectBody;
+use crate::http1::lines::AddTo;
 
 pub enum ProxyBody {
     Upstream(UpstreamBody),
@@ -26,7 +30,7 @@ pub enum ProxyBody {
 }
 
 /// An upstream's response body: hyper's, or read by tollgate's own HTTP/1.1 client
-/// (`forward::direct`).
+/// (`http1::client`).
 pub enum UpstreamBody {
     Hyper(Incoming),
     Direct(DirectBody),
@@ -39,6 +43,18 @@ pub enum BodyError {
     Hyper(#[from] hyper::Error),
     #[error("upstream response body: {0}")]
     Direct(#[from] std::io::Error),
+}
+
+impl UpstreamBody {
+    /// Where the fields tollgate sets on this response go (`X-Request-Id`, the rate-limit
+    /// fields): the field lines of a response tollgate's own client read for tollgate's own
+    /// server, else `map`, the response's own.
+    pub fn fields_to<'a>(&'a mut self, map: &'a mut HeaderMap) -> AddTo<'a> {
+        match self {
+            UpstreamBody::Direct(body) => body.fields_to(map),
+            UpstreamBody::Hyper(_) => AddTo::Map(map),
+        }
+    }
 }
 
 impl Body for UpstreamBody {
@@ -120,8 +136,12 @@ impl Body for ProxyBody {
 pub enum ClientBody {
     /// Read by hyper (HTTP/2, and HTTP/1.1 requests that are not simple).
     Hyper(Incoming),
-    /// A request that has no body (`server::simple_h1`, and HTTP/2 requests whose HEADERS
-    /// ended the stream: `forward`).
+    /// A request without a body that tollgate's own HTTP/1.1 server read (`http1::server`).
+    /// Its response goes back to that server, which writes the fields it is given as lines
+    /// (`http1::lines`): the forwarder asks tollgate's own client for them so.
+    Simple,
+    /// A request that has no body: an HTTP/2 request whose HEADERS frame ended the stream
+    /// (`forward`).
     Empty,
 }
 
@@ -135,21 +155,21 @@ impl Body for ClientBody {
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         match self.get_mut() {
             ClientBody::Hyper(inner) => Pin::new(inner).poll_frame(cx),
-            ClientBody::Empty => Poll::Ready(None),
+            ClientBody::Simple | ClientBody::Empty => Poll::Ready(None),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match self {
             ClientBody::Hyper(inner) => inner.is_end_stream(),
-            ClientBody::Empty => true,
+            ClientBody::Simple | ClientBody::Empty => true,
         }
     }
 
     fn size_hint(&self) -> SizeHint {
         match self {
             ClientBody::Hyper(inner) => inner.size_hint(),
-            ClientBody::Empty => SizeHint::with_exact(0),
+            ClientBody::Simple | ClientBody::Empty => SizeHint::with_exact(0),
         }
     }
 }
@@ -179,10 +199,10 @@ pub enum RequestBodyError {
 }
 
 impl RequestBody {
-    /// Whether the request has no body at all ([`ClientBody::Empty`]):
-    /// such a request may go on tollgate's own upstream client (`forward::direct`).
+    /// Whether the request has no body at all ([`ClientBody::Simple`], [`ClientBody::Empty`]):
+    /// such a request may go on tollgate's own upstream client (`http1::client`).
     pub fn is_absent(&self) -> bool {
-        matches!(self.inner, ClientBody::Empty)
+        matches!(self.inner, ClientBody::Simple | ClientBody::Empty)
     }
 
     /// The body as it is, without a limit.

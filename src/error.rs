@@ -21,7 +21,7 @@ pub enum RequestError {
     BadRequest(&'static str),
     #[error("no route matches")]
     NoRoute,
-    /// A request target over `framing::MAX_TARGET`; HTTP/1.1 ones are refused by the framing
+    /// A request target over `http1::rules::MAX_TARGET`; HTTP/1.1 ones are refused by the framing
     /// guard already, HTTP/2 `:path`s here.
     #[error("request target too long")]
     UriTooLong,

@@ -62,10 +62,8 @@ const SURPLUS_GRACE: Duration = Duration::from_secs(1);
 /// stay open until its worker next used that upstream.
 const TRIM_EVERY: Duration = Duration::from_secs(1);
 
-mod direct;
-
-pub use direct::{lines_against_the_map, read_response, DirectBody, ReadResponse, WentAs};
-use direct::{DirectConn, ExchangeError, Parking};
+use crate::http1::client as direct;
+use direct::{DirectConn, ExchangeError, Parking, Reply};
 
 type Connector = HttpsConnector<HttpConnector>;
 type UpstreamIo = MaybeHttpsStream<TokioIo<TcpStream>>;
@@ -81,7 +79,7 @@ pub struct UpstreamPool {
     /// opened it; a worker only uses its own lane, so a request and the upstream connection
     /// that carries it stay on one thread, and the lane's lock is only ever contended by the
     /// once-a-second trim ([`trim_idle`]).
-    lanes: Arc<[Mutex<Lane>]>,
+    lanes: Arc<Lanes>,
     /// `response_timeout`s, one lane per worker as above, without a timer per request.
     deadlines: Arc<Deadlines>,
     /// When the pool was built: the clock of `Origin::failed_until`.
@@ -133,6 +131,26 @@ impl<C> Idle<C> {
     }
 }
 
+/// A pool's lanes, one per connection worker.
+struct Lanes(Box<[Mutex<Lane>]>);
+
+/// Where tollgate's own client puts a connection whose response it has read whole.
+impl direct::Park for Lanes {
+    fn park(&self, worker: usize, origin: usize, conn: Box<DirectConn>) {
+        lock(&self.0[worker]).park_direct(origin, conn);
+    }
+}
+
+/// tollgate's own client on a connection the connector made to a plain-HTTP origin.
+fn direct_conn(io: UpstreamIo) -> Result<Box<DirectConn>, RequestError> {
+    match io {
+        MaybeHttpsStream::Http(io) => Ok(DirectConn::new(io.into_inner())),
+        MaybeHttpsStream::Https(_) => Err(RequestError::UpstreamUnreachable(
+            "TLS to an origin tollgate's own client does not serve".into(),
+        )),
+    }
+}
+
 impl Lane {
     /// Puts a ready connection at the most-recently-used end of the origin's idle list.
     /// Expired and surplus connections are closed by `trim_idle`, not here.
@@ -159,9 +177,6 @@ pub struct ForwardRequest<'a> {
     pub request_id: Option<headers::RequestId>,
     /// The route's `max_body_size`: a body growing past it is cut and the request aborted.
     pub max_body_size: Option<u64>,
-    /// Where tollgate's own HTTP/1.1 server path takes the response's fields as lines; `None`
-    /// for hyper's servers, which encode them from the map.
-    pub lines: Option<&'a mut headers::ResponseLines>,
     /// Where connect failures are counted.
     pub metrics: &'a Metrics,
     /// The connection worker sending it, whose own upstream connections it uses (see
@@ -257,7 +272,7 @@ impl UpstreamPool {
                 })
             })
             .collect();
-        let lanes: Arc<[Mutex<Lane>]> = lanes;
+        let lanes = Arc::new(Lanes(lanes));
         // Outside a runtime (`check`) nothing is ever pooled, so there is nothing to trim.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(trim_idle(
@@ -271,7 +286,7 @@ impl UpstreamPool {
             origins,
             next: AtomicUsize::new(0),
             connector,
-            deadlines: Deadlines::new(lanes.len()),
+            deadlines: Deadlines::new(lanes.0.len()),
             lanes,
             born: std::time::Instant::now(),
         })
@@ -320,6 +335,7 @@ impl UpstreamPool {
             if from_h2 && req.body().is_end_stream() {
                 *req.body_mut() = ClientBody::Empty;
             }
+            let simple = matches!(req.body(), ClientBody::Simple);
             let connect = req.method() == Method::CONNECT;
             let client_takes_trailers = names.accepts_trailers(req.headers());
             // Towards an HTTP/1.1 upstream the client's `Trailer` goes along with a body that
@@ -345,17 +361,20 @@ impl UpstreamPool {
             // the map (`headers::Added`).
             let mut added = headers::Added::new(fwd.request_id);
             added.forwarding(headers, fwd.forwarded, names);
-            // An answer to HTTP/2 gets the proxy's fields in its map; one to the simple path,
-            // the only HTTP/1.1 requests on tollgate's own client, as lines, and the
-            // upstream's fields too when tollgate's own client reads them.
-            let mut answer = match fwd.lines {
-                Some(lines) if !from_h2 => direct::Answer::Lines {
-                    lines,
+            // An answer to HTTP/2 gets the proxy's fields in its map; one to tollgate's own
+            // HTTP/1.1 server (its request's body says it came from there), the only HTTP/1.1
+            // requests on tollgate's own client, as lines, and the upstream's fields too when
+            // tollgate's own client reads them (`http1::lines`). It goes down by reference:
+            // by value, the futures that carry it were moved with four more `memcpy` calls per
+            // request (about 130 instructions, `bench/instructions.sh`).
+            let reply = if simple {
+                Reply::Lines {
                     keep_trailer: client_takes_trailers,
-                },
-                _ => direct::Answer::Map {
+                }
+            } else {
+                Reply::Map {
                     room: if from_h2 { direct::PROXY_FIELDS } else { 0 },
-                },
+                }
             };
             // An HTTP/1.0 request may name no host; HTTP/1.1 upstream needs one: the origin's,
             // set by `aim` for whichever origin the request goes to.
@@ -389,7 +408,7 @@ impl UpstreamPool {
                 }
                 None => (req.map(RequestBody::unlimited), None),
             };
-            let worker = fwd.worker % self.lanes.len();
+            let worker = fwd.worker % self.lanes.0.len();
             let via = Via {
                 worker,
                 metrics: fwd.metrics,
@@ -398,7 +417,7 @@ impl UpstreamPool {
             let sent = self.deadlines.timeout(
                 worker,
                 self.config.response_timeout,
-                self.send(via, req, &host, added, &mut answer),
+                self.send(via, req, &host, added, &reply),
             );
             let sent = sent.await;
             // Whatever the upstream connection made of it, a body cut at the limit is the
@@ -444,7 +463,7 @@ impl UpstreamPool {
                 return Ok((response, response_names));
             }
             let announced = response_names.trailer(response.headers(), response.body());
-            headers::settle_response_length(response.headers_mut());
+            crate::http1::rules::settle_response_length(response.headers_mut());
             headers::strip_hop_by_hop(response.headers_mut(), &response_names);
             // A client that negotiated trailers (`TE: trailers`, e.g. gRPC) gets the
             // announcement back with a body that carries them, so that they actually arrive
@@ -457,7 +476,7 @@ impl UpstreamPool {
     }
 
     fn lane(&self, worker: usize) -> MutexGuard<'_, Lane> {
-        lock(&self.lanes[worker])
+        lock(&self.lanes.0[worker])
     }
 
     /// Sends the request to the upstream's next origin (round robin). An origin that cannot
@@ -468,14 +487,14 @@ impl UpstreamPool {
     /// also how an origin that came back is found when nothing else works.
     // Not an `async fn`, for the reason given on `forward`.
     #[allow(clippy::manual_async_fn)]
-    fn send<'a, 'l>(
+    fn send<'a>(
         &'a self,
         via: Via<'a>,
         mut req: Request<RequestBody>,
         host: &'a HostHeader,
         mut added: headers::Added<'a>,
-        answer: &'a mut direct::Answer<'l>,
-    ) -> impl Future<Output = Result<Response<UpstreamBody>, RequestError>> + use<'a, 'l> {
+        reply: &'a Reply,
+    ) -> impl Future<Output = Result<Response<UpstreamBody>, RequestError>> + use<'a> {
         async move {
             let Via {
                 worker,
@@ -512,7 +531,7 @@ impl UpstreamPool {
                     self.send_h2(worker, origin, req).await
                 } else {
                     let direct = direct_client && req.body().is_absent();
-                    self.send_h1(worker, origin, req, &mut added, answer, direct)
+                    self.send_h1(worker, origin, req, &mut added, reply, direct)
                         .await
                 };
                 match attempt {
@@ -610,20 +629,20 @@ impl UpstreamPool {
     /// be made gives the request back ([`Failure::Connect`]).
     // Not an `async fn`, for the reason given on `forward`.
     #[allow(clippy::manual_async_fn)]
-    fn send_h1<'a, 'b, 'l>(
+    fn send_h1<'a, 'b>(
         &'a self,
         worker: usize,
         origin: usize,
         mut req: Request<RequestBody>,
         added: &'a mut headers::Added<'b>,
-        answer: &'a mut direct::Answer<'l>,
+        reply: &'a Reply,
         direct: bool,
-    ) -> impl Future<Output = Result<Response<UpstreamBody>, Failure>> + use<'a, 'b, 'l> {
+    ) -> impl Future<Output = Result<Response<UpstreamBody>, Failure>> + use<'a, 'b> {
         async move {
             // A request without a body (`direct`: it has none and may go so) to a plain-HTTP
             // origin goes on tollgate's own client.
             if direct && self.origins[origin].scheme == Scheme::HTTP {
-                return self.send_direct(worker, origin, req, added, answer).await;
+                return self.send_direct(worker, origin, req, added, reply).await;
             }
             added.move_into(req.headers_mut());
             if let Some(mut sender) = self.idle_h1(worker, origin) {
@@ -660,22 +679,22 @@ impl UpstreamPool {
     /// when no new connection can be made.
     // Not an `async fn`, for the reason given on `forward`.
     #[allow(clippy::manual_async_fn)]
-    fn send_direct<'a, 'b, 'l>(
+    fn send_direct<'a, 'b>(
         &'a self,
         worker: usize,
         origin: usize,
         req: Request<RequestBody>,
         added: &'a headers::Added<'b>,
-        answer: &'a mut direct::Answer<'l>,
-    ) -> impl Future<Output = Result<Response<UpstreamBody>, Failure>> + use<'a, 'b, 'l> {
+        reply: &'a Reply,
+    ) -> impl Future<Output = Result<Response<UpstreamBody>, Failure>> + use<'a, 'b> {
         async move {
             let parking = || Parking {
-                lanes: self.lanes.clone(),
+                pool: self.lanes.clone(),
                 worker,
                 origin,
             };
             if let Some(conn) = self.idle_direct(worker, origin) {
-                match direct::exchange(conn, &req, added, answer, parking()).await {
+                match direct::exchange(conn, &req, added, reply, parking()).await {
                     Ok(response) => return Ok(response.map(UpstreamBody::Direct)),
                     Err(ExchangeError::Unsent(_)) => {}
                     Err(ExchangeError::Sent(err)) => return Err(Failure::Sent(err)),
@@ -683,11 +702,11 @@ impl UpstreamPool {
             }
             // Boxed, as in `send_h1`: connecting is the rare path.
             let connected = Box::pin(self.connect(origin)).await;
-            let conn = match connected.and_then(DirectConn::over) {
+            let conn = match connected.and_then(direct_conn) {
                 Ok(conn) => conn,
                 Err(err) => return Err(Failure::Connect(Box::new(req), err)),
             };
-            match direct::exchange(conn, &req, added, answer, parking()).await {
+            match direct::exchange(conn, &req, added, reply, parking()).await {
                 Ok(response) => Ok(response.map(UpstreamBody::Direct)),
                 Err(ExchangeError::Unsent(err) | ExchangeError::Sent(err)) => {
                     Err(Failure::Sent(err))
@@ -750,7 +769,7 @@ impl UpstreamPool {
         let lanes = self.lanes.clone();
         tokio::spawn(async move {
             if sender.ready().await.is_ok() {
-                lock(&lanes[worker]).park(origin, sender);
+                lock(&lanes.0[worker]).park(origin, sender);
             }
         });
     }
@@ -823,7 +842,7 @@ impl UpstreamPool {
 /// and the oldest beyond `keep` per lane and origin once idle for [`SURPLUS_GRACE`], like
 /// nginx's `keepalive`. Dropping a sender closes its connection, on whichever worker drives
 /// it.
-async fn trim_idle(lanes: Weak<[Mutex<Lane>]>, keep: usize) {
+async fn trim_idle(lanes: Weak<Lanes>, keep: usize) {
     let mut tick = tokio::time::interval(TRIM_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -832,7 +851,7 @@ async fn trim_idle(lanes: Weak<[Mutex<Lane>]>, keep: usize) {
             return;
         };
         let now = Instant::now();
-        for lane in lanes.iter() {
+        for lane in lanes.0.iter() {
             let lane = &mut *lock(lane);
             for (hyper, direct) in lane.idle.iter_mut().zip(lane.direct.iter_mut()) {
                 trim(hyper, direct, now, keep);

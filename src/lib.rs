@@ -9,15 +9,16 @@
 //!
 //! ```text
 //! accept -> TLS -> framing guard -> HTTP (h1/h2) -> normalise -> route -> key -> limit -> store
-//!  server    tls    framing          server        normalise   route   key    limit    store
+//!  server    tls    http1::guard     server, http1 normalise   route   key    limit    store
 //!                                                          |
-//!                      forward (upstream pool, headers) <- allow
+//!                forward (upstream pool, http1, headers) <- allow
 //!                                                          '-> deny: 429 / 503
 //! ```
 //!
 //! `proxy` runs the per-request steps in that order and is the single place where a request
 //! ends (the access log is written there). `config` feeds all of them; nothing below `proxy`
-//! knows about hyper's connection types.
+//! knows about hyper's connection types, and only `http1` (every HTTP/1.1 byte tollgate reads
+//! or writes itself) and `server` see bytes.
 
 pub mod admin;
 pub mod body;
@@ -25,8 +26,8 @@ pub mod config;
 pub mod deadline;
 pub mod error;
 pub mod forward;
-pub mod framing;
 pub mod headers;
+pub mod http1;
 pub mod key;
 pub mod limit;
 pub mod log_format;

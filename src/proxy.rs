@@ -25,8 +25,9 @@ use crate::body::{ClientBody, ProxyBody};
 use crate::config::{Config, RouteConfig, StoreErrorPolicy};
 use crate::error::{GrpcCode, RequestError, StartupError};
 use crate::forward::{ForwardRequest, UpstreamPool};
-use crate::framing;
-use crate::headers;
+use crate::headers::{self, ResponseFields};
+use crate::http1::lines::AddTo;
+use crate::http1::rules::MAX_TARGET;
 use crate::key::{self, BucketHasher, RequestIdentity};
 use crate::limit::{LimitOutcome, Limiter, Outcomes, PlannedLimit, Plans, Verdict};
 use crate::log_format::{self, AccessLine};
@@ -157,7 +158,7 @@ pub struct Proxy {
     limiter: Limiter,
     hasher: BucketHasher,
     metrics: Arc<Metrics>,
-    /// Whether tollgate's own HTTP/1.1 client may carry requests (`forward::direct`;
+    /// Whether tollgate's own HTTP/1.1 client may carry requests (`http1::client`;
     /// `ServerBuilder::http1_direct_client`). Here, not in the runtime: a reload keeps it.
     direct_client: bool,
 }
@@ -204,18 +205,17 @@ impl Proxy {
 
     /// Answers one request: the decision, then tollgate's own answer or the upstream's.
     ///
-    /// `lines`: where tollgate's own HTTP/1.1 server path wants the fields tollgate sets on the
-    /// response (`X-Request-Id`, the rate-limit fields), as field lines to write after the
-    /// map's ([`headers::AddTo`]), and the upstream's own when tollgate's own client read them
-    /// ([`headers::ResponseLines`]); `None` puts them into the map (hyper's server).
+    /// Whatever server took the request, the response is built the same way; the fields
+    /// tollgate sets on it go where its body says ([`crate::body::UpstreamBody::fields_to`]): as field
+    /// lines when tollgate's own HTTP/1.1 client read it for tollgate's own HTTP/1.1 server,
+    /// else into its map.
     // Not an `async fn`, for the reason given on `pipeline`.
     #[allow(clippy::manual_async_fn)]
-    pub fn handle<'a>(
-        &'a self,
+    pub fn handle(
+        &self,
         mut req: Request<ClientBody>,
         conn: ConnInfo,
-        mut lines: Option<&'a mut headers::ResponseLines>,
-    ) -> impl Future<Output = Response<ProxyBody>> + 'a {
+    ) -> impl Future<Output = Response<ProxyBody>> + '_ {
         async move {
             let started = Instant::now();
             let runtime = self.runtime.load_full();
@@ -228,13 +228,12 @@ impl Proxy {
             // Logged without its query: queries can carry credentials. (A Uri clone shares its
             // bytes; nothing is copied.)
             let uri = req.uri().clone();
-            let pipeline = self.pipeline(&runtime, req, conn, id_to_add, lines.as_deref_mut());
+            let pipeline = self.pipeline(&runtime, req, conn, id_to_add, &request_id);
             let mut handled = pipeline.await;
-            let mut to = match lines {
-                Some(lines) => headers::AddTo::Lines(&mut lines.bytes),
-                None => headers::AddTo::Map(handled.response.headers_mut()),
-            };
-            to.request_id(&request_id);
+            // A forwarded response has it already, behind the rate-limit fields.
+            if let ProxyBody::Local(_) = handled.response.body() {
+                handled.response.headers_mut().request_id(&request_id);
+            }
             let status = handled.response.status().as_u16();
             let route = handled.route.map(|i| &runtime.routes[i]);
             let route_name = match route {
@@ -273,8 +272,8 @@ impl Proxy {
         conn: ConnInfo,
         // The id [`headers::request_id`] made for a request that sent none: added upstream.
         request_id: Option<headers::RequestId>,
-        // As on `handle`.
-        mut lines: Option<&'a mut headers::ResponseLines>,
+        // The request's id, set on a forwarded response.
+        id: &'a headers::RequestId,
     ) -> impl Future<Output = Handled> + 'a {
         async move {
             // Step 1: methods tollgate never forwards, then one spelling of host and path.
@@ -285,7 +284,7 @@ impl Proxy {
             }
             // HTTP/1.1's framing guard has refused longer targets already; HTTP/2's `:path` comes
             // here.
-            if req.uri().path_and_query().map_or(0, |pq| pq.as_str().len()) > framing::MAX_TARGET {
+            if req.uri().path_and_query().map_or(0, |pq| pq.as_str().len()) > MAX_TARGET {
                 let mut handled = local_error(None, RequestError::UriTooLong, &req);
                 close_if_body_unread(&req, &mut handled.response);
                 return handled;
@@ -462,7 +461,6 @@ impl Proxy {
                 names,
                 request_id,
                 max_body_size: route.max_body_size,
-                lines: lines.as_deref_mut(),
                 metrics: &self.metrics,
                 worker: conn.worker.index(),
                 direct_client: self.direct_client,
@@ -475,22 +473,20 @@ impl Proxy {
             let upstream_name = Some(route.upstream.name.clone());
             match result {
                 Ok((response, names)) => {
-                    let (mut parts, body) = response.into_parts();
+                    let (mut parts, mut body) = response.into_parts();
                     parts.version = client_version;
                     let mode = server.rate_limit_headers;
                     headers::remove_replaced(&mut parts.headers, &names, mode, &outcomes);
-                    let mut to = match lines {
-                        Some(lines) => headers::AddTo::Lines(&mut lines.bytes),
-                        None => {
-                            // Room for the rate-limit fields (up to four, with `both`) and
-                            // `X-Request-Id` in one growth of the map sized for the
-                            // upstream's fields, instead of a growth (a rehash) on the way.
-                            parts.headers.reserve(5);
-                            headers::AddTo::Map(&mut parts.headers)
-                        }
-                    };
+                    let mut to = body.fields_to(&mut parts.headers);
+                    if let AddTo::Map(headers) = &mut to {
+                        // Room for the rate-limit fields (up to four, with `both`) and
+                        // `X-Request-Id` in one growth of the map sized for the upstream's
+                        // fields, instead of a growth (a rehash) on the way.
+                        headers.reserve(5);
+                    }
                     let policy = route.ready_policy(&outcomes);
                     headers::add_rate_limit_headers(&mut to, mode, &outcomes, policy);
+                    to.request_id(id);
                     Handled {
                         response: Response::from_parts(parts, ProxyBody::Upstream(body)),
                         route: Some(index),
@@ -502,11 +498,6 @@ impl Proxy {
                 }
                 Err(err) => {
                     tracing::warn!(route = %route.name, error = %err, "upstream request failed");
-                    // tollgate's own answer carries none of the upstream's fields, should a
-                    // response have been refused after its fields went into the lines.
-                    if let Some(lines) = lines {
-                        lines.clear();
-                    }
                     let mut handled = answer_error(Some(index), err, grpc);
                     handled.decision = decision;
                     handled.upstream = upstream_name;
@@ -687,7 +678,7 @@ fn finish_rejection(
     let headers = response.headers_mut();
     headers::set_retry_after(headers, retry_after, grpc);
     headers::add_rate_limit_headers(
-        &mut headers::AddTo::Map(headers),
+        headers,
         rt.config.server.rate_limit_headers,
         outcomes,
         route.ready_policy(outcomes),

@@ -47,7 +47,6 @@ mod store_start;
 mod streams;
 mod worker;
 
-pub use connection::simple_request;
 pub use open_files::{raise_open_file_limit, OpenFileLimit};
 pub use worker::Worker;
 
@@ -106,9 +105,9 @@ pub struct ServerBuilder {
 /// same request through every pairing of server and client and hold them to one contract.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Http1Paths {
-    /// tollgate's own server path for simple requests (`connection::simple_h1`).
+    /// tollgate's own server path for simple requests (`http1::server`).
     pub(crate) fast_server: bool,
-    /// tollgate's own client for bodyless plain-HTTP requests (`forward::direct`).
+    /// tollgate's own client for bodyless plain-HTTP requests (`http1::client`).
     pub(crate) direct_client: bool,
 }
 
@@ -145,7 +144,7 @@ impl ServerBuilder {
     }
 
     /// Whether a request without a body to a plain-HTTP, HTTP/1.1 upstream goes on tollgate's
-    /// own client (`forward::direct`; default: true). False: hyper's client carries every
+    /// own client (`http1::client`; default: true). False: hyper's client carries every
     /// request, as it does those with a body. For tests that hold both clients to one
     /// contract; kept across reloads.
     pub fn http1_direct_client(mut self, on: bool) -> Self {

@@ -576,7 +576,7 @@ async fn closes_before_buffering(
     closed
 }
 
-/// The framing guard's per-connection buffer (read only here: framing.rs is another part's)
+/// The framing guard's per-connection buffer (read only here: http1/guard.rs is another part's)
 /// is bounded for chunk-size lines: an endless chunk extension is cut at its bound (4 KiB)
 /// rather than buffered, and the connection is closed.
 #[tokio::test]

@@ -1,4 +1,4 @@
-//! Wire-level fuzzing of the HTTP/1.1 framing guard (src/framing.rs).
+//! Wire-level fuzzing of the HTTP/1.1 framing guard (src/http1/guard.rs).
 //!
 //! The input is a client's byte stream plus the sizes of the reads it arrives in. The guard
 //! runs over a fake socket twice, once with everything in one read and once split as the
@@ -15,7 +15,7 @@ use std::task::{Context, Poll, Waker};
 
 use libfuzzer_sys::fuzz_target;
 use tokio::io::{AsyncRead, ReadBuf};
-use tollgate::framing::FramingGuard;
+use tollgate::http1::guard::FramingGuard;
 
 mod wire;
 

@@ -1,5 +1,5 @@
 //! Differential fuzzing of tollgate's own HTTP/1.1 path for simple requests
-//! (src/server/connection/simple_h1.rs) against the framing guard and httparse as hyper's
+//! (src/http1/server.rs) against the framing guard and httparse as hyper's
 //! server calls it.
 //!
 //! The simple path may take a head only where the guard + hyper path would read the same
@@ -21,7 +21,7 @@ use std::task::{Context, Poll, Waker};
 
 use libfuzzer_sys::fuzz_target;
 use tokio::io::{AsyncRead, ReadBuf};
-use tollgate::framing::FramingGuard;
+use tollgate::http1::guard::FramingGuard;
 
 mod wire;
 
@@ -54,7 +54,7 @@ fn guard_takes_without_body(head: &[u8]) -> bool {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let Some((len, request, _closes)) = tollgate::server::simple_request(data) else {
+    let Some((len, request, _closes)) = tollgate::http1::server::simple_request(data) else {
         return;
     };
     let head = &data[..len];

@@ -22,14 +22,13 @@ use tokio::sync::watch;
 use super::coarse_clock::CoarseClock;
 use super::streams::{NewStreams, StreamExecutor, StreamProgress};
 use super::Phase;
-use crate::body::{BodyError, ClientBody, ProxyBody};
+use crate::body::{BodyError, ClientBody, ProxyBody, UpstreamBody};
 use crate::forward::Splice;
-use crate::framing::FramingGuard;
+use crate::http1::guard::FramingGuard;
 use crate::proxy::{ConnInfo, Proxy};
 
-mod simple_h1;
-
-pub use simple_h1::simple_request;
+use crate::http1::lines::ResponseLines;
+use crate::http1::server::{self as own_server, ClientStream};
 
 /// HTTP/2 keep-alive pings: a peer that stops answering is dropped.
 const H2_KEEPALIVE: Duration = Duration::from_secs(20);
@@ -53,31 +52,6 @@ impl ConnSettings {
     pub(super) fn next_check(&self) -> Duration {
         self.idle_timeout.min(self.header_read_timeout)
     }
-}
-
-/// A client connection's byte stream, and whether tollgate can see the client close it
-/// without reading from it.
-///
-/// hyper notices a client that goes away while its request waits for the upstream by reading
-/// from the connection (`mid_message_detect_eof`), and for that read it allocates a fresh
-/// 8 KiB buffer per request (its last one still holds the request's head). Where the stream is
-/// a plain socket, tollgate looks instead, the way nginx does: a peek of one byte, from the
-/// socket wrapper's `poll_flush`, which hyper calls at every turn of the connection while the
-/// request is in flight. Through TLS a peek would see the encrypted `close_notify`, not the
-/// close, so hyper's read stays in charge there.
-pub(super) trait ClientStream: AsyncRead + AsyncWrite + Unpin + Send + 'static {
-    /// Whether [`ClientStream::poll_peer_closed`] answers; hyper's own check is turned off
-    /// (`half_close`) exactly when it does.
-    const SEES_CLOSE: bool;
-
-    /// `Ready(true)`: the client closed the connection (or it failed); `Ready(false)`: bytes
-    /// are waiting to be read, so a close cannot be seen behind them; `Pending`: neither, and
-    /// the task is woken when that changes. Never consumes a byte.
-    fn poll_peer_closed(&self, cx: &mut Context<'_>) -> Poll<bool>;
-
-    /// Whether HTTP/1.1 may be spoken on the connection, so that its first requests go to the
-    /// simple path ([`simple_h1`]): false only for TLS that agreed on HTTP/2 by ALPN.
-    fn may_speak_h1(&self) -> bool;
 }
 
 impl ClientStream for tokio::net::TcpStream {
@@ -111,7 +85,7 @@ impl ClientStream for tokio_rustls::server::TlsStream<tokio::net::TcpStream> {
 }
 
 /// Serves one client connection: simple HTTP/1.1 requests on tollgate's own path while they
-/// last ([`simple_h1`], plain TCP or TLS), then everything else through the framing guard and
+/// last ([`own_server`], plain TCP or TLS), then everything else through the framing guard and
 /// hyper (HTTP/2 from the start when TLS agreed on it by ALPN).
 pub(super) async fn serve_connection<S>(
     mut stream: S,
@@ -125,14 +99,19 @@ pub(super) async fn serve_connection<S>(
 {
     let activity = Arc::new(Activity::new(clock));
     let (buffered, served) = if settings.fast_path && stream.may_speak_h1() {
-        let simple = simple_h1::serve(&mut stream, &info, &proxy, &activity);
+        let service = Served {
+            proxy: &proxy,
+            info: &info,
+            activity: &activity,
+        };
+        let simple = own_server::serve(&mut stream, &service);
         tokio::pin!(simple);
         let begin_drain = |_: Pin<&mut _>| activity.begin_drain();
         match supervise(simple, &activity, settings, &mut phase, begin_drain).await {
-            Some(simple_h1::Ending::HandOver { buffered }) => {
+            Some(own_server::Ending::HandOver { buffered }) => {
                 (buffered, activity.started.load(Ordering::Relaxed))
             }
-            Some(simple_h1::Ending::Closed) | None => return,
+            Some(own_server::Ending::Closed) | None => return,
         }
     } else {
         (bytes::Bytes::new(), 0)
@@ -159,7 +138,7 @@ pub(super) async fn serve_connection<S>(
         // a pointer.
         Box::pin(async move {
             let version = req.version();
-            let mut response = proxy.handle(req.map(ClientBody::Hyper), info, None).await;
+            let mut response = proxy.handle(req.map(ClientBody::Hyper), info).await;
             if version != http::Version::HTTP_2
                 && response.status() != http::StatusCode::SWITCHING_PROTOCOLS
                 && in_flight.connection().draining()
@@ -215,7 +194,7 @@ pub(super) async fn serve_connection<S>(
         .keep_alive_interval(Some(h2_ping))
         .keep_alive_timeout(h2_ping)
         .max_concurrent_streams(H2_MAX_STREAMS)
-        .max_header_list_size(crate::framing::MAX_HEAD as u32);
+        .max_header_list_size(crate::http1::rules::MAX_HEAD as u32);
     let conn = builder.serve_connection_with_upgrades(io, service);
     tokio::pin!(conn);
     let served = supervise(conn, &activity, settings, &mut phase, |conn| {
@@ -244,6 +223,57 @@ pub(super) async fn serve_connection<S>(
         .is_none()
     {
         tracing::debug!(peer = %peer_port, "WebSocket session closed by tollgate");
+    }
+}
+
+/// What tollgate's own HTTP/1.1 server serves on one connection: the proxy, for requests
+/// whose bodies say they came from that server (`ClientBody::Simple`), and the connection's
+/// activity record.
+struct Served<'a> {
+    proxy: &'a Proxy,
+    info: &'a ConnInfo,
+    activity: &'a Arc<Activity>,
+}
+
+impl own_server::Service for Served<'_> {
+    type RequestBody = ClientBody;
+    type ResponseBody = ProxyBody;
+    type InFlight = InFlight;
+
+    fn request_body(&self) -> ClientBody {
+        ClientBody::Simple
+    }
+
+    fn call(
+        &self,
+        request: http::Request<ClientBody>,
+    ) -> impl Future<Output = http::Response<ProxyBody>> + Send {
+        self.proxy.handle(request, self.info.clone())
+    }
+
+    fn lines(body: &ProxyBody) -> Option<&ResponseLines> {
+        match body {
+            ProxyBody::Upstream(UpstreamBody::Direct(body)) => body.lines(),
+            _ => None,
+        }
+    }
+
+    fn finish_unsent(body: ProxyBody) {
+        if let ProxyBody::Upstream(UpstreamBody::Direct(mut body)) = body {
+            body.finish();
+        }
+    }
+
+    fn touch(&self) {
+        self.activity.touch();
+    }
+
+    fn draining(&self) -> bool {
+        self.activity.draining()
+    }
+
+    fn start(&self) -> InFlight {
+        InFlight::start(self.activity.clone())
     }
 }
 

@@ -1,4 +1,4 @@
-//! tollgate's own HTTP/1.1 upstream client (`forward::direct`), used for requests without a
+//! tollgate's own HTTP/1.1 upstream client (`http1::client`), used for requests without a
 //! body (those tollgate's simple server path took, and HTTP/2 requests whose HEADERS ended the
 //! stream) to plain-HTTP, HTTP/1.1 upstreams.
 //!

@@ -1,7 +1,7 @@
 //! Hop-by-hop fields and underscored field names on every HTTP/1.1 path (docs/architecture.md,
 //! `server` and `forward.rs` in "Modules"): tollgate has two HTTP/1.1 servers (its own for
-//! simple requests, `server::connection::simple_h1`, and hyper's) and two HTTP/1.1 clients
-//! (its own for bodyless plain-HTTP requests, `forward::direct`, and hyper's). Each test body is
+//! simple requests, `http1::server`, and hyper's) and two HTTP/1.1 clients
+//! (its own for bodyless plain-HTTP requests, `http1::client`, and hyper's). Each test body is
 //! written once and run on every pairing, chosen with `ServerBuilder::http1_fast_path` and
 //! `ServerBuilder::http1_direct_client`, so that one contract holds on all of them:
 //!

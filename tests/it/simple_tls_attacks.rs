@@ -1,4 +1,4 @@
-//! Attacks on tollgate's own HTTP/1.1 path over TLS (`server::connection::simple_h1`), where
+//! Attacks on tollgate's own HTTP/1.1 path over TLS (`http1::server`), where
 //! the client's close is seen by reading ahead (a peek would see the encrypted `close_notify`),
 //! the writes are flushed after each response, and the first request the path does not take
 //! hands the connection to the framing guard and hyper with the bytes read and not used.

@@ -36,15 +36,12 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-/// Largest request head accepted (request line and headers), like nginx's default of four 8k
-/// buffers, doubled.
-pub const MAX_HEAD: usize = 64 * 1024;
-/// Longest request target accepted (SPEC 5), as nginx's default `large_client_header_buffers`
-/// line. The proxy holds HTTP/2's `:path` to the same bound.
-pub const MAX_TARGET: usize = 8 * 1024;
-/// Largest chunk-size line (size plus extensions) and trailer section.
-const MAX_CHUNK_LINE: usize = 4096;
-const MAX_TRAILERS: usize = 16 * 1024;
+use super::head::{scan_head, HeadScan};
+use super::rules::{
+    self, BadChunkLine, ChunkSizes, GUARD_MAX_CHUNK_LINE, GUARD_MAX_FIELDS, MAX_HEAD, MAX_TARGET,
+    MAX_TRAILERS,
+};
+
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 const BAD_REQUEST: &[u8] =
@@ -370,7 +367,7 @@ impl<S> FramingGuard<S> {
                     let b = bytes[i];
                     i += 1;
                     self.pending.push(b);
-                    if self.pending.len() > MAX_CHUNK_LINE {
+                    if self.pending.len() > GUARD_MAX_CHUNK_LINE {
                         return Err(Refusal::BadChunk);
                     }
                     if b == b'\n' {
@@ -429,69 +426,12 @@ impl<S> FramingGuard<S> {
     }
 }
 
-/// What the bytes at the start of a read hold, line by line (for [`FramingGuard::whole_head`]
-/// and tollgate's own HTTP/1.1 path, `server::simple_h1`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HeadScan {
-    /// A whole head of `end` bytes, every line ended by CRLF; `folded`: a line of it starts
-    /// with whitespace (an obsolete fold).
-    Whole { end: usize, folded: bool },
-    /// No empty line within the first [`MAX_HEAD`] bytes (yet), and nothing irregular.
-    Unfinished,
-    /// Empty, a leading empty line, or a line ended by anything but CRLF: for the guard's
-    /// byte-by-byte way to judge.
-    Irregular,
-}
-
-/// Scans `bytes` for a head whose lines all end in CRLF. One plain pass: heads are short, and
-/// the next CR or LF is found with memchr (vectorised) instead of a loop over every byte, which
-/// cost about 900 instructions per request (callgrind, docs/performance.md).
-pub fn scan_head(bytes: &[u8]) -> HeadScan {
-    let window = &bytes[..bytes.len().min(MAX_HEAD)];
-    if matches!(window.first(), None | Some(b'\r' | b'\n')) {
-        return HeadScan::Irregular;
-    }
-    let mut folded = false;
-    let mut line_start = 0;
-    while let Some(offset) = memchr::memchr2(b'\r', b'\n', &window[line_start..]) {
-        let i = line_start + offset;
-        if window[i] == b'\n' {
-            return HeadScan::Irregular;
-        }
-        match window.get(i + 1) {
-            Some(b'\n') => {}
-            // A CR at the end of what has come so far: its LF may be in the next read.
-            None => return HeadScan::Unfinished,
-            Some(_) => return HeadScan::Irregular,
-        }
-        if i == line_start {
-            let end = i + 2;
-            return HeadScan::Whole { end, folded };
-        }
-        line_start = i + 2;
-        folded |= matches!(window.get(line_start), Some(b' ' | b'\t'));
-    }
-    HeadScan::Unfinished
-}
-
-/// Where `part` (a slice httparse gave of a head) lies in `head`; None when it does not lie in
-/// it (httparse gives a static empty reason phrase, for one).
-pub fn place_in(head: &[u8], part: &[u8]) -> Option<std::ops::Range<usize>> {
-    let start = (part.as_ptr() as usize).checked_sub(head.as_ptr() as usize)?;
-    let end = start.checked_add(part.len())?;
-    (end <= head.len()).then_some(start..end)
-}
-
-/// Most header fields in a head ([`judge_head`]); hyper's own limit is lower (100), and a head
-/// past it is hyper's to answer (431).
-const MAX_HEADERS: usize = 128;
-
 /// Checks a complete head, whose line endings and folds were already checked
 /// ([`scan_head`], or the guard's byte-by-byte way), and says what follows it.
 fn judge_head(head: &[u8]) -> Result<State, Refusal> {
     // Left uninitialised for httparse to fill, as hyper does: zeroing 128 entries (4 KiB)
     // for a head of a few lines cost more than parsing it.
-    let mut headers = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+    let mut headers = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; GUARD_MAX_FIELDS];
     let mut request = httparse::Request::new(&mut []);
     match request.parse_with_uninit_headers(head, &mut headers) {
         Ok(httparse::Status::Complete(_)) => {}
@@ -527,9 +467,7 @@ fn judge_parsed(request: &httparse::Request<'_, '_>) -> Result<State, Refusal> {
                 return Err(Refusal::BadTransferEncoding);
             }
             transfer_encoding_seen = true;
-            let value =
-                std::str::from_utf8(header.value).map_err(|_| Refusal::BadTransferEncoding)?;
-            if !value.trim().eq_ignore_ascii_case("chunked") {
+            if !rules::is_exactly_chunked(header.value) {
                 return Err(Refusal::BadTransferEncoding);
             }
             chunked = true;
@@ -564,48 +502,19 @@ fn oversized(head: &[u8]) -> Refusal {
     }
 }
 
-/// `Content-Length`: 1 to 19 ASCII digits, no leading zero unless it is `0`.
+/// `Content-Length` as the guard reads it: the field's whitespace trimmed, then a plain
+/// length ([`rules::plain_length`]).
 fn parse_length(value: &[u8]) -> Result<u64, Refusal> {
-    let value = trim(value);
-    let digits_only = !value.is_empty() && value.iter().all(u8::is_ascii_digit);
-    if !digits_only || value.len() > 19 || (value.len() > 1 && value[0] == b'0') {
-        return Err(Refusal::BadContentLength);
-    }
-    std::str::from_utf8(value)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .ok_or(Refusal::BadContentLength)
+    rules::plain_length(trim(value)).ok_or(Refusal::BadContentLength)
 }
 
-/// A chunk-size line: hex digits (at most 16), optional `;extensions`, CRLF.
+/// A chunk-size line, strictly ([`rules::chunk_size`]).
 fn parse_chunk_size(line: &[u8]) -> Result<u64, Refusal> {
-    let Some(line) = line.strip_suffix(b"\r\n") else {
-        return Err(Refusal::BareLineFeed);
-    };
-    if line.contains(&b'\r') || line.contains(&b'\n') {
-        return Err(Refusal::BadChunk);
+    match rules::chunk_size(line, ChunkSizes::Strict) {
+        Ok(chunk) => Ok(chunk.size),
+        Err(BadChunkLine::NoCrlf) => Err(Refusal::BareLineFeed),
+        Err(BadChunkLine::Malformed | BadChunkLine::Overflow) => Err(Refusal::BadChunk),
     }
-    let size = match line.iter().position(|&b| b == b';') {
-        Some(at) => &line[..at],
-        None => line,
-    };
-    // RFC 9112 7.1: whitespace may follow the size (BWS before an extension), never precede
-    // it; hyper refuses the leading kind, so accepting it would make the two disagree.
-    let size = trim_end(size);
-    if size.is_empty() || size.len() > 16 || !size.iter().all(u8::is_ascii_hexdigit) {
-        return Err(Refusal::BadChunk);
-    }
-    std::str::from_utf8(size)
-        .ok()
-        .and_then(|s| u64::from_str_radix(s, 16).ok())
-        .ok_or(Refusal::BadChunk)
-}
-
-fn trim_end(mut v: &[u8]) -> &[u8] {
-    while let [rest @ .., b' ' | b'\t'] = v {
-        v = rest;
-    }
-    v
 }
 
 fn trim(mut v: &[u8]) -> &[u8] {
@@ -996,12 +905,12 @@ mod tests {
     #[test]
     fn chunk_lines_and_trailer_sections_are_bounded() {
         // What the guard holds back for a chunked body is bounded whatever the client sends:
-        // a chunk-size line (extensions included) up to MAX_CHUNK_LINE, trailers up to
+        // a chunk-size line (extensions included) up to GUARD_MAX_CHUNK_LINE, trailers up to
         // MAX_TRAILERS.
         let start = b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
         let mut long_line = start.clone();
         long_line.extend_from_slice(b"5;ext=");
-        long_line.extend(std::iter::repeat_n(b'x', MAX_CHUNK_LINE));
+        long_line.extend(std::iter::repeat_n(b'x', GUARD_MAX_CHUNK_LINE));
         assert_eq!(run(&long_line, 4096), Err(Refusal::BadChunk));
 
         let mut long_trailers = start;
