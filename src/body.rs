@@ -7,7 +7,7 @@
 //!   request that tollgate's own HTTP/1.1 server read (it takes only requests without a body),
 //!   which also says that the response may go back to that server as field lines.
 //! - [`RequestBody`], every request body sent upstream: the client's, streamed as it arrives,
-//!   and cut with an error once it grows past the route's `max_body_size` (SPEC 5), which
+//!   and cut with an error once it grows past the route's `max_body_size` (contract §5), which
 //!   makes hyper abort the upstream request. Nothing is buffered.
 
 use std::pin::Pin;

@@ -1,7 +1,7 @@
 //! Errors. [`RequestError`] is every way a request can end without reaching (or hearing from)
 //! the upstream; [`RequestError::status`] is the only place that turns a failure into an HTTP
 //! status code, and [`RequestError::grpc_code`] the only place that turns it into a gRPC one
-//! (SPEC 5c), so each mapping is decided once. [`StartupError`] is what stops the process from
+//! (contract §5c), so each mapping is decided once. [`StartupError`] is what stops the process from
 //! starting, each with one clear line for stderr. [`Detail`] is the text of the errors that
 //! wrap another one, with that error kept as the `source()`, so a report that walks the
 //! chain (tracing's error fields, `{:#}`-style formatting) reaches the cause.
@@ -61,7 +61,7 @@ impl RequestError {
         }
     }
 
-    /// The gRPC status of tollgate's own answer to a gRPC request (SPEC 5c). Codes a gRPC
+    /// The gRPC status of tollgate's own answer to a gRPC request (contract §5c). Codes a gRPC
     /// client retries by default (`UNAVAILABLE`) are kept for what is transient: a store or
     /// an upstream that may answer the next attempt. What the next attempt would meet again
     /// (a request tollgate cannot take, a route that does not exist, an upstream that breaks

@@ -1,4 +1,4 @@
-//! Forwarding to upstreams (SPEC section 5).
+//! Forwarding to upstreams (contract §5).
 //!
 //! One [`UpstreamPool`] per configured upstream, built at start (and at reload) and shared by
 //! `Arc`. It keeps its own keep-alive connections to the backend, per connection worker, on
@@ -13,14 +13,14 @@
 //!
 //! With several origins (`urls`), requests go round robin; a connect that fails (refused,
 //! timed out, TLS) has sent nothing, so the request moves on to the next origin, and the
-//! origin is skipped by new requests for `fail_timeout` unless all have failed (SPEC 5, see
+//! origin is skipped by new requests for `fail_timeout` unless all have failed (contract §5, see
 //! `UpstreamPool::send`).
 //!
 //! Bodies are never buffered: the client's `Incoming` goes upstream as it arrives (as a
 //! [`RequestBody`], which cuts it at the route's `max_body_size`: a cut body is answered 413,
 //! not 502) and the upstream's `Incoming` comes back the same way, trailers included. An HTTP/1.1 WebSocket
 //! upgrade is forwarded as an upgrade; no other upgrade is (its request goes as a plain one),
-//! and a `101` that switches to anything but what was forwarded gets 502 (SPEC 5). A checked
+//! and a `101` that switches to anything but what was forwarded gets 502 (contract §5). A checked
 //! `101` carries its [`Splice`] (both pending upgrades) in its extensions: the client
 //! connection's own task runs it after hyper is done with the connection (see
 //! `server::serve_connection`), so the session keeps that connection's bounds.
@@ -481,7 +481,7 @@ impl UpstreamPool {
 
     /// Sends the request to the upstream's next origin (round robin). An origin that cannot
     /// be connected to has been sent nothing, so the request goes on to the next, whatever
-    /// its method, each origin once (SPEC 5). Origins that failed to connect less than
+    /// its method, each origin once (contract §5). Origins that failed to connect less than
     /// `fail_timeout` ago are skipped, and tried (in their turn) only once every other one
     /// has failed this request too: when all are down, they are all tried anyway, which is
     /// also how an origin that came back is found when nothing else works.

@@ -1,4 +1,4 @@
-//! Header rewriting, as pure functions over `HeaderMap`s (SPEC section 5).
+//! Header rewriting, as pure functions over `HeaderMap`s (contract §5).
 //!
 //! - Hop-by-hop headers (RFC 9110 7.6.1) belong to one connection and are removed in both
 //!   directions: `Connection` and every header it names, plus the fixed list below (which has
@@ -16,7 +16,7 @@
 //! - `X-Request-Id` ([`request_id`]) is the client's only when a trusted proxy sent a sane
 //!   one; otherwise tollgate makes a new one, so a client cannot pick the id that correlates
 //!   its requests in the logs.
-//! - gRPC (SPEC 5c): [`is_grpc`] tells a gRPC call by its `content-type`, and
+//! - gRPC (contract §5c): [`is_grpc`] tells a gRPC call by its `content-type`, and
 //!   [`grpc_trailers_only`] writes the fields of tollgate's own answers to one.
 
 use std::net::IpAddr;
@@ -370,7 +370,7 @@ pub struct ForwardedFor<'a> {
     pub peer: &'a HeaderValue,
     /// Whether the peer is a trusted proxy whose own `X-Forwarded-*` are believed.
     pub peer_trusted: bool,
-    /// The client address of SPEC 4 (what the limiter keys on) as text, for `X-Real-IP`.
+    /// The client address of contract §4 (what the limiter keys on) as text, for `X-Real-IP`.
     pub client: &'a HeaderValue,
     /// `http` or `https`: how the client reached tollgate.
     pub proto: &'static str,

@@ -3,7 +3,8 @@
 //! An in-process limiter behind N replicas silently allows N times its limit, because each
 //! replica counts only what it saw. tollgate counts in one shared table instead, with one
 //! atomic upsert per decision, so a limit holds however many instances run
-//! (`seeds/rate_limits.sql` has the reasoning, SPEC.md the contract).
+//! (`migrations/0001_rate_limits.sql` has the schema and its reasoning, docs/contract.md the
+//! contract).
 //!
 //! One pipeline, one direction; each stage is one module:
 //!

@@ -7,7 +7,7 @@
 //! it to the end, so a reload never changes the rules under a request in flight.
 //!
 //! tollgate's own answers (`local_error`, `rejection`) to a gRPC call are trailers-only
-//! gRPC responses (SPEC 5c); whether a request is one is asked only when tollgate answers it,
+//! gRPC responses (contract §5c); whether a request is one is asked only when tollgate answers it,
 //! or once before it is forwarded (for an upstream failure's answer).
 
 use std::future::Future;
@@ -365,7 +365,7 @@ impl Proxy {
                 .collect();
 
             // Step 4: the decision, before a byte of the body is read. With `local`, a failing
-            // store hands the decision to this instance alone (SPEC 5b).
+            // store hands the decision to this instance alone (contract §5b).
             let mut outcomes = Outcomes::new();
             let worker = conn.worker.index();
             let mut verdict = self.limiter.decide(worker, &plans, &mut outcomes).await;
@@ -509,11 +509,11 @@ impl Proxy {
 }
 
 impl Proxy {
-    /// `tollgate_policy_decisions_total` (SPEC 7): which of a route's limits denied. Each
+    /// `tollgate_policy_decisions_total` (contract §7): which of a route's limits denied. Each
     /// limit with an outcome counts `limited` if it was exceeded, `shadow_limited` if it
     /// was exceeded but is shadow, else `allowed` (it did not deny, whatever the others
     /// did); when the store failed, every limit that applied counts the route's decision.
-    /// `local`: the verdict is the local fallback's (SPEC 5b), so its parts are counted as
+    /// `local`: the verdict is the local fallback's (contract §5b), so its parts are counted as
     /// `local_allowed` / `local_limited`.
     fn count_policies(
         &self,

@@ -179,7 +179,7 @@ pub struct RunningServer {
     started_with: Arc<Config>,
     fatal: mpsc::Receiver<String>,
     background: Vec<JoinHandle<()>>,
-    /// This instance's row in the registry of live instances (SPEC 5b), deleted on shutdown.
+    /// This instance's row in the registry of live instances (contract §5b), deleted on shutdown.
     registration: Option<fallback::Registration>,
     /// The threads of connection workers 1..; they end once the phase is `Stopped`.
     workers: Vec<std::thread::JoinHandle<()>>,
@@ -262,7 +262,7 @@ impl Server {
         ));
         let mut registration = None;
         if let Some(pg) = pg {
-            // The registry of live instances (SPEC 5b) and the reset listener (SPEC 3b).
+            // The registry of live instances (contract §5b) and the reset listener (contract §3b).
             registration = Some(fallback::Registration::start(pg.clone(), instances));
             let denials = limiter.denials();
             background.push(tokio::spawn(
@@ -445,7 +445,7 @@ impl RunningServer {
     pub async fn shutdown(mut self) {
         let _ = self.phase.send(Phase::Draining);
         // Out of the registry while the connections drain: the other instances' local quota
-        // grows at their next refresh, and this takes at most a second (SPEC 5b).
+        // grows at their next refresh, and this takes at most a second (contract §5b).
         let registration = self.registration.take();
         let deregistering = tokio::spawn(async move {
             if let Some(registration) = registration {
@@ -500,7 +500,7 @@ struct SharedWithWorkers {
     proxy_protocol: Option<Arc<HeaderGate>>,
 }
 
-/// Who must open with a PROXY header (SPEC 4), and the rate limit of the line about those
+/// Who must open with a PROXY header (contract §4), and the rate limit of the line about those
 /// refused.
 struct HeaderGate {
     from: Vec<ipnet::IpNet>,
@@ -649,7 +649,7 @@ async fn accept_loop(
         let clock = clock.clone();
         tokio::spawn(async move {
             metrics.open_connections.inc();
-            // A listed balancer's PROXY header names the client, before TLS and HTTP (SPEC 4).
+            // A listed balancer's PROXY header names the client, before TLS and HTTP (contract §4).
             let peer = match &header_gate {
                 None => peer,
                 Some(gate) => {

@@ -1,4 +1,4 @@
-//! The HTTP/1.1 framing guard: the first stage of the pipeline, below hyper (SPEC sections 4a
+//! The HTTP/1.1 framing guard: the first stage of the pipeline, below hyper (contract §4a
 //! and 9).
 //!
 //! hyper parses requests correctly but resolves ambiguity silently: with both
@@ -15,7 +15,7 @@
 //! - `Transfer-Encoding` other than exactly `chunked` (RFC 9112 6.1), or on HTTP/1.0;
 //! - a chunk size that is not hex, overflows, or a chunk not followed by CRLF;
 //! - a head larger than [`MAX_HEAD`] (431);
-//! - a request target longer than [`MAX_TARGET`] (414, SPEC 5), whether the head is complete
+//! - a request target longer than [`MAX_TARGET`] (414, contract §5), whether the head is complete
 //!   or already past [`MAX_HEAD`]: hyper would forward a target of up to 64 KiB, and the
 //!   answer to a long target must not depend on how long the rest of the head is.
 //!

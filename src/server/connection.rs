@@ -32,7 +32,7 @@ use crate::http1::server::{self as own_server, ClientStream};
 
 /// HTTP/2 keep-alive pings: a peer that stops answering is dropped.
 const H2_KEEPALIVE: Duration = Duration::from_secs(20);
-/// HTTP/2 streams in flight per connection (SPEC 5): with a stalled stream reset after
+/// HTTP/2 streams in flight per connection (contract §5): with a stalled stream reset after
 /// `idle_timeout`, what one client connection can hold upstream at once.
 const H2_MAX_STREAMS: u32 = 100;
 

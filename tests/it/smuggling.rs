@@ -1,4 +1,4 @@
-//! Request smuggling and limit bypass on the wire (SPEC sections 4a, 5 and 9).
+//! Request smuggling and limit bypass on the wire (contract §4a, §5 and §9).
 //!
 //! Every case here writes raw bytes on one TCP connection to a tollgate in front of the
 //! recording upstream. The smuggling payloads try to make a second request (always to
@@ -8,7 +8,7 @@
 //! one clean `Content-Length`, `CHUNKED` in capitals, a tab before `chunked`) still works, so
 //! the refusals are not a guard that refuses everything.
 //!
-//! The second half checks SPEC 4a on a route limited to one request per 366 days: once the
+//! The second half checks contract §4a on a route limited to one request per 366 days: once the
 //! budget is spent, every other spelling of the limited path is limited too, the dangerous
 //! spellings get 400, and a path that is merely different (case) is a different path.
 
@@ -767,7 +767,7 @@ async fn one_clean_content_length_is_one_body() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// SPEC 4a: a limited path cannot be reached under another spelling
+// contract §4a: a limited path cannot be reached under another spelling
 
 /// One request on its own connection; the status (0 when there was no response).
 async fn status_of(addr: std::net::SocketAddr, target: &str) -> u16 {
@@ -821,7 +821,7 @@ async fn other_spellings_of_a_limited_path_are_limited() {
 
 #[tokio::test]
 async fn a_different_case_is_a_different_path() {
-    // RFC 3986 6.2.2.1: only the scheme and host are case-insensitive. SPEC 4a normalises
+    // RFC 3986 6.2.2.1: only the scheme and host are case-insensitive. contract §4a normalises
     // escapes and dot segments, not case, so `/OAUTH/register` is another path: it falls to
     // the unlimited route and goes upstream as spelled.
     let (upstream, proxy) = setup().await;
