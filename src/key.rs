@@ -327,7 +327,7 @@ fn bucket_from(policy: &str, subject: &[u8], hasher: &BucketHasher) -> Arc<str> 
 /// change between its requests, and building the bucket name (the subject text, the HMAC,
 /// the hex, the string) was the largest part of the limiter's work per request.
 ///
-/// Owned by the worker (`crate::worker::Worker`) and handed down in [`RequestIdentity`], so
+/// Owned by the worker (`crate::pipeline::Worker`) and handed down in [`RequestIdentity`], so
 /// two servers in one process never share one. Only its worker's thread uses it: the lock is
 /// never contended, it only makes the cache shareable between that worker's tasks.
 #[derive(Default)]

@@ -45,10 +45,9 @@ pub mod proxy_protocol;
 mod reload;
 mod store_start;
 mod streams;
-mod worker;
 
+pub use crate::pipeline::Worker;
 pub use open_files::{raise_open_file_limit, OpenFileLimit};
-pub use worker::Worker;
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -68,7 +67,7 @@ use crate::key::BucketHasher;
 use crate::limit::fallback::{self, Instances, LocalFallback};
 use crate::limit::Limiter;
 use crate::metrics::Metrics;
-use crate::proxy::{ConnInfo, Proxy, Runtime};
+use crate::pipeline::{ConnInfo, Proxy, Runtime};
 use crate::store::{Clock, Store};
 use coarse_clock::CoarseClock;
 use connection::{serve_connection, ConnSettings};

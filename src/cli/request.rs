@@ -1,5 +1,5 @@
 //! What `explain` and `reset` share: the request given on the command line, the route and
-//! buckets the proxy would give it (`tollgate::plan`), and the store they read or reset.
+//! buckets the proxy would give it (`tollgate::pipeline::plan`), and the store they read or reset.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -10,7 +10,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri};
 use tollgate::config::{self, Config, KeyPart};
 use tollgate::key::BucketHasher;
 use tollgate::normalise::NormaliseError;
-use tollgate::plan::{self, PlanError, RequestPlan};
+use tollgate::pipeline::plan::{self, PlanError, RequestPlan};
 use tollgate::store::postgres::{self, InitError, PostgresStore};
 
 use super::output::{say, Out};

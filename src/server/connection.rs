@@ -25,7 +25,7 @@ use super::Phase;
 use crate::body::{BodyError, ClientBody, ProxyBody, UpstreamBody};
 use crate::forward::Splice;
 use crate::http1::guard::FramingGuard;
-use crate::proxy::{ConnInfo, Proxy};
+use crate::pipeline::{ConnInfo, Proxy};
 
 use crate::http1::lines::ResponseLines;
 use crate::http1::server::{self as own_server, ClientStream};

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use super::RunningServer;
 use crate::config::{self, Config};
-use crate::proxy::Runtime;
+use crate::pipeline::Runtime;
 
 impl RunningServer {
     /// Re-reads the configuration file (SIGHUP). On any error the old configuration keeps

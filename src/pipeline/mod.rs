@@ -10,6 +10,11 @@
 //! gRPC responses (contract §5c); whether a request is one is asked only when tollgate answers it,
 //! or once before it is forwarded (for an upstream failure's answer).
 
+pub mod plan;
+mod worker;
+
+pub use worker::Worker;
+
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -33,9 +38,7 @@ use crate::limit::{LimitOutcome, Limiter, Outcomes, PlannedLimit, Plans, Verdict
 use crate::log_format::{self, AccessLine};
 use crate::metrics::{Decision, Metrics, RouteMetrics, NO_ROUTE};
 use crate::normalise;
-use crate::plan;
 use crate::route;
-use crate::server::Worker;
 
 /// A route ready to serve: its configuration plus what is derived from it once.
 pub struct CompiledRoute {
@@ -353,7 +356,7 @@ impl Proxy {
                 headers: req.headers(),
                 ip_buckets: Some(conn.worker.ip_buckets()),
             };
-            // The same buckets `tollgate explain` and `tollgate reset` name (`plan.rs`).
+            // The same buckets `tollgate explain` and `tollgate reset` name ([`plan`]).
             let plans: Plans = route
                 .config
                 .limits
