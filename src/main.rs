@@ -24,10 +24,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // `explain` and `reset` end every failure with a line of their own on stderr (one clear
     // line, README "Command line"); the store's failure log would say it again as a WARN.
-    let quiet = matches!(
-        cli.command,
-        Some(Command::Explain { .. } | Command::Reset { .. })
-    );
+    let quiet = matches!(cli.command, Some(Command::Explain(_) | Command::Reset(_)));
     // Kept to the end of `main`: dropping it writes out the log's last lines.
     let (log_drops, _flush_log) = cli::init_logging(if quiet { "error" } else { "info" }, env);
     let (path, from) = cli::config_path(cli.config, env);
@@ -73,18 +70,8 @@ fn main() -> ExitCode {
         Command::Migrate { accept_new_key } => {
             runtime.block_on(cli::migrate(config, accept_new_key, &mut out))
         }
-        Command::Explain {
-            ip,
-            headers,
-            method,
-            url,
-        } => runtime.block_on(cli::explain(&mut out, config, ip, headers, method, url)),
-        Command::Reset {
-            ip,
-            headers,
-            method,
-            url,
-        } => runtime.block_on(cli::reset(&mut out, config, ip, headers, method, url)),
+        Command::Explain(args) => runtime.block_on(cli::explain(&mut out, config, &args)),
+        Command::Reset(args) => runtime.block_on(cli::reset(&mut out, config, &args)),
     };
     match out.finish() {
         Ok(()) => code,

@@ -1,7 +1,6 @@
 //! `tollgate explain`: what the proxy would do with one request, read from the configuration
 //! and the store's current counts (docs/operations.md, "Explain").
 
-use std::net::IpAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -12,29 +11,19 @@ use tollgate::store::{Increment, Peeked, Store};
 
 use super::output::{say, Out};
 use super::request::{
-    command_request, command_store, plan_and_say_route, say_not_applying, StoreProblem,
+    command_store, plan_and_say_route, request_of, say_not_applying, StoreProblem,
 };
+use super::RequestArgs;
 
 /// `tollgate explain`: the route, limits and buckets of a request, their counts in the store,
 /// and whether it would be allowed now; reads, never increments.
-pub async fn explain(
-    out: &mut Out<'_>,
-    config: Config,
-    ip: IpAddr,
-    header_args: Vec<String>,
-    method: String,
-    url: String,
-) -> ExitCode {
-    let usage = |message: String| {
-        eprintln!("tollgate explain: {message}");
-        ExitCode::from(2)
-    };
-    let request = match command_request(&method, &url, &header_args) {
+pub async fn explain(out: &mut Out<'_>, config: Config, args: &RequestArgs) -> ExitCode {
+    let request = match request_of(args, "explain") {
         Ok(r) => r,
-        Err(message) => return usage(message),
+        Err(code) => return code,
     };
     let hasher = BucketHasher::new(config.keys.secret.as_deref());
-    let plan = match plan_and_say_route(&config, &hasher, ip, &request, usage, out) {
+    let plan = match plan_and_say_route(&config, &hasher, args.ip, &request, "explain", out) {
         Ok(plan) => plan,
         Err(code) => return code,
     };

@@ -56,32 +56,25 @@ pub enum Command {
     },
     /// Show which route and limits a request would meet, and whether it would be allowed now
     /// (reads the counters, never increments them)
-    Explain {
-        /// Client address the request comes from
-        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1")]
-        ip: IpAddr,
-        /// A request header, as 'Name: value' (repeatable)
-        #[arg(long = "header", value_name = "'Name: value'")]
-        headers: Vec<String>,
-        /// Request method, e.g. GET
-        method: String,
-        /// Request URL, e.g. http://api.example.com/oauth/register
-        url: String,
-    },
+    Explain(RequestArgs),
     /// Forget what a request's buckets counted (current window, and the previous one), in the
     /// database and in every running instance's cache of denials
-    Reset {
-        /// Client address the request comes from
-        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1")]
-        ip: IpAddr,
-        /// A request header, as 'Name: value' (repeatable)
-        #[arg(long = "header", value_name = "'Name: value'")]
-        headers: Vec<String>,
-        /// Request method, e.g. POST
-        method: String,
-        /// Request URL, e.g. http://api.example.com/oauth/register
-        url: String,
-    },
+    Reset(RequestArgs),
+}
+
+/// A request given on the command line, as `explain` and `reset` take it.
+#[derive(clap::Args)]
+pub struct RequestArgs {
+    /// Client address the request comes from
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1")]
+    pub ip: IpAddr,
+    /// A request header, as 'Name: value' (repeatable)
+    #[arg(long = "header", value_name = "'Name: value'")]
+    pub headers: Vec<String>,
+    /// Request method, e.g. GET
+    pub method: String,
+    /// Request URL, e.g. http://api.example.com/oauth/register
+    pub url: String,
 }
 
 /// Where the configuration path came from (contract §1: `--config`, then `$TOLLGATE_CONFIG`, then
@@ -201,12 +194,12 @@ mod tests {
         ])
         .expect("parses");
         assert_eq!(cli.config, Some(PathBuf::from("p.toml")));
-        let Some(Command::Explain {
+        let Some(Command::Explain(RequestArgs {
             ip,
             headers,
             method,
             url,
-        }) = cli.command
+        })) = cli.command
         else {
             panic!("not explain");
         };

@@ -14,6 +14,7 @@ use tollgate::pipeline::plan::{self, PlanError, RequestPlan};
 use tollgate::store::postgres::{self, InitError, PostgresStore};
 
 use super::output::{say, Out};
+use super::RequestArgs;
 use std::process::ExitCode;
 
 /// A request given on the command line (`explain`, `reset`): the method, URL and headers
@@ -22,6 +23,19 @@ pub struct CommandRequest {
     pub method: Method,
     pub uri: Uri,
     pub headers: HeaderMap,
+}
+
+/// The request of `args`, or the exit code of a usage error of `command` (its one line on
+/// stderr already written).
+pub fn request_of(args: &RequestArgs, command: &str) -> Result<CommandRequest, ExitCode> {
+    command_request(&args.method, &args.url, &args.headers)
+        .map_err(|message| usage_error(command, &message))
+}
+
+/// A usage error of `tollgate COMMAND`: one line on stderr, exit 2.
+pub fn usage_error(command: &str, message: &str) -> ExitCode {
+    eprintln!("tollgate {command}: {message}");
+    ExitCode::from(2)
 }
 
 pub fn command_request(
@@ -126,7 +140,7 @@ pub fn plan_and_say_route<'c>(
     hasher: &BucketHasher,
     ip: IpAddr,
     request: &CommandRequest,
-    usage: impl Fn(String) -> ExitCode,
+    command: &str,
     out: &mut Out<'_>,
 ) -> Result<RequestPlan<'c>, ExitCode> {
     let plan = match plan::plan_request(
@@ -139,11 +153,12 @@ pub fn plan_and_say_route<'c>(
     ) {
         Ok(plan) => plan,
         Err(PlanError::Normalise(e @ NormaliseError::MissingHost)) => {
-            return Err(usage(format!(
-                "{e} (give an absolute URL or a Host header)"
-            )))
+            return Err(usage_error(
+                command,
+                &format!("{e} (give an absolute URL or a Host header)"),
+            ))
         }
-        Err(e) => return Err(usage(e.to_string())),
+        Err(e) => return Err(usage_error(command, &e.to_string())),
     };
     say!(
         out,

@@ -1,7 +1,6 @@
 //! `tollgate reset`: forget what a request's buckets counted, in the database and in every
 //! running instance within a second (docs/operations.md, "Reset").
 
-use std::net::IpAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
 
@@ -9,25 +8,15 @@ use tollgate::config::Config;
 use tollgate::key::BucketHasher;
 
 use super::output::{say, Out};
-use super::request::{command_request, command_store, plan_and_say_route, say_not_applying};
+use super::request::{command_store, plan_and_say_route, request_of, say_not_applying};
+use super::RequestArgs;
 
 /// `tollgate reset`: the buckets `explain` names, deleted for the current and the previous
 /// window, and every running instance told to forget them.
-pub async fn reset(
-    out: &mut Out<'_>,
-    config: Config,
-    ip: IpAddr,
-    header_args: Vec<String>,
-    method: String,
-    url: String,
-) -> ExitCode {
-    let usage = |message: String| {
-        eprintln!("tollgate reset: {message}");
-        ExitCode::from(2)
-    };
-    let request = match command_request(&method, &url, &header_args) {
+pub async fn reset(out: &mut Out<'_>, config: Config, args: &RequestArgs) -> ExitCode {
+    let request = match request_of(args, "reset") {
         Ok(r) => r,
-        Err(message) => return usage(message),
+        Err(code) => return code,
     };
     if config.store.url.is_none() {
         eprintln!(
@@ -38,7 +27,7 @@ pub async fn reset(
         return ExitCode::from(1);
     }
     let hasher = BucketHasher::new(config.keys.secret.as_deref());
-    let plan = match plan_and_say_route(&config, &hasher, ip, &request, usage, out) {
+    let plan = match plan_and_say_route(&config, &hasher, args.ip, &request, "reset", out) {
         Ok(plan) => plan,
         Err(code) => return code,
     };
