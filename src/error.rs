@@ -14,6 +14,8 @@ use std::sync::Arc;
 
 use http::StatusCode;
 
+use crate::decision::Decision;
+
 /// Why a request was answered by tollgate itself instead of the upstream.
 #[derive(Debug, thiserror::Error)]
 pub enum RequestError {
@@ -97,19 +99,19 @@ impl RequestError {
         }
     }
 
-    /// A short word for the access log's `decision` field.
-    pub fn log_word(&self) -> &'static str {
+    /// What the access log calls a request that ended so.
+    pub fn decision(&self) -> Decision {
         match self {
-            RequestError::BadRequest(_) => "bad_request",
-            RequestError::NoRoute => "no_route",
-            RequestError::UriTooLong => "uri_too_long",
-            RequestError::PayloadTooLarge => "body_too_large",
-            RequestError::MethodNotAllowed => "method_not_allowed",
+            RequestError::BadRequest(_) => Decision::BadRequest,
+            RequestError::NoRoute => Decision::NoRoute,
+            RequestError::UriTooLong => Decision::UriTooLong,
+            RequestError::PayloadTooLarge => Decision::BodyTooLarge,
+            RequestError::MethodNotAllowed => Decision::MethodNotAllowed,
             RequestError::UpstreamUnreachable(_) | RequestError::UpstreamBadSwitch(_) => {
-                "upstream_error"
+                Decision::UpstreamError
             }
-            RequestError::UpstreamTimeout => "upstream_timeout",
-            RequestError::StoreFailedClosed => "failed_closed",
+            RequestError::UpstreamTimeout => Decision::UpstreamTimeout,
+            RequestError::StoreFailedClosed => Decision::FailedClosed,
         }
     }
 }

@@ -26,6 +26,7 @@ pub mod admin;
 pub mod body;
 pub mod config;
 pub mod deadline;
+pub mod decision;
 pub mod error;
 pub mod forward;
 pub mod headers;

@@ -295,11 +295,11 @@ impl Metrics {
             .inc();
     }
 
-    pub fn decision(&self, route: &Arc<str>, decision: &'static str) {
+    pub fn decision(&self, route: &Arc<str>, decision: Decision) {
         self.decisions
             .get_or_create(&DecisionLabels {
                 route: RouteName(route.clone()),
-                decision,
+                decision: decision.as_str(),
             })
             .inc();
     }
@@ -532,40 +532,13 @@ fn labels_end(line: &str) -> usize {
     line.len()
 }
 
-/// A decision word as an index into [`DECISIONS`], for the per-policy series: counting one
-/// then needs no string comparison at all.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Decision {
-    Allowed,
-    ShadowLimited,
-    Limited,
-    FailedOpen,
-    FailedClosed,
-    LocalAllowed,
-    LocalLimited,
-}
+use crate::decision::Decision;
 
-impl Decision {
-    pub fn as_str(self) -> &'static str {
-        DECISIONS[self as usize]
-    }
-}
-
-/// Decisions a route counts, in [`RouteMetrics`]' order.
-const DECISIONS: [&str; 7] = [
-    "allowed",
-    "shadow_limited",
-    "limited",
-    "failed_open",
-    "failed_closed",
-    "local_allowed",
-    "local_limited",
-];
 const FIRST_STATUS: u16 = 100;
 const STATUSES: usize = 500;
 
-/// One series per decision word, in [`DECISIONS`]' order, resolved on first use.
-type DecisionSlots = [OnceLock<Counter>; DECISIONS.len()];
+/// One series per decision of the limiter ([`Decision::counted_index`]), resolved on first use.
+type DecisionSlots = [OnceLock<Counter>; Decision::COUNTED];
 
 /// One route's series, each looked up in its family once and then kept: a request touches
 /// three of them, and a family lookup (hashing the labels under a lock) cost as much as the
@@ -616,23 +589,20 @@ impl RouteMetrics {
             policy: RouteName(policy.clone()),
             decision: decision.as_str(),
         };
-        match slots {
-            Some(slots) => {
-                resolved(&slots[decision as usize], &metrics.policy_decisions, labels).inc();
-            }
-            None => {
-                metrics.policy_decisions.get_or_create(&labels()).inc();
-            }
-        }
+        let slot = slots.zip(decision.counted_index()).map(|(s, i)| &s[i]);
+        match slot {
+            Some(slot) => resolved(slot, &metrics.policy_decisions, labels).inc(),
+            None => metrics.policy_decisions.get_or_create(&labels()).inc(),
+        };
     }
 
-    pub fn decision(&self, metrics: &Metrics, decision: &'static str) {
-        let Some(i) = decision_index(decision) else {
+    pub fn decision(&self, metrics: &Metrics, decision: Decision) {
+        let Some(i) = decision.counted_index() else {
             return metrics.decision(&self.route, decision);
         };
         resolved(&self.decisions[i], &metrics.decisions, || DecisionLabels {
             route: RouteName(self.route.clone()),
-            decision,
+            decision: decision.as_str(),
         })
         .inc();
     }
@@ -659,11 +629,6 @@ impl RouteMetrics {
         })
         .observe(seconds);
     }
-}
-
-/// `decision`'s place in [`DECISIONS`].
-fn decision_index(decision: &str) -> Option<usize> {
-    DECISIONS.iter().position(|known| *known == decision)
 }
 
 /// The handle in `slot`, looked up in `family` (and kept) on first use. The clone shares the
@@ -695,11 +660,11 @@ mod tests {
         let route = RouteMetrics::new(Arc::from("api"));
         // Nothing shows before first use, as with the families alone.
         assert!(line(&metrics.render(), "tollgate_decisions_total{").is_none());
-        route.decision(&metrics, "allowed");
-        route.decision(&metrics, "allowed");
-        route.decision(&metrics, "limited");
-        // A decision without a cached slot goes to the family directly.
-        route.decision(&metrics, "something_new");
+        route.decision(&metrics, Decision::Allowed);
+        route.decision(&metrics, Decision::Allowed);
+        route.decision(&metrics, Decision::Limited);
+        // An ending that is not a decision has no slot: it goes to the family directly.
+        route.decision(&metrics, Decision::NoRoute);
         route.response(&metrics, 200);
         route.response(&metrics, 429);
         route.response(&metrics, 429);
@@ -708,13 +673,13 @@ mod tests {
         route.response(&metrics, 42);
         route.upstream_time(&metrics, 0.002);
         // A second handle for the same route (after a reload) shares the series.
-        RouteMetrics::new(Arc::from("api")).decision(&metrics, "allowed");
+        RouteMetrics::new(Arc::from("api")).decision(&metrics, Decision::Allowed);
 
         let text = metrics.render();
         let expect = [
             r#"tollgate_decisions_total{route="api",decision="allowed"} 3"#,
             r#"tollgate_decisions_total{route="api",decision="limited"} 1"#,
-            r#"tollgate_decisions_total{route="api",decision="something_new"} 1"#,
+            r#"tollgate_decisions_total{route="api",decision="no_route"} 1"#,
             r#"tollgate_responses_total{route="api",code="200"} 1"#,
             r#"tollgate_responses_total{route="api",code="429"} 2"#,
             r#"tollgate_responses_total{route="api",code="999"} 1"#,
@@ -751,26 +716,6 @@ mod tests {
                 text.lines().any(|l| l == series),
                 "missing {series} in\n{text}"
             );
-        }
-    }
-
-    #[test]
-    fn every_decision_word_has_its_slot() {
-        for (i, word) in DECISIONS.iter().enumerate() {
-            assert_eq!(decision_index(word), Some(i), "{word}");
-        }
-        assert_eq!(decision_index("bogus"), None);
-        let all = [
-            Decision::Allowed,
-            Decision::ShadowLimited,
-            Decision::Limited,
-            Decision::FailedOpen,
-            Decision::FailedClosed,
-            Decision::LocalAllowed,
-            Decision::LocalLimited,
-        ];
-        for (i, decision) in all.into_iter().enumerate() {
-            assert_eq!(decision.as_str(), DECISIONS[i]);
         }
     }
 

@@ -28,6 +28,7 @@ use http_body::Body as _;
 
 use crate::body::{ClientBody, ProxyBody};
 use crate::config::{Config, RouteConfig, StoreErrorPolicy};
+use crate::decision::Decision;
 use crate::error::{GrpcCode, RequestError, StartupError};
 use crate::forward::{ForwardRequest, UpstreamPool};
 use crate::headers::{self, ResponseFields};
@@ -36,7 +37,7 @@ use crate::http1::rules::MAX_TARGET;
 use crate::key::{self, BucketHasher, RequestIdentity};
 use crate::limit::{LimitOutcome, Limiter, Outcomes, PlannedLimit, Plans, Verdict};
 use crate::log_format::{self, AccessLine};
-use crate::metrics::{Decision, Metrics, RouteMetrics, NO_ROUTE};
+use crate::metrics::{Metrics, RouteMetrics, NO_ROUTE};
 use crate::normalise;
 use crate::route;
 
@@ -171,7 +172,7 @@ struct Handled {
     response: Response<ProxyBody>,
     /// Index into the runtime's routes.
     route: Option<usize>,
-    decision: &'static str,
+    decision: Decision,
     /// The policies that denied it, if any.
     violated: Vec<Arc<str>>,
     upstream: Option<Arc<str>>,
@@ -253,7 +254,7 @@ impl Proxy {
                 method: &method,
                 path: uri.path(),
                 route: route_name,
-                decision: handled.decision,
+                decision: handled.decision.as_str(),
                 violated: &handled.violated,
                 status,
                 duration_ms: &|| log_format::log_ms(started.elapsed()),
@@ -381,18 +382,22 @@ impl Proxy {
             let decision = match verdict {
                 Verdict::Allow { shadow_limited } => {
                     if local {
-                        "local_allowed"
+                        Decision::LocalAllowed
                     } else if shadow_limited {
-                        "shadow_limited"
+                        Decision::ShadowLimited
                     } else {
-                        "allowed"
+                        Decision::Allowed
                     }
                 }
                 Verdict::Deny {
                     retry_after,
                     violated,
                 } => {
-                    let word = if local { "local_limited" } else { "limited" };
+                    let word = if local {
+                        Decision::LocalLimited
+                    } else {
+                        Decision::Limited
+                    };
                     route.metrics.decision(&self.metrics, word);
                     let (response, grpc_status) =
                         rejection(rt, route, &req, &outcomes, retry_after, &violated);
@@ -407,11 +412,13 @@ impl Proxy {
                 }
                 // No outcomes: the store gave no counts.
                 Verdict::StoreFailed => match route.on_store_error {
-                    StoreErrorPolicy::Allow => "failed_open",
+                    StoreErrorPolicy::Allow => Decision::FailedOpen,
                     // `Local` only when the in-memory count itself failed, which validation rules
                     // out (a zero-second window); closed rather than open, like `deny`.
                     StoreErrorPolicy::Deny | StoreErrorPolicy::Local => {
-                        route.metrics.decision(&self.metrics, "failed_closed");
+                        route
+                            .metrics
+                            .decision(&self.metrics, Decision::FailedClosed);
                         let mut handled =
                             local_error(Some(index), RequestError::StoreFailedClosed, &req);
                         let grpc = handled.grpc_status.is_some();
@@ -603,7 +610,7 @@ fn answer_error(route: Option<usize>, err: RequestError, grpc: bool) -> Handled 
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
     Handled {
-        decision: err.log_word(),
+        decision: err.decision(),
         response,
         route,
         violated: Vec::new(),
