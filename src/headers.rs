@@ -912,6 +912,41 @@ fn insert(headers: &mut HeaderMap, name: &HeaderName, value: Vec<u8>, indexing: 
     }
 }
 
+/// What the tests of the rate-limit fields run through, in both their forms (here and in
+/// `http1::lines`): outcome sets with shadow limits, several limits, none, and a policy name
+/// no field value may carry; and every `rate_limit_headers` mode.
+#[cfg(test)]
+pub(crate) fn sample_outcome_sets() -> [Vec<LimitOutcome>; 5] {
+    let outcome = |policy: &str, count: u32, shadow: bool| LimitOutcome {
+        policy: policy.into(),
+        requests: 10,
+        window_secs: 60,
+        count,
+        reset_secs: 42,
+        shadow,
+        sliding: None,
+    };
+    [
+        vec![outcome("per-ip", 3, false)],
+        vec![outcome("per-ip", 3, false), outcome("per-key", 9, false)],
+        vec![outcome("per-ip", 3, true)],
+        vec![
+            outcome("bad\u{1}name", 3, false),
+            outcome("per-key", 12, true),
+        ],
+        vec![],
+    ]
+}
+
+/// See [`sample_outcome_sets`].
+#[cfg(test)]
+pub(crate) const RATE_LIMIT_MODES: [RateLimitHeaders; 4] = [
+    RateLimitHeaders::Draft,
+    RateLimitHeaders::Legacy,
+    RateLimitHeaders::Both,
+    RateLimitHeaders::None,
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1075,31 +1110,7 @@ mod tests {
     /// upstream's own copies are removed exactly where they would have been replaced.
     #[test]
     fn the_fields_tollgate_sets_replace_the_upstreams() {
-        let outcome = |policy: &str, count: u32, shadow: bool| LimitOutcome {
-            policy: policy.into(),
-            requests: 10,
-            window_secs: 60,
-            count,
-            reset_secs: 42,
-            shadow,
-            sliding: None,
-        };
-        let sets = [
-            vec![outcome("per-ip", 3, false)],
-            vec![outcome("per-ip", 3, false), outcome("per-key", 9, false)],
-            vec![outcome("per-ip", 3, true)],
-            vec![
-                outcome("bad\u{1}name", 3, false),
-                outcome("per-key", 12, true),
-            ],
-            vec![],
-        ];
-        let modes = [
-            RateLimitHeaders::Draft,
-            RateLimitHeaders::Legacy,
-            RateLimitHeaders::Both,
-            RateLimitHeaders::None,
-        ];
+        let (sets, modes) = (sample_outcome_sets(), RATE_LIMIT_MODES);
         for outcomes in &sets {
             for mode in modes {
                 let context = format!("{mode:?} {outcomes:?}");

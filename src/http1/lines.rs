@@ -145,9 +145,7 @@ fn field_name(out: &mut Vec<u8>, name: &HeaderName) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::RateLimitHeaders;
-    use crate::headers::add_rate_limit_headers;
-    use crate::limit::LimitOutcome;
+    use crate::headers::{add_rate_limit_headers, sample_outcome_sets, RATE_LIMIT_MODES};
 
     #[test]
     fn response_lines_grown_by_a_large_head_are_given_back() {
@@ -174,31 +172,7 @@ mod tests {
     /// map, in the same order.
     #[test]
     fn rate_limit_fields_as_lines_are_the_maps_fields() {
-        let outcome = |policy: &str, count: u32, shadow: bool| LimitOutcome {
-            policy: policy.into(),
-            requests: 10,
-            window_secs: 60,
-            count,
-            reset_secs: 42,
-            shadow,
-            sliding: None,
-        };
-        let sets = [
-            vec![outcome("per-ip", 3, false)],
-            vec![outcome("per-ip", 3, false), outcome("per-key", 9, false)],
-            vec![outcome("per-ip", 3, true)],
-            vec![
-                outcome("bad\u{1}name", 3, false),
-                outcome("per-key", 12, true),
-            ],
-            vec![],
-        ];
-        let modes = [
-            RateLimitHeaders::Draft,
-            RateLimitHeaders::Legacy,
-            RateLimitHeaders::Both,
-            RateLimitHeaders::None,
-        ];
+        let (sets, modes) = (sample_outcome_sets(), RATE_LIMIT_MODES);
         let id = RequestId::random();
         for outcomes in &sets {
             for mode in modes {
