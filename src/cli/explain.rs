@@ -48,7 +48,7 @@ pub async fn explain(out: &mut Out<'_>, config: Config, args: &RequestArgs) -> E
         }
     };
     let mut would_allow = true;
-    for (limit, planned) in &plan.limits {
+    for (limit, planned) in plan.limits() {
         let Some(planned) = planned else {
             say_not_applying(limit, &request.headers, out);
             continue;

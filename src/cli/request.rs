@@ -5,12 +5,12 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Uri};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri};
 
-use tollgate::config::{self, Config, KeyPart};
+use tollgate::config::{self, Config, KeyPart, LimitConfig};
 use tollgate::key::BucketHasher;
-use tollgate::normalise::NormaliseError;
-use tollgate::pipeline::plan::{self, PlanError, RequestPlan};
+use tollgate::limit::PlannedLimit;
+use tollgate::pipeline::plan::{self, Plan, Rules};
 use tollgate::store::postgres::{self, InitError, PostgresStore};
 
 use super::output::{say, Out};
@@ -132,67 +132,109 @@ pub async fn command_store(
     Ok(pg)
 }
 
-/// The first half of `explain` and `reset`: plans `request` as the proxy would and prints
-/// the request and route lines. `Err` is the exit code to stop with: a usage error, or
-/// success when no route matches.
-pub fn plan_and_say_route<'c>(
-    config: &'c Config,
+/// A request planned as the proxy plans it, with the rules it was planned on.
+pub struct CommandPlan {
+    pub rules: Rules,
+    pub plan: Plan,
+    /// The index of the route it matched.
+    pub route: usize,
+}
+
+impl CommandPlan {
+    /// Each limit of the route, with what the request would count in it (`None`: the limit
+    /// does not apply).
+    pub fn limits(&self) -> impl Iterator<Item = (&LimitConfig, Option<&PlannedLimit>)> {
+        let route = &self.rules.routes[self.route];
+        route
+            .config
+            .limits
+            .iter()
+            .enumerate()
+            .map(move |(i, limit)| (limit, self.plan.limit(route, i)))
+    }
+
+    /// The limits that apply, with their buckets.
+    pub fn planned(&self) -> impl Iterator<Item = &PlannedLimit> {
+        self.plan.limits.iter()
+    }
+}
+
+/// The first half of `explain` and `reset`: plans `request` with the proxy's own
+/// [`plan::plan`] and prints the request and route lines. `Err` is the exit code to stop with:
+/// a usage error, or success when no limit is to be shown (no route, no limits, or a request
+/// the proxy answers itself).
+pub fn plan_and_say_route(
+    config: &Config,
     hasher: &BucketHasher,
     ip: IpAddr,
     request: &CommandRequest,
     command: &str,
     out: &mut Out<'_>,
-) -> Result<RequestPlan<'c>, ExitCode> {
-    let plan = match plan::plan_request(
-        config,
-        hasher,
-        ip,
-        &request.method,
-        &request.uri,
-        &request.headers,
-    ) {
-        Ok(plan) => plan,
-        Err(PlanError::Normalise(e @ NormaliseError::MissingHost)) => {
-            return Err(usage_error(
-                command,
-                &format!("{e} (give an absolute URL or a Host header)"),
-            ))
-        }
-        Err(e) => return Err(usage_error(command, &e.to_string())),
+) -> Result<CommandPlan, ExitCode> {
+    // The proxy answers such a request 400; here it is a command line that says too little.
+    if request.uri.authority().is_none() && !request.headers.contains_key(http::header::HOST) {
+        return Err(usage_error(
+            command,
+            "the request has no host (give an absolute URL or a Host header)",
+        ));
+    }
+    let rules = Rules::compile(Arc::new(config.clone()));
+    let mut req = Request::builder()
+        .method(request.method.clone())
+        .uri(request.uri.clone())
+        // No body: `explain` and `reset` describe a request by its head.
+        .body(String::new())
+        .map_err(|e| usage_error(command, &e.to_string()))?;
+    *req.headers_mut() = request.headers.clone();
+    let asker = plan::Asker {
+        peer: ip,
+        ip_buckets: None,
     };
+    let plan = match plan::plan(&rules, hasher, &mut req, asker) {
+        Ok(plan) => plan,
+        Err(refusal) => {
+            say!(
+                out,
+                "request     {} {} from {ip}",
+                request.method,
+                request.uri
+            );
+            say!(
+                out,
+                "refused     {} ({}): the proxy answers it itself, counts nothing and forwards \
+                 nothing",
+                refusal.error.status().as_u16(),
+                refusal.error
+            );
+            return Err(ExitCode::SUCCESS);
+        }
+    };
+    let authority = plan.authority.as_ref().map_or("", |a| a.as_str());
     say!(
         out,
-        "request     {} {}{} from {ip}",
+        "request     {} {authority}{} from {ip}",
         request.method,
-        plan.authority,
         plan.path
     );
-    if !say_route(config, &plan, out) {
-        return Err(ExitCode::SUCCESS);
-    }
-    Ok(plan)
-}
-
-/// Prints the route line of `explain`/`reset`; false when there is nothing more to say.
-fn say_route(config: &Config, plan: &RequestPlan<'_>, out: &mut Out<'_>) -> bool {
-    let Some((_, route)) = plan.route else {
+    let Some(route) = plan.route else {
         say!(
             out,
             "route       none: the request would get 404 and not be forwarded"
         );
-        return false;
+        return Err(ExitCode::SUCCESS);
     };
+    let route_config = &config.routes[route];
     say!(
         out,
         "route       {} -> upstream {}",
-        route.name,
-        config.upstream(route).name
+        route_config.name,
+        config.upstream(route_config).name
     );
-    if route.limits.is_empty() {
+    if route_config.limits.is_empty() {
         say!(out, "limits      none: the request would be forwarded");
-        return false;
+        return Err(ExitCode::SUCCESS);
     }
-    true
+    Ok(CommandPlan { rules, plan, route })
 }
 
 /// `limit ...: does not apply (no X header)` for a limit whose key the request lacks.

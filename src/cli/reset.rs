@@ -31,7 +31,7 @@ pub async fn reset(out: &mut Out<'_>, config: Config, args: &RequestArgs) -> Exi
         Ok(plan) => plan,
         Err(code) => return code,
     };
-    for (limit, planned) in &plan.limits {
+    for (limit, planned) in plan.limits() {
         if planned.is_none() {
             say_not_applying(limit, &request.headers, out);
         }

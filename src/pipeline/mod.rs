@@ -15,6 +15,8 @@ mod worker;
 
 pub use worker::Worker;
 
+use plan::{Asker, Plan, RouteRules, Rules};
+
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -22,55 +24,47 @@ use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
-use http::header::{self, HeaderName, HeaderValue};
-use http::{Method, Request, Response, StatusCode, Version};
+use http::header::{self, HeaderValue};
+use http::{Request, Response, StatusCode, Version};
 use http_body::Body as _;
 
 use crate::body::{ClientBody, ProxyBody};
-use crate::config::{Config, RouteConfig, StoreErrorPolicy};
+use crate::config::{Config, StoreErrorPolicy};
 use crate::decision::Decision;
 use crate::error::{GrpcCode, RequestError, StartupError};
 use crate::forward::{ForwardRequest, UpstreamPool};
 use crate::headers::{self, ResponseFields};
 use crate::http1::lines::AddTo;
-use crate::http1::rules::MAX_TARGET;
-use crate::key::{self, BucketHasher, RequestIdentity};
-use crate::limit::{LimitOutcome, Limiter, Outcomes, PlannedLimit, Plans, Verdict};
+use crate::key::{self, BucketHasher};
+use crate::limit::{LimitOutcome, Limiter, Outcomes, PlannedLimit, Verdict};
 use crate::log_format::{self, AccessLine};
 use crate::metrics::{Metrics, RouteMetrics, NO_ROUTE};
 use crate::normalise;
 use crate::route;
 
-/// A route ready to serve: its configuration plus what is derived from it once.
+/// A route ready to serve: what serving needs beside its [`RouteRules`], derived once.
 pub struct CompiledRoute {
-    pub config: RouteConfig,
     /// The route's name, shared with metric labels and logs.
     pub name: Arc<str>,
-    /// `<scope>:<label>` per limit, in limit order.
-    pub policies: Vec<Arc<str>>,
     /// The `RateLimit-Policy` value when every limit applies (it names only configuration),
     /// made once rather than per response.
     pub rate_limit_policy: Option<HeaderValue>,
-    /// The headers its limits key on: a request carrying one of them twice gets 400.
-    pub keyed_headers: Vec<HeaderName>,
     pub upstream: Arc<UpstreamPool>,
     pub on_store_error: StoreErrorPolicy,
-    /// The route's `max_body_size`, else the server's; `None` = no limit.
-    pub max_body_size: Option<u64>,
     pub metrics: RouteMetrics,
 }
 
 impl CompiledRoute {
     /// The route's ready `RateLimit-Policy` value, when `outcomes` are those of all its limits
-    /// in order (a limit whose key is absent from the request has no outcome).
+    /// (`rules`) in order (a limit whose key is absent from the request has no outcome).
     /// Outcomes of the local fallback carry the local quota, not the configured one: the
     /// ready value does not describe them.
-    fn ready_policy(&self, outcomes: &[LimitOutcome]) -> Option<&HeaderValue> {
-        let all = outcomes.len() == self.policies.len()
+    fn ready_policy(&self, rules: &RouteRules, outcomes: &[LimitOutcome]) -> Option<&HeaderValue> {
+        let all = outcomes.len() == rules.policies.len()
             && outcomes
                 .iter()
-                .zip(&self.policies)
-                .zip(&self.config.limits)
+                .zip(&rules.policies)
+                .zip(&rules.config.limits)
                 .all(|((o, p), l)| Arc::ptr_eq(&o.policy, p) && o.requests == l.requests);
         if all {
             self.rate_limit_policy.as_ref()
@@ -83,6 +77,9 @@ impl CompiledRoute {
 /// Everything a reload replaces at once.
 pub struct Runtime {
     pub config: Arc<Config>,
+    /// What [`plan::plan`] reads, per route.
+    pub rules: Rules,
+    /// What serving needs, per route, in the same order.
     pub routes: Vec<CompiledRoute>,
 }
 
@@ -93,45 +90,42 @@ impl Runtime {
             .iter()
             .map(|u| UpstreamPool::new(u.clone(), config.server.worker_count()).map(Arc::new))
             .collect::<Result<_, _>>()?;
-        let routes = config
+        let rules = Rules::compile(config.clone());
+        let routes = rules
             .routes
             .iter()
             .map(|r| {
-                let policies: Vec<Arc<str>> = r
-                    .limits
-                    .iter()
-                    .map(|l| Arc::from(l.policy_name()))
-                    .collect();
                 // What the rate-limit fields say of every limit, counts aside.
                 let all_limits: Vec<LimitOutcome> = r
+                    .config
                     .limits
                     .iter()
-                    .zip(&policies)
+                    .zip(&r.policies)
                     .map(|(limit, policy)| LimitOutcome {
                         policy: policy.clone(),
                         requests: limit.requests,
                         window_secs: limit.window_secs,
                         count: 0,
                         reset_secs: 0,
-                        shadow: limit.shadow || r.shadow,
+                        shadow: limit.shadow || r.config.shadow,
                         sliding: None,
                     })
                     .collect();
-                let metrics = RouteMetrics::with_policies(Arc::from(r.name.as_str()), &policies);
+                let name: Arc<str> = Arc::from(r.config.name.as_str());
                 CompiledRoute {
-                    config: r.clone(),
-                    name: Arc::from(r.name.as_str()),
+                    metrics: RouteMetrics::with_policies(name.clone(), &r.policies),
+                    name,
                     rate_limit_policy: headers::rate_limit_policy_value(&all_limits),
-                    keyed_headers: key::keyed_headers(&r.limits),
-                    policies,
-                    upstream: pools[r.upstream].clone(),
-                    on_store_error: r.on_store_error.unwrap_or(config.store.on_error),
-                    max_body_size: r.max_body_size.or(config.server.max_body_size),
-                    metrics,
+                    upstream: pools[r.config.upstream].clone(),
+                    on_store_error: r.config.on_store_error.unwrap_or(config.store.on_error),
                 }
             })
             .collect();
-        Ok(Runtime { config, routes })
+        Ok(Runtime {
+            config,
+            rules,
+            routes,
+        })
     }
 }
 
@@ -280,242 +274,239 @@ impl Proxy {
         id: &'a headers::RequestId,
     ) -> impl Future<Output = Handled> + 'a {
         async move {
-            // Step 1: methods tollgate never forwards, then one spelling of host and path.
-            if req.method() == Method::TRACE || req.method() == Method::CONNECT {
-                let mut handled = local_error(None, RequestError::MethodNotAllowed, &req);
-                close_if_body_unread(&req, &mut handled.response);
-                return handled;
-            }
-            // HTTP/1.1's framing guard has refused longer targets already; HTTP/2's `:path` comes
-            // here.
-            if req.uri().path_and_query().map_or(0, |pq| pq.as_str().len()) > MAX_TARGET {
-                let mut handled = local_error(None, RequestError::UriTooLong, &req);
-                close_if_body_unread(&req, &mut handled.response);
-                return handled;
-            }
-            let authority =
-                match normalise::request_authority_of(req.version(), req.uri(), req.headers()) {
-                    Ok(a) => a,
-                    Err(e) => {
-                        let err = RequestError::BadRequest(bad_request_reason(e));
-                        return local_error(None, err, &req);
-                    }
-                };
-            let path = match normalise::normalise_path(req.uri().path()) {
-                Ok(p) => p,
-                Err(e) => {
-                    let err = RequestError::BadRequest(bad_request_reason(e));
-                    return local_error(None, err, &req);
-                }
+            // Steps 1-3: route and buckets, the same [`plan`] as `tollgate explain`'s.
+            let asker = Asker {
+                peer: conn.peer.ip(),
+                ip_buckets: Some(conn.worker.ip_buckets()),
             };
-
-            // Step 2: the first route that matches, by host and the path without parameters.
-            let host = authority
-                .as_ref()
-                .map(|a| normalise::host_without_port(a.as_str()));
-            let routing_path = normalise::routing_path(&path);
-            let Some(index) = route::find(&rt.config.routes, host, &routing_path, req.method())
-            else {
-                return local_error(None, RequestError::NoRoute, &req);
-            };
-            let route = &rt.routes[index];
-
-            // A body announced larger than the route takes is refused before anything is counted
-            // or sent. hyper's size hint is the parsed `Content-Length` (HTTP/1.1 and HTTP/2):
-            // nothing is parsed again here.
-            if let (Some(max), Some(announced)) =
-                (route.max_body_size, req.body().size_hint().exact())
-            {
-                if announced > max {
-                    let mut handled = local_error(Some(index), RequestError::PayloadTooLarge, &req);
+            let plan = match plan::plan(&rt.rules, &self.hasher, &mut req, asker) {
+                Ok(plan) => plan,
+                Err(refusal) => {
+                    let mut handled = local_error(refusal.route, refusal.error, &req);
                     close_if_body_unread(&req, &mut handled.response);
                     return handled;
                 }
-            }
-
-            // Step 3: who the request counts as, per limit. A keyed header that the limiter and
-            // the upstream could read differently (sent twice, padded, or with an underscore twin)
-            // would let the client choose its own bucket (`key::keyed_header_problem`). HTTP/2 may
-            // split `cookie` into several fields, which are one header (RFC 9113 8.2.3): they are
-            // joined first when a limit keys on it, so the whole value is counted.
-            if req.version() == Version::HTTP_2 && route.keyed_headers.contains(&header::COOKIE) {
-                headers::join_cookies(req.headers_mut());
-            }
-            let server = &rt.config.server;
-            let underscores_forwarded = server.underscores_in_headers;
-            if let Some(why) = key::keyed_header_problem(
-                req.headers(),
-                &route.keyed_headers,
-                underscores_forwarded,
-            ) {
-                return local_error(Some(index), RequestError::BadRequest(why), &req);
-            }
-            let client = key::client_addr(conn.peer.ip(), req.headers(), &server.trusted_proxies);
-            let who = RequestIdentity {
-                client,
-                ipv6_prefix: server.ipv6_prefix,
-                headers: req.headers(),
-                ip_buckets: Some(conn.worker.ip_buckets()),
             };
-            // The same buckets `tollgate explain` and `tollgate reset` name ([`plan`]).
-            let plans: Plans = route
-                .config
-                .limits
-                .iter()
-                .zip(&route.policies)
-                .filter_map(|(limit, policy)| {
-                    plan::planned_limit(&route.config, limit, policy, &who, &self.hasher)
-                })
-                .collect();
-
-            // Step 4: the decision, before a byte of the body is read. With `local`, a failing
-            // store hands the decision to this instance alone (contract §5b).
+            let Some(index) = plan.route else {
+                return local_error(None, RequestError::NoRoute, &req);
+            };
+            // Step 4: the decision, before a byte of the body is read.
             let mut outcomes = Outcomes::new();
             let worker = conn.worker.index();
-            let mut verdict = self.limiter.decide(worker, &plans, &mut outcomes).await;
-            let local = matches!(verdict, Verdict::StoreFailed)
-                && route.on_store_error == StoreErrorPolicy::Local;
-            if local {
-                verdict = self.limiter.decide_locally(&plans, &mut outcomes).await;
-            }
-            self.count_policies(route, &plans, &outcomes, &verdict, local);
-            let decision = match verdict {
-                Verdict::Allow { shadow_limited } => {
-                    if local {
-                        Decision::LocalAllowed
-                    } else if shadow_limited {
-                        Decision::ShadowLimited
-                    } else {
-                        Decision::Allowed
-                    }
-                }
-                Verdict::Deny {
+            let decided = self.decide(rt, index, &plan.limits, &mut outcomes, worker);
+            let decision = match decided.await {
+                Decided::Forward(decision) => decision,
+                Decided::Deny {
+                    decision,
                     retry_after,
                     violated,
                 } => {
-                    let word = if local {
-                        Decision::LocalLimited
-                    } else {
-                        Decision::Limited
-                    };
-                    route.metrics.decision(&self.metrics, word);
                     let (response, grpc_status) =
-                        rejection(rt, route, &req, &outcomes, retry_after, &violated);
+                        rejection(rt, index, &req, &outcomes, retry_after, &violated);
                     return Handled {
                         response,
                         route: Some(index),
-                        decision: word,
+                        decision,
                         violated,
                         upstream: None,
                         grpc_status,
                     };
                 }
-                // No outcomes: the store gave no counts.
-                Verdict::StoreFailed => match route.on_store_error {
-                    StoreErrorPolicy::Allow => Decision::FailedOpen,
-                    // `Local` only when the in-memory count itself failed, which validation rules
-                    // out (a zero-second window); closed rather than open, like `deny`.
-                    StoreErrorPolicy::Deny | StoreErrorPolicy::Local => {
-                        route
-                            .metrics
-                            .decision(&self.metrics, Decision::FailedClosed);
-                        let mut handled =
-                            local_error(Some(index), RequestError::StoreFailedClosed, &req);
-                        let grpc = handled.grpc_status.is_some();
-                        headers::set_retry_after(handled.response.headers_mut(), 1, grpc);
-                        close_if_body_unread(&req, &mut handled.response);
-                        return handled;
-                    }
-                },
-            };
-            route.metrics.decision(&self.metrics, decision);
-
-            // Step 5: forward.
-            let peer = key::canonical(conn.peer.ip());
-            let peer_trusted = key::is_trusted(peer, &server.trusted_proxies);
-            // The connection's ready text when the client is the peer, as nearly always.
-            let client_value = if client == peer {
-                conn.peer_value.clone()
-            } else {
-                headers::peer_value(client)
-            };
-            // One pass over the names for the underscore rule here and the forwarder's questions.
-            let names = headers::FieldNames::of(req.headers(), !server.underscores_in_headers);
-            if !server.underscores_in_headers {
-                headers::drop_underscored(req.headers_mut(), &names);
-            }
-            let mut target = if route.config.strip_prefix {
-                route::strip(&route.config.path_prefix, &path)
-            } else {
-                path
-            };
-            if let Some(query) = req.uri().query() {
-                target.push('?');
-                target.push_str(query);
-            }
-            // The answer goes back in the client's HTTP version, whatever the upstream spoke: an
-            // HTTP/1.0 upstream must not turn a keep-alive HTTP/1.1 connection into HTTP/1.0.
-            let client_version = req.version();
-            // The request is gone once forwarded: whether an upstream failure is answered in gRPC
-            // is asked now (the one content-type look-up a forwarded request costs).
-            let grpc = headers::is_grpc(req.headers());
-            let fwd = ForwardRequest {
-                target,
-                forwarded: headers::ForwardedFor {
-                    peer: &conn.peer_value,
-                    peer_trusted,
-                    client: &client_value,
-                    proto: if conn.tls { "https" } else { "http" },
-                    host: authority.as_ref().map(normalise::Authority::value),
-                },
-                names,
-                request_id,
-                max_body_size: route.max_body_size,
-                metrics: &self.metrics,
-                worker: conn.worker.index(),
-                direct_client: self.direct_client,
-            };
-            let upstream_started = Instant::now();
-            let result = route.upstream.forward(req, fwd).await;
-            route
-                .metrics
-                .upstream_time(&self.metrics, upstream_started.elapsed().as_secs_f64());
-            let upstream_name = Some(route.upstream.name.clone());
-            match result {
-                Ok((response, names)) => {
-                    let (mut parts, mut body) = response.into_parts();
-                    parts.version = client_version;
-                    let mode = server.rate_limit_headers;
-                    headers::remove_replaced(&mut parts.headers, &names, mode, &outcomes);
-                    let mut to = body.fields_to(&mut parts.headers);
-                    if let AddTo::Map(headers) = &mut to {
-                        // Room for the rate-limit fields (up to four, with `both`) and
-                        // `X-Request-Id` in one growth of the map sized for the upstream's
-                        // fields, instead of a growth (a rehash) on the way.
-                        headers.reserve(5);
-                    }
-                    let policy = route.ready_policy(&outcomes);
-                    headers::add_rate_limit_headers(&mut to, mode, &outcomes, policy);
-                    to.request_id(id);
-                    Handled {
-                        response: Response::from_parts(parts, ProxyBody::Upstream(body)),
-                        route: Some(index),
-                        decision,
-                        violated: Vec::new(),
-                        upstream: upstream_name,
-                        grpc_status: None,
-                    }
+                Decided::FailedClosed => {
+                    let mut handled =
+                        local_error(Some(index), RequestError::StoreFailedClosed, &req);
+                    let grpc = handled.grpc_status.is_some();
+                    headers::set_retry_after(handled.response.headers_mut(), 1, grpc);
+                    close_if_body_unread(&req, &mut handled.response);
+                    return handled;
                 }
-                Err(err) => {
-                    tracing::warn!(route = %route.name, error = %err, "upstream request failed");
-                    let mut handled = answer_error(Some(index), err, grpc);
-                    handled.decision = decision;
-                    handled.upstream = upstream_name;
-                    handled
-                }
-            }
+            };
+            // Step 5: forward, and the fields tollgate adds to the upstream's answer.
+            let forwarded = Forwarded {
+                index,
+                decision,
+                outcomes: &outcomes,
+                id,
+            };
+            self.forward(rt, plan, req, &conn, request_id, forwarded)
+                .await
         }
     }
+
+    /// Step 4: the decision on `plans`, the limits of route `index` that apply (contract §3),
+    /// with each limit's standing written to `outcomes`; counted in the decision metrics. With
+    /// `local`, a failing store hands the decision to this instance alone (contract §5b).
+    async fn decide(
+        &self,
+        rt: &Runtime,
+        index: usize,
+        plans: &[PlannedLimit],
+        outcomes: &mut Outcomes,
+        worker: usize,
+    ) -> Decided {
+        let route = &rt.routes[index];
+        let mut verdict = self.limiter.decide(worker, plans, outcomes).await;
+        let local = matches!(verdict, Verdict::StoreFailed)
+            && route.on_store_error == StoreErrorPolicy::Local;
+        if local {
+            verdict = self.limiter.decide_locally(plans, outcomes).await;
+        }
+        self.count_policies(route, plans, outcomes, &verdict, local);
+        let decided = match verdict {
+            Verdict::Allow { .. } if local => Decided::Forward(Decision::LocalAllowed),
+            Verdict::Allow { shadow_limited } if shadow_limited => {
+                Decided::Forward(Decision::ShadowLimited)
+            }
+            Verdict::Allow { .. } => Decided::Forward(Decision::Allowed),
+            Verdict::Deny {
+                retry_after,
+                violated,
+            } => Decided::Deny {
+                decision: if local {
+                    Decision::LocalLimited
+                } else {
+                    Decision::Limited
+                },
+                retry_after,
+                violated,
+            },
+            // No outcomes: the store gave no counts.
+            Verdict::StoreFailed => match route.on_store_error {
+                StoreErrorPolicy::Allow => Decided::Forward(Decision::FailedOpen),
+                // `Local` only when the in-memory count itself failed, which validation rules
+                // out (a zero-second window); closed rather than open, like `deny`.
+                StoreErrorPolicy::Deny | StoreErrorPolicy::Local => Decided::FailedClosed,
+            },
+        };
+        let decision = match &decided {
+            Decided::Forward(d) | Decided::Deny { decision: d, .. } => *d,
+            Decided::FailedClosed => Decision::FailedClosed,
+        };
+        route.metrics.decision(&self.metrics, decision);
+        decided
+    }
+
+    /// Step 5: sends the request upstream and returns its answer with tollgate's fields (the
+    /// rate-limit fields of `outcomes`, `X-Request-Id`), in the client's HTTP version; or
+    /// tollgate's own answer when the upstream failed.
+    async fn forward(
+        &self,
+        rt: &Runtime,
+        plan: Plan,
+        mut req: Request<ClientBody>,
+        conn: &ConnInfo,
+        request_id: Option<headers::RequestId>,
+        done: Forwarded<'_>,
+    ) -> Handled {
+        let (route, rules) = (&rt.routes[done.index], &rt.rules.routes[done.index]);
+        let server = &rt.config.server;
+        let peer = key::canonical(conn.peer.ip());
+        let peer_trusted = key::is_trusted(peer, &server.trusted_proxies);
+        // The connection's ready text when the client is the peer, as nearly always.
+        let client_value = if plan.client == peer {
+            conn.peer_value.clone()
+        } else {
+            headers::peer_value(plan.client)
+        };
+        // One pass over the names for the underscore rule here and the forwarder's questions.
+        let names = headers::FieldNames::of(req.headers(), !server.underscores_in_headers);
+        if !server.underscores_in_headers {
+            headers::drop_underscored(req.headers_mut(), &names);
+        }
+        let mut target = if rules.config.strip_prefix {
+            route::strip(&rules.config.path_prefix, &plan.path)
+        } else {
+            plan.path
+        };
+        if let Some(query) = req.uri().query() {
+            target.push('?');
+            target.push_str(query);
+        }
+        // The answer goes back in the client's HTTP version, whatever the upstream spoke: an
+        // HTTP/1.0 upstream must not turn a keep-alive HTTP/1.1 connection into HTTP/1.0.
+        let client_version = req.version();
+        // The request is gone once forwarded: whether an upstream failure is answered in gRPC
+        // is asked now (the one content-type look-up a forwarded request costs).
+        let grpc = headers::is_grpc(req.headers());
+        let fwd = ForwardRequest {
+            target,
+            forwarded: headers::ForwardedFor {
+                peer: &conn.peer_value,
+                peer_trusted,
+                client: &client_value,
+                proto: if conn.tls { "https" } else { "http" },
+                host: plan.authority.as_ref().map(normalise::Authority::value),
+            },
+            names,
+            request_id,
+            max_body_size: rules.max_body_size,
+            metrics: &self.metrics,
+            worker: conn.worker.index(),
+            direct_client: self.direct_client,
+        };
+        let upstream_started = Instant::now();
+        let result = route.upstream.forward(req, fwd).await;
+        route
+            .metrics
+            .upstream_time(&self.metrics, upstream_started.elapsed().as_secs_f64());
+        let upstream_name = Some(route.upstream.name.clone());
+        let (response, names) = match result {
+            Ok(answer) => answer,
+            Err(err) => {
+                tracing::warn!(route = %route.name, error = %err, "upstream request failed");
+                let mut handled = answer_error(Some(done.index), err, grpc);
+                handled.decision = done.decision;
+                handled.upstream = upstream_name;
+                return handled;
+            }
+        };
+        let (mut parts, mut body) = response.into_parts();
+        parts.version = client_version;
+        let mode = server.rate_limit_headers;
+        headers::remove_replaced(&mut parts.headers, &names, mode, done.outcomes);
+        let mut to = body.fields_to(&mut parts.headers);
+        if let AddTo::Map(headers) = &mut to {
+            // Room for the rate-limit fields (up to four, with `both`) and `X-Request-Id` in
+            // one growth of the map sized for the upstream's fields, instead of a growth (a
+            // rehash) on the way.
+            headers.reserve(5);
+        }
+        let policy = route.ready_policy(rules, done.outcomes);
+        headers::add_rate_limit_headers(&mut to, mode, done.outcomes, policy);
+        to.request_id(done.id);
+        Handled {
+            response: Response::from_parts(parts, ProxyBody::Upstream(body)),
+            route: Some(done.index),
+            decision: done.decision,
+            violated: Vec::new(),
+            upstream: upstream_name,
+            grpc_status: None,
+        }
+    }
+}
+
+/// What step 4 decided.
+enum Decided {
+    /// Forward the request; the decision is its log word.
+    Forward(Decision),
+    /// Answer with the route's rejection.
+    Deny {
+        decision: Decision,
+        retry_after: u64,
+        violated: Vec<Arc<str>>,
+    },
+    /// The store failed and the route's policy closes.
+    FailedClosed,
+}
+
+/// What step 5 carries from the earlier steps for the answer.
+struct Forwarded<'a> {
+    /// The route's index in the runtime.
+    index: usize,
+    decision: Decision,
+    outcomes: &'a [LimitOutcome],
+    /// The request's id, set on the answer.
+    id: &'a headers::RequestId,
 }
 
 impl Proxy {
@@ -559,21 +550,6 @@ impl Proxy {
                 .metrics
                 .policy_decision(&self.metrics, &outcome.policy, decision);
         }
-    }
-}
-
-fn bad_request_reason(err: normalise::NormaliseError) -> &'static str {
-    use normalise::NormaliseError::*;
-    match err {
-        NotOriginForm => "request target must be a path",
-        BadEscape => "malformed percent-encoding",
-        EncodedSeparator => "encoded / or NUL in path",
-        EscapesRoot => "path escapes the root",
-        DotSegmentWithParameters => "dot segment with parameters in path",
-        MissingHost => "missing Host",
-        DuplicateHost => "several Host headers",
-        HostMismatch => "Host disagrees with the request target",
-        BadHost => "malformed Host",
     }
 }
 
@@ -640,7 +616,7 @@ fn close_if_body_unread<B>(req: &Request<ClientBody>, response: &mut Response<B>
 /// route's `reject` says, `RESOURCE_EXHAUSTED` (with its `grpc-status`, returned too).
 fn rejection(
     rt: &Runtime,
-    route: &CompiledRoute,
+    index: usize,
     req: &Request<ClientBody>,
     outcomes: &[LimitOutcome],
     retry_after: u64,
@@ -650,10 +626,10 @@ fn rejection(
     if grpc {
         let message = format!("rate limited: {}", violated.join(","));
         let mut response = grpc_answer(GrpcCode::ResourceExhausted, &message);
-        finish_rejection(rt, route, req, outcomes, retry_after, true, &mut response);
+        finish_rejection(rt, index, req, outcomes, retry_after, true, &mut response);
         return (response, Some(GrpcCode::ResourceExhausted));
     }
-    let (status, content_type, body) = match &route.config.reject {
+    let (status, content_type, body) = match &rt.rules.routes[index].config.reject {
         Some(reject) => (
             reject.status,
             reject.content_type.clone(),
@@ -670,7 +646,7 @@ fn rejection(
     if let Some(ct) = content_type.and_then(|ct| HeaderValue::from_str(&ct).ok()) {
         response.headers_mut().insert(header::CONTENT_TYPE, ct);
     }
-    finish_rejection(rt, route, req, outcomes, retry_after, false, &mut response);
+    finish_rejection(rt, index, req, outcomes, retry_after, false, &mut response);
     (response, None)
 }
 
@@ -678,7 +654,7 @@ fn rejection(
 /// an HTTP/1.1 connection whose body was not read.
 fn finish_rejection(
     rt: &Runtime,
-    route: &CompiledRoute,
+    index: usize,
     req: &Request<ClientBody>,
     outcomes: &[LimitOutcome],
     retry_after: u64,
@@ -691,7 +667,7 @@ fn finish_rejection(
         headers,
         rt.config.server.rate_limit_headers,
         outcomes,
-        route.ready_policy(outcomes),
+        rt.routes[index].ready_policy(&rt.rules.routes[index], outcomes),
     );
     close_if_body_unread(req, response);
 }

@@ -481,6 +481,51 @@ fn explain_names_route_limits_and_decision() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("route       none"));
 }
 
+/// `explain` plans with the proxy's own function: what the proxy refuses before counting,
+/// `explain` reports as refused, with the proxy's status.
+#[test]
+fn explain_reports_what_the_proxy_refuses() {
+    let path = temp_config(
+        "explain-refused",
+        "[upstreams.app]\nurl = \"http://127.0.0.1:9\"\n\n[[routes]]\nname = \"api\"\n\
+         upstream = \"app\"\n\n[[routes.limits]]\nkey = \"header:x-api-key\"\nrequests = 5\n\
+         window = \"1h\"\n",
+    );
+    let explain = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(["explain", "--config"])
+            .arg(&path)
+            .args(args)
+            .output()
+            .expect("run explain");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let (code, stdout) = explain(&["TRACE", "http://api.test/x"]);
+    assert_eq!(code, Some(0), "{stdout}");
+    assert!(
+        stdout.contains("refused     405 (method not allowed)"),
+        "{stdout}"
+    );
+    let (code, stdout) = explain(&[
+        "--header",
+        "X-Api-Key: a",
+        "--header",
+        "X-Api-Key: b",
+        "GET",
+        "http://api.test/x",
+    ]);
+    assert_eq!(code, Some(0), "{stdout}");
+    assert!(
+        stdout.contains("refused     400 (bad request: "),
+        "{stdout}"
+    );
+    let (code, stdout) = explain(&["GET", "/x"]);
+    assert_eq!(code, Some(2), "no host is a usage error: {stdout}");
+}
+
 /// `server.workers`: that many connection workers (named threads) serve, one memory store
 /// counts for all of them, and SIGTERM still ends the process cleanly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
