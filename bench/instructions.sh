@@ -16,7 +16,9 @@
 #             "x nginx" is against nginx over plain HTTP; memory-h2c and nolimit-h2c: those
 #             routes with the requests sent as h2c (prior knowledge, H2_STREAMS streams per
 #             connection), against nginx's h2c listener, measured as nginx-h2c when such a
-#             mode is asked for)
+#             mode is asked for); a mode with "-hyper" appended (nolimit-hyper, memory-hyper)
+#             is that mode served by hyper's HTTP/1.1 server and client alone
+#             (`run --http1 hyper`), the figure that says what tollgate's own HTTP/1.1 code saves)
 #   ceiling   bench/ceiling, the plainest HTTP/1.1 proxy hyper makes (one thread, the upstream
 #             connection polled by the client connection's task; see bench/run.sh): what hyper
 #             itself costs per request, so that tollgate's figure can be read against it
@@ -150,14 +152,16 @@ for mode in $MODES; do
       printf '[store]\nurl = "%s"\npool_size = 16\ntimeout = "5s"\non_error = "deny"\nmigrate = true\nsynchronous_commit = "off"\n\n' "$(store_url tollgate_instructions)"
     fi
     printf '[[routes]]\nname = "bench"\nupstream = "app"\n'
-    case $mode in
+    case ${mode%-hyper} in
       nolimit) ;;
       nolimit-h2c) ;;
       memory | memory-tls | memory-h2c | pg-hot) printf '  [[routes.limits]]\n  key = "ip"\n  requests = 2000000000\n  window = "1h"\n' ;;
       *) echo "unknown mode $mode" >&2; exit 1 ;;
     esac
   } >"$RUN/tollgate-$mode.toml"
-  results+=("$(measure "tollgate-$mode" "$url" "$TOLLGATE_BIN" --config "$RUN/tollgate-$mode.toml" run)")
+  http1=fast
+  [[ $mode == *-hyper ]] && http1=hyper
+  results+=("$(measure "tollgate-$mode" "$url" "$TOLLGATE_BIN" --config "$RUN/tollgate-$mode.toml" run --http1 "$http1")")
   if [[ $mode == pg-* ]]; then
     psql_admin -c "DROP DATABASE IF EXISTS tollgate_instructions WITH (FORCE)" >/dev/null
   fi

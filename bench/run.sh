@@ -21,6 +21,11 @@
 #               as pg-hot and pg-10k with `algorithm = "sliding"` (contract §3a); not in the default
 #               MODES: MODES="pg-hot pg-hot-sliding pg-10k pg-10k-sliding" gives same-run ratios
 #               (the summary's "sliding / fixed" lines, checked against issue 18's 0.9)
+#   nolimit-hyper, memory-hyper
+#               nolimit and memory served by hyper's HTTP/1.1 server and client alone
+#               (`tollgate run --http1 hyper`): what tollgate's own HTTP/1.1 code is worth,
+#               as same-round ratios (docs/performance.md, "One HTTP/1.1 stack or two"); not
+#               in the default MODES
 # Reference (CEILING=1, the default): bench/ceiling, the plainest HTTP/1.1 proxy hyper makes (the
 #   upstream connection polled inside the client connection's task, one thread, no limits, no
 #   header rewriting), measured in the same rounds (h1 only): how far tollgate is from what hyper
@@ -257,7 +262,8 @@ ORDER=(nginx)
 [[ $CEILING == 1 ]] && ORDER+=(ceiling)
 for m in $MODES; do
   case $m in
-    nolimit | memory | memory-10k | pg-hot | pg-10k | pg-flood | pg-hot-sliding | pg-10k-sliding)
+    nolimit | memory | memory-10k | pg-hot | pg-10k | pg-flood | pg-hot-sliding | pg-10k-sliding | \
+      nolimit-hyper | memory-hyper)
       ORDER+=("tollgate-$m")
       [[ -n $BASE_BIN ]] && ORDER+=("base-$m") ;;
     *) echo "unknown mode $m" >&2; exit 1 ;;
@@ -320,7 +326,7 @@ EOF
     echo '[[routes]]'
     echo "name = \"bench\""
     echo 'upstream = "app"'
-    case $mode in
+    case ${mode%-hyper} in
       nolimit) ;;
       memory | pg-hot) printf '  [[routes.limits]]\n  key = "ip"\n  requests = 2000000000\n  window = "1h"\n' ;;
       memory-10k | pg-10k) printf '  [[routes.limits]]\n  key = "header:authorization"\n  requests = 2000000000\n  window = "1h"\n' ;;
@@ -412,8 +418,11 @@ for t in "${ORDER[@]}"; do
   # ACCESS_LOG says why.
   log_level=warn out=""
   [[ $ACCESS_LOG == 1 ]] && log_level=info out=/dev/null
+  # A *-hyper mode: the same configuration served by hyper's HTTP/1.1 code alone.
+  http1=fast
+  [[ $m == *-hyper ]] && http1=hyper
   BG_OUT=$out start_bg "$t" env -u TOLLGATE_DATABASE_URL -u TOLLGATE_CONFIG RUST_LOG=$log_level \
-    $(pin proxy) "${BIN[$t]}" --config "${CONF[$t]}" run
+    $(pin proxy) "${BIN[$t]}" --config "${CONF[$t]}" run --http1 "$http1"
   PIDOF[$t]=${PIDS[-1]}
 done
 for t in "${ORDER[@]}"; do

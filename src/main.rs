@@ -61,8 +61,9 @@ fn main() -> ExitCode {
         }
     };
     let mut out = Out::stdout();
-    let code = match cli.command.unwrap_or(Command::Run) {
-        Command::Run => runtime.block_on(cli::run(config, path, log_drops, env)),
+    let run = || Command::Run(Default::default());
+    let code = match cli.command.unwrap_or_else(run) {
+        Command::Run(args) => runtime.block_on(cli::run(config, path, &args, log_drops, env)),
         Command::Check => {
             cli::check(&config, &mut out);
             ExitCode::SUCCESS

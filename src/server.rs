@@ -100,14 +100,27 @@ pub struct ServerBuilder {
 
 /// Which of tollgate's own HTTP/1.1 implementations may carry requests; each has hyper's
 /// beside it, which can carry every request (docs/architecture.md, `server` and `forward.rs`
-/// in "Modules"). Both are on in production: the switches exist so that a test can send the
-/// same request through every pairing of server and client and hold them to one contract.
+/// in "Modules"). Both are on by default: the switches exist so that a test can send the
+/// same request through every pairing of server and client and hold them to one contract,
+/// and so that `tollgate run --http1 hyper` can turn both off.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Http1Paths {
     /// tollgate's own server path for simple requests (`http1::server`).
     pub(crate) fast_server: bool,
     /// tollgate's own client for bodyless plain-HTTP requests (`http1::client`).
     pub(crate) direct_client: bool,
+}
+
+impl Http1Paths {
+    /// `fast` with both of tollgate's own on (`run --http1`'s default), `hyper` with neither,
+    /// else `mixed` (tests only): the start line's `http1` field.
+    fn name(self) -> &'static str {
+        match (self.fast_server, self.direct_client) {
+            (true, true) => "fast",
+            (false, false) => "hyper",
+            _ => "mixed",
+        }
+    }
 }
 
 impl ServerBuilder {
@@ -136,7 +149,7 @@ impl ServerBuilder {
     /// Whether HTTP/1.1 connections begin on tollgate's own server path for simple requests
     /// (default: true). False: every HTTP/1.1 request goes through the framing guard and
     /// hyper's server, as one the simple path hands over does. For tests that hold both
-    /// servers to one contract.
+    /// servers to one contract, and `run --http1 hyper`.
     pub fn http1_fast_path(mut self, on: bool) -> Self {
         self.paths.fast_server = on;
         self
@@ -145,7 +158,7 @@ impl ServerBuilder {
     /// Whether a request without a body to a plain-HTTP, HTTP/1.1 upstream goes on tollgate's
     /// own client (`http1::client`; default: true). False: hyper's client carries every
     /// request, as it does those with a body. For tests that hold both clients to one
-    /// contract; kept across reloads.
+    /// contract, and `run --http1 hyper`; kept across reloads.
     pub fn http1_direct_client(mut self, on: bool) -> Self {
         self.paths.direct_client = on;
         self
@@ -325,6 +338,7 @@ impl Server {
         tracing::info!(
             store = store.kind(),
             workers = config.server.worker_count(),
+            http1 = paths.name(),
             "tollgate started"
         );
         Ok(RunningServer {

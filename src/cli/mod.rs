@@ -45,7 +45,7 @@ pub struct Cli {
 #[derive(Subcommand)]
 pub enum Command {
     /// Serve until SIGTERM or SIGINT (the default)
-    Run,
+    Run(RunArgs),
     /// Validate the configuration, print its routes and limits, and exit
     Check,
     /// Apply pending database migrations and exit
@@ -60,6 +60,24 @@ pub enum Command {
     /// Forget what a request's buckets counted (current window, and the previous one), in the
     /// database and in every running instance's cache of denials
     Reset(RequestArgs),
+}
+
+/// How `run` serves.
+#[derive(clap::Args, Default)]
+pub struct RunArgs {
+    /// Which HTTP/1.1 code carries requests: `fast` (tollgate's own server and client for
+    /// simple requests, hyper's for the rest) or `hyper` (hyper's for every request); for
+    /// diagnosis and measurement (docs/performance.md)
+    #[arg(long, value_enum, default_value_t = Http1Stack::Fast)]
+    pub http1: Http1Stack,
+}
+
+/// `run --http1`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Http1Stack {
+    #[default]
+    Fast,
+    Hyper,
 }
 
 /// A request given on the command line, as `explain` and `reset` take it.

@@ -9,14 +9,25 @@ use prometheus_client::metrics::counter::Counter;
 use tollgate::config::Config;
 use tollgate::Server;
 
-use super::Env;
+use super::{Env, Http1Stack, RunArgs};
 
 /// `tollgate run`: serves until SIGTERM or SIGINT; SIGHUP reloads the file at `path`.
-pub async fn run(config: Config, path: PathBuf, log_drops: Counter, env: Env) -> ExitCode {
+pub async fn run(
+    config: Config,
+    path: PathBuf,
+    args: &RunArgs,
+    log_drops: Counter,
+    env: Env,
+) -> ExitCode {
     // Before anything is bound: every connection and upstream request needs a descriptor
     // (contract §9). It logs the figure, or why it could not.
     let _ = tollgate::server::raise_open_file_limit();
-    let mut server = match Server::builder(config).log_drops(log_drops).start().await {
+    let fast = args.http1 == Http1Stack::Fast;
+    let builder = Server::builder(config)
+        .log_drops(log_drops)
+        .http1_fast_path(fast)
+        .http1_direct_client(fast);
+    let mut server = match builder.start().await {
         Ok(server) => server,
         Err(err) => {
             eprintln!("tollgate: {err}");

@@ -26,15 +26,25 @@ impl Process {
         Process::spawn(config, "json")
     }
 
+    /// JSON logs, `run` given `args`.
+    fn start_with(config: &Path, args: &[&str]) -> Process {
+        Process::spawn_with(config, "json", args)
+    }
+
     /// With the default text logs.
     fn start_text(config: &Path) -> Process {
         Process::spawn(config, "")
     }
 
     fn spawn(config: &Path, log_format: &str) -> Process {
+        Process::spawn_with(config, log_format, &[])
+    }
+
+    fn spawn_with(config: &Path, log_format: &str, args: &[&str]) -> Process {
         let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
             .args(["run", "--config"])
             .arg(config)
+            .args(args)
             .env("TOLLGATE_LOG", log_format)
             .env("RUST_LOG", "info")
             .env_remove("TOLLGATE_DATABASE_URL")
@@ -524,6 +534,61 @@ fn explain_reports_what_the_proxy_refuses() {
     );
     let (code, stdout) = explain(&["GET", "/x"]);
     assert_eq!(code, Some(2), "no host is a usage error: {stdout}");
+}
+
+/// `run --http1`: `fast` (the default) and `hyper` both serve and limit; the start line says
+/// which HTTP/1.1 code carries requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_http1_chooses_the_stack_and_the_start_line_says_which() {
+    for (args, expected) in [
+        (&[][..], "fast"),
+        (&["--http1", "fast"][..], "fast"),
+        (&["--http1", "hyper"][..], "hyper"),
+    ] {
+        let upstream = Upstream::start().await;
+        let config = temp_config("http1-stack", &config_text(&upstream, 2));
+        let process = Process::start_with(&config, args);
+        let addr: std::net::SocketAddr =
+            process.address("listening").await.parse().expect("address");
+        let stack = process
+            .wait_for("the start line", |v| {
+                (v["message"] == "tollgate started")
+                    .then(|| v["http1"].as_str().map(str::to_owned))?
+            })
+            .await;
+        assert_eq!(stack, expected, "{args:?}");
+        let mut answers = Vec::new();
+        for _ in 0..3 {
+            let answer = raw_exchange(
+                addr,
+                b"GET /x HTTP/1.1\r\nHost: a.example.test\r\nConnection: close\r\n\r\n",
+                Duration::from_secs(5),
+            )
+            .await;
+            answers.push(answer.lines().next().unwrap_or("").to_owned());
+        }
+        assert_eq!(
+            answers,
+            [
+                "HTTP/1.1 200 OK",
+                "HTTP/1.1 200 OK",
+                "HTTP/1.1 429 Too Many Requests"
+            ],
+            "{args:?}"
+        );
+        assert_eq!(upstream.count(), 2, "{args:?}");
+        let (code, lines) = process.stop().await;
+        assert_eq!(code, Some(0), "{}", lines.join("\n"));
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["run", "--http1", "nginx"])
+        .output()
+        .expect("run tollgate");
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "an unknown stack is a usage error"
+    );
 }
 
 /// `server.workers`: that many connection workers (named threads) serve, one memory store
