@@ -159,9 +159,10 @@ for mode in $MODES; do
       *) echo "unknown mode $mode" >&2; exit 1 ;;
     esac
   } >"$RUN/tollgate-$mode.toml"
-  http1=fast
-  [[ $mode == *-hyper ]] && http1=hyper
-  results+=("$(measure "tollgate-$mode" "$url" "$TOLLGATE_BIN" --config "$RUN/tollgate-$mode.toml" run --http1 "$http1")")
+  # Only *-hyper modes name the stack, so that builds from before `run --http1` measure too.
+  http1=()
+  [[ $mode == *-hyper ]] && http1=(--http1 hyper)
+  results+=("$(measure "tollgate-$mode" "$url" "$TOLLGATE_BIN" --config "$RUN/tollgate-$mode.toml" run "${http1[@]}")")
   if [[ $mode == pg-* ]]; then
     psql_admin -c "DROP DATABASE IF EXISTS tollgate_instructions WITH (FORCE)" >/dev/null
   fi

@@ -418,11 +418,12 @@ for t in "${ORDER[@]}"; do
   # ACCESS_LOG says why.
   log_level=warn out=""
   [[ $ACCESS_LOG == 1 ]] && log_level=info out=/dev/null
-  # A *-hyper mode: the same configuration served by hyper's HTTP/1.1 code alone.
-  http1=fast
-  [[ $m == *-hyper ]] && http1=hyper
+  # A *-hyper mode: the same configuration served by hyper's HTTP/1.1 code alone. Only those
+  # name the stack, so that a BASE_BIN from before `run --http1` measures the other modes.
+  http1=()
+  [[ $m == *-hyper ]] && http1=(--http1 hyper)
   BG_OUT=$out start_bg "$t" env -u TOLLGATE_DATABASE_URL -u TOLLGATE_CONFIG RUST_LOG=$log_level \
-    $(pin proxy) "${BIN[$t]}" --config "${CONF[$t]}" run --http1 "$http1"
+    $(pin proxy) "${BIN[$t]}" --config "${CONF[$t]}" run "${http1[@]}"
   PIDOF[$t]=${PIDS[-1]}
 done
 for t in "${ORDER[@]}"; do
