@@ -187,6 +187,63 @@ pub struct ForwardRequest<'a> {
     pub direct_client: bool,
 }
 
+/// What [`UpstreamPool::rewrite_head`] leaves for sending the request and reading its answer.
+struct Outbound<'a> {
+    /// The fields tollgate adds, where the client that sends the request puts them.
+    added: headers::Added<'a>,
+    /// Where the answer's fields go.
+    reply: Reply,
+    host: HostHeader,
+    /// The client's side of a WebSocket upgrade being carried through.
+    client_upgrade: Option<hyper::upgrade::OnUpgrade>,
+    /// `TE: trailers`: the client takes trailers, so their announcement goes back to it.
+    client_takes_trailers: bool,
+}
+
+/// The upstream's answer as the client gets it: hop-by-hop fields out, its length settled
+/// (contract §4), and a `101` passed on only as the WebSocket switch the client asked for
+/// (`client_upgrade`), spliced to it; with the answer, its field names for the proxy.
+fn rewrite_response_head(
+    mut response: Response<UpstreamBody>,
+    client_upgrade: Option<hyper::upgrade::OnUpgrade>,
+    client_takes_trailers: bool,
+) -> Result<(Response<UpstreamBody>, headers::FieldNames), RequestError> {
+    let response_names = headers::FieldNames::of(response.headers(), false);
+    if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+        // A switch is only passed on when it is the one the client asked for: anything else
+        // would hand the client a connection that no limit sees again.
+        let Some(client_upgrade) = client_upgrade else {
+            return Err(RequestError::UpstreamBadSwitch(
+                "101 to a request forwarded without an upgrade",
+            ));
+        };
+        if !headers::switches_to_websocket(response.headers()) {
+            return Err(RequestError::UpstreamBadSwitch(
+                "101 to another protocol than websocket",
+            ));
+        }
+        let splice = Splice {
+            client: client_upgrade,
+            upstream: hyper::upgrade::on(&mut response),
+        };
+        response.extensions_mut().insert(splice);
+        let headers = response.headers_mut();
+        headers::strip_hop_by_hop(headers, &response_names);
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(header::UPGRADE, headers::websocket_upgrade());
+        return Ok((response, response_names));
+    }
+    let announced = response_names.trailer(response.headers(), response.body());
+    crate::http1::rules::settle_response_length(response.headers_mut());
+    headers::strip_hop_by_hop(response.headers_mut(), &response_names);
+    // A client that negotiated trailers (`TE: trailers`, e.g. gRPC) gets the announcement back
+    // with a body that carries them, so that they actually arrive (`FieldNames::trailer`).
+    if let (true, Some(announced)) = (client_takes_trailers, announced) {
+        response.headers_mut().insert(header::TRAILER, announced);
+    }
+    Ok((response, response_names))
+}
+
 /// Where the `Host` of a forwarded request comes from.
 enum HostHeader {
     /// The client's, kept (`preserve_host`), already in the request.
@@ -305,98 +362,14 @@ impl UpstreamPool {
     pub fn forward<'a>(
         &'a self,
         mut req: Request<ClientBody>,
-        fwd: ForwardRequest<'a>,
+        mut fwd: ForwardRequest<'a>,
     ) -> impl Future<Output = Result<(Response<UpstreamBody>, headers::FieldNames), RequestError>> + 'a
     {
         async move {
-            let path_and_query = PathAndQuery::try_from(fwd.target)
+            let path_and_query = PathAndQuery::try_from(std::mem::take(&mut fwd.target))
                 .map_err(|_| RequestError::BadRequest("unusable request target"))?;
-
-            // An HTTP/1.1 WebSocket upgrade is carried through as an upgrade (to `websocket`
-            // alone, whatever else the client listed); any other request, other upgrades (h2c)
-            // included, loses its hop-by-hop headers and goes as a plain request.
-            let names = &fwd.names;
-            let client_upgrade = if req.version() == Version::HTTP_11
-                && !self.config.http2
-                && names.wants_websocket(req.headers())
-            {
-                Some(hyper::upgrade::on(&mut req))
-            } else {
-                None
-            };
-            let from_h2 = req.version() == Version::HTTP_2;
-            // An HTTP/2 request whose HEADERS frame ended the stream has no body at all: from
-            // here it is one, as the simple path's are, and goes on tollgate's own client
-            // (`direct`) like them, not through hyper's client and a task per connection.
-            // HTTP/1.1 requests that hyper's server read stay on hyper's client: they include
-            // the upgrades, which `direct` does not carry, and hyper's HTTP/1.1 server drops a
-            // response's buffered head when the body fails in the same poll that gave its
-            // first bytes, which `direct`'s body can do (hyper's client's cannot).
-            if from_h2 && req.body().is_end_stream() {
-                *req.body_mut() = ClientBody::Empty;
-            }
-            let simple = matches!(req.body(), ClientBody::Simple);
             let connect = req.method() == Method::CONNECT;
-            let client_takes_trailers = names.accepts_trailers(req.headers());
-            // Towards an HTTP/1.1 upstream the client's `Trailer` goes along with a body that
-            // carries trailers, or they would be dropped (`FieldNames::trailer`; trailers pass
-            // through: docs/architecture.md, `headers.rs`). HTTP/2 sends trailers unannounced.
-            let announced_trailers = if self.config.http2 {
-                None
-            } else {
-                names.trailer(req.headers(), req.body())
-            };
-            let headers = req.headers_mut();
-            headers::strip_hop_by_hop(headers, names);
-            if let Some(announced) = announced_trailers {
-                headers.insert(header::TRAILER, announced);
-            }
-            // Framing is tollgate's: the body is re-framed from what actually arrives.
-            headers.remove(header::CONTENT_LENGTH);
-            if from_h2 && !self.config.http2 {
-                headers::join_cookies(headers);
-            }
-            // What tollgate adds where the client sent nothing to replace waits for the client
-            // that sends the request: tollgate's own writes it into the head, hyper's get it in
-            // the map (`headers::Added`).
-            let mut added = headers::Added::new(fwd.request_id);
-            added.forwarding(headers, fwd.forwarded, names);
-            // An answer to HTTP/2 gets the proxy's fields in its map; one to tollgate's own
-            // HTTP/1.1 server (its request's body says it came from there), the only HTTP/1.1
-            // requests on tollgate's own client, as lines, and the upstream's fields too when
-            // tollgate's own client reads them (`http1::lines`). It goes down by reference:
-            // by value, the futures that carry it were moved with four more `memcpy` calls per
-            // request (about 130 instructions, `bench/instructions.sh`).
-            let reply = if simple {
-                Reply::Lines {
-                    keep_trailer: client_takes_trailers,
-                }
-            } else {
-                Reply::Map {
-                    room: if from_h2 { direct::PROXY_FIELDS } else { 0 },
-                }
-            };
-            // An HTTP/1.0 request may name no host; HTTP/1.1 upstream needs one: the origin's,
-            // set by `aim` for whichever origin the request goes to.
-            let host = match fwd.forwarded.host {
-                Some(host) if self.config.preserve_host => {
-                    headers.insert(header::HOST, host.clone());
-                    HostHeader::Client
-                }
-                _ => HostHeader::Origin,
-            };
-            if client_upgrade.is_some() {
-                headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-                headers.insert(header::UPGRADE, headers::websocket_upgrade());
-            }
-            // HTTP/1.1 sends the origin form (`/path?query`); HTTP/2 takes `:scheme` and
-            // `:authority` from an absolute URI, set by `aim`.
-            *req.uri_mut() = Uri::from(path_and_query);
-            *req.version_mut() = if self.config.http2 {
-                Version::HTTP_2
-            } else {
-                Version::HTTP_11
-            };
+            let out = self.rewrite_head(&mut req, path_and_query, &mut fwd);
 
             // The body goes as it arrives; with a limit, it is cut where it passes the limit
             // (an error from the body makes hyper abort the upstream request).
@@ -417,7 +390,7 @@ impl UpstreamPool {
             let sent = self.deadlines.timeout(
                 worker,
                 self.config.response_timeout,
-                self.send(via, req, &host, added, &reply),
+                self.send(via, req, &out.host, out.added, &out.reply),
             );
             let sent = sent.await;
             // Whatever the upstream connection made of it, a body cut at the limit is the
@@ -427,51 +400,118 @@ impl UpstreamPool {
                     return Err(RequestError::PayloadTooLarge);
                 }
             }
-            let mut response = match sent {
+            let response = match sent {
                 Ok(result) => result?,
                 Err(_) => return Err(RequestError::UpstreamTimeout),
             };
-
             // hyper's client takes a 2xx to CONNECT for a switch, as it does a 101, and so would
             // hyper's server towards the client. tollgate opens no CONNECT tunnels.
             if connect && response.status().is_success() {
                 return Err(RequestError::UpstreamBadSwitch("2xx to CONNECT"));
             }
-            let response_names = headers::FieldNames::of(response.headers(), false);
-            if response.status() == StatusCode::SWITCHING_PROTOCOLS {
-                // A switch is only passed on when it is the one the client asked for: anything
-                // else would hand the client a connection that no limit sees again.
-                let Some(client_upgrade) = client_upgrade else {
-                    return Err(RequestError::UpstreamBadSwitch(
-                        "101 to a request forwarded without an upgrade",
-                    ));
-                };
-                if !headers::switches_to_websocket(response.headers()) {
-                    return Err(RequestError::UpstreamBadSwitch(
-                        "101 to another protocol than websocket",
-                    ));
-                }
-                let splice = Splice {
-                    client: client_upgrade,
-                    upstream: hyper::upgrade::on(&mut response),
-                };
-                response.extensions_mut().insert(splice);
-                let headers = response.headers_mut();
-                headers::strip_hop_by_hop(headers, &response_names);
-                headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-                headers.insert(header::UPGRADE, headers::websocket_upgrade());
-                return Ok((response, response_names));
+            rewrite_response_head(response, out.client_upgrade, out.client_takes_trailers)
+        }
+    }
+
+    /// The request's head as the upstream gets it: hop-by-hop fields out (a WebSocket upgrade
+    /// carried through as one), the target in origin form, the version the upstream speaks,
+    /// and what the request goes on with (see [`Outbound`]).
+    fn rewrite_head<'a>(
+        &self,
+        req: &mut Request<ClientBody>,
+        target: PathAndQuery,
+        fwd: &mut ForwardRequest<'a>,
+    ) -> Outbound<'a> {
+        let names = &fwd.names;
+        // An HTTP/1.1 WebSocket upgrade is carried through as an upgrade (to `websocket`
+        // alone, whatever else the client listed); any other request, other upgrades (h2c)
+        // included, loses its hop-by-hop headers and goes as a plain request.
+        let client_upgrade = if req.version() == Version::HTTP_11
+            && !self.config.http2
+            && names.wants_websocket(req.headers())
+        {
+            Some(hyper::upgrade::on(&mut *req))
+        } else {
+            None
+        };
+        let from_h2 = req.version() == Version::HTTP_2;
+        // An HTTP/2 request whose HEADERS frame ended the stream has no body at all: from
+        // here it is one, as the simple path's are, and goes on tollgate's own client
+        // (`direct`) like them, not through hyper's client and a task per connection.
+        // HTTP/1.1 requests that hyper's server read stay on hyper's client: they include
+        // the upgrades, which `direct` does not carry, and hyper's HTTP/1.1 server drops a
+        // response's buffered head when the body fails in the same poll that gave its
+        // first bytes, which `direct`'s body can do (hyper's client's cannot).
+        if from_h2 && req.body().is_end_stream() {
+            *req.body_mut() = ClientBody::Empty;
+        }
+        let simple = matches!(req.body(), ClientBody::Simple);
+        let client_takes_trailers = names.accepts_trailers(req.headers());
+        // Towards an HTTP/1.1 upstream the client's `Trailer` goes along with a body that
+        // carries trailers, or they would be dropped (`FieldNames::trailer`; trailers pass
+        // through: docs/architecture.md, `headers.rs`). HTTP/2 sends trailers unannounced.
+        let announced_trailers = if self.config.http2 {
+            None
+        } else {
+            names.trailer(req.headers(), req.body())
+        };
+        let headers = req.headers_mut();
+        headers::strip_hop_by_hop(headers, names);
+        if let Some(announced) = announced_trailers {
+            headers.insert(header::TRAILER, announced);
+        }
+        // Framing is tollgate's: the body is re-framed from what actually arrives.
+        headers.remove(header::CONTENT_LENGTH);
+        if from_h2 && !self.config.http2 {
+            headers::join_cookies(headers);
+        }
+        // What tollgate adds where the client sent nothing to replace waits for the client
+        // that sends the request: tollgate's own writes it into the head, hyper's get it in
+        // the map (`headers::Added`).
+        let mut added = headers::Added::new(fwd.request_id.take());
+        added.forwarding(headers, fwd.forwarded, names);
+        // An answer to HTTP/2 gets the proxy's fields in its map; one to tollgate's own
+        // HTTP/1.1 server (its request's body says it came from there), the only HTTP/1.1
+        // requests on tollgate's own client, as lines, and the upstream's fields too when
+        // tollgate's own client reads them (`http1::lines`). It goes down by reference:
+        // by value, the futures that carry it were moved with four more `memcpy` calls per
+        // request (about 130 instructions, `bench/instructions.sh`).
+        let reply = if simple {
+            Reply::Lines {
+                keep_trailer: client_takes_trailers,
             }
-            let announced = response_names.trailer(response.headers(), response.body());
-            crate::http1::rules::settle_response_length(response.headers_mut());
-            headers::strip_hop_by_hop(response.headers_mut(), &response_names);
-            // A client that negotiated trailers (`TE: trailers`, e.g. gRPC) gets the
-            // announcement back with a body that carries them, so that they actually arrive
-            // (`FieldNames::trailer`).
-            if let (true, Some(announced)) = (client_takes_trailers, announced) {
-                response.headers_mut().insert(header::TRAILER, announced);
+        } else {
+            Reply::Map {
+                room: if from_h2 { direct::PROXY_FIELDS } else { 0 },
             }
-            Ok((response, response_names))
+        };
+        // An HTTP/1.0 request may name no host; HTTP/1.1 upstream needs one: the origin's,
+        // set by `aim` for whichever origin the request goes to.
+        let host = match fwd.forwarded.host {
+            Some(host) if self.config.preserve_host => {
+                headers.insert(header::HOST, host.clone());
+                HostHeader::Client
+            }
+            _ => HostHeader::Origin,
+        };
+        if client_upgrade.is_some() {
+            headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+            headers.insert(header::UPGRADE, headers::websocket_upgrade());
+        }
+        // HTTP/1.1 sends the origin form (`/path?query`); HTTP/2 takes `:scheme` and
+        // `:authority` from an absolute URI, set by `aim`.
+        *req.uri_mut() = Uri::from(target);
+        *req.version_mut() = if self.config.http2 {
+            Version::HTTP_2
+        } else {
+            Version::HTTP_11
+        };
+        Outbound {
+            added,
+            reply,
+            host,
+            client_upgrade,
+            client_takes_trailers,
         }
     }
 
