@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+use tollgate::config::Config;
+
 use super::{config_from, Proxy, BASE};
 
 /// The longest any single wait for tollgate lasts.
@@ -37,9 +39,14 @@ host = "wire.test"
 upstream = "app"
 "#;
 
-/// tollgate with [`BASE`] and [`ROUTES`] in front of `upstream`.
+/// [`BASE`] and [`ROUTES`] in front of `upstream`.
+pub fn wire_config(upstream: SocketAddr) -> Config {
+    config_from(&format!("{BASE}{ROUTES}"), upstream, &[])
+}
+
+/// tollgate with [`wire_config`] (on the default HTTP/1.1 paths).
 pub async fn proxy_for(upstream: SocketAddr) -> Proxy {
-    Proxy::start(config_from(&format!("{BASE}{ROUTES}"), upstream, &[])).await
+    Proxy::start(wire_config(upstream)).await
 }
 
 pub fn lossy(bytes: &[u8]) -> String {
