@@ -14,6 +14,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 use tollgate::config::Config;
 
+use super::paths::Paths;
 use super::{config_from, Proxy, BASE};
 
 /// The longest any single wait for tollgate lasts.
@@ -47,6 +48,18 @@ pub fn wire_config(upstream: SocketAddr) -> Config {
 /// tollgate with [`wire_config`] (on the default HTTP/1.1 paths).
 pub async fn proxy_for(upstream: SocketAddr) -> Proxy {
     Proxy::start(wire_config(upstream)).await
+}
+
+/// tollgate with [`wire_config`] on `paths`, and a client connected to it.
+pub async fn client_of(paths: Paths, upstream: SocketAddr) -> (Proxy, Wire) {
+    let proxy = paths.start(wire_config(upstream)).await;
+    let wire = Wire::connect(proxy.addr).await;
+    (proxy, wire)
+}
+
+/// A plain HTTP/1.1 GET for `path` on `wire.test` (served by [`ROUTES`]).
+pub fn wire_get(path: &str) -> String {
+    format!("GET {path} HTTP/1.1\r\nHost: wire.test\r\n\r\n")
 }
 
 pub fn lossy(bytes: &[u8]) -> String {
