@@ -8,6 +8,7 @@ pub mod db;
 pub mod faulty;
 pub mod haproxy;
 pub mod log;
+pub mod paths;
 pub mod pgbouncer;
 pub mod ratelimit;
 pub mod tls;

@@ -12,6 +12,9 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+use tollgate::config::Config;
+
+use super::paths::Paths;
 use super::{config_from, Proxy, BASE};
 
 /// The longest any single wait for tollgate lasts.
@@ -37,9 +40,26 @@ host = "wire.test"
 upstream = "app"
 "#;
 
-/// tollgate with [`BASE`] and [`ROUTES`] in front of `upstream`.
+/// [`BASE`] and [`ROUTES`] in front of `upstream`.
+pub fn wire_config(upstream: SocketAddr) -> Config {
+    config_from(&format!("{BASE}{ROUTES}"), upstream, &[])
+}
+
+/// tollgate with [`wire_config`] (on the default HTTP/1.1 paths).
 pub async fn proxy_for(upstream: SocketAddr) -> Proxy {
-    Proxy::start(config_from(&format!("{BASE}{ROUTES}"), upstream, &[])).await
+    Proxy::start(wire_config(upstream)).await
+}
+
+/// tollgate with [`wire_config`] on `paths`, and a client connected to it.
+pub async fn client_of(paths: Paths, upstream: SocketAddr) -> (Proxy, Wire) {
+    let proxy = paths.start(wire_config(upstream)).await;
+    let wire = Wire::connect(proxy.addr).await;
+    (proxy, wire)
+}
+
+/// A plain HTTP/1.1 GET for `path` on `wire.test` (served by [`ROUTES`]).
+pub fn wire_get(path: &str) -> String {
+    format!("GET {path} HTTP/1.1\r\nHost: wire.test\r\n\r\n")
 }
 
 pub fn lossy(bytes: &[u8]) -> String {

@@ -2,8 +2,8 @@
 //! `server` and `forward.rs` in "Modules"): tollgate has two HTTP/1.1 servers (its own for
 //! simple requests, `http1::server`, and hyper's) and two HTTP/1.1 clients
 //! (its own for bodyless plain-HTTP requests, `http1::client`, and hyper's). Each test body is
-//! written once and run on every pairing, chosen with `ServerBuilder::http1_fast_path` and
-//! `ServerBuilder::http1_direct_client`, so that one contract holds on all of them:
+//! written once and run on every pairing (`crate::common::paths`), so that one contract holds
+//! on all of them:
 //!
 //! - hop-by-hop fields (`Connection` and what it names, `Keep-Alive`, `Proxy-Connection`,
 //!   `Proxy-Authorization`, `Proxy-Authenticate`, `TE` but `TE: trailers`, `Trailer`,
@@ -17,73 +17,9 @@
 //! Clients are raw sockets ([`Wire`]); the upstream is the raw-TCP one of `crate::common::wire`
 //! ([`RawUpstream`]), which records each request head exactly as it arrived.
 
-use std::future::Future;
-
+use crate::common::paths::*;
 use crate::common::wire::*;
 use crate::common::*;
-
-/// Which HTTP/1.1 implementations carry the requests.
-#[derive(Debug, Clone, Copy)]
-struct Paths {
-    /// tollgate's own server for simple requests (else hyper's serves every request).
-    fast_server: bool,
-    /// tollgate's own client for bodyless plain-HTTP requests (else hyper's sends every one).
-    direct_client: bool,
-}
-
-/// Every pairing. hyper's server with tollgate's own client allowed still sends its HTTP/1.1
-/// requests on hyper's client (tollgate's own takes only requests the simple path read and
-/// HTTP/2 ones without a body: `RequestBody::is_absent`); it is run all the same, so that the
-/// list does not depend on that choice.
-const EVERY_PATH: [Paths; 4] = [
-    Paths {
-        fast_server: true,
-        direct_client: true,
-    },
-    Paths {
-        fast_server: true,
-        direct_client: false,
-    },
-    Paths {
-        fast_server: false,
-        direct_client: true,
-    },
-    Paths {
-        fast_server: false,
-        direct_client: false,
-    },
-];
-
-/// Runs `test` on every pairing of [`EVERY_PATH`], each in its own task, and fails naming
-/// every pairing it failed on (not only the first).
-async fn on_every_path<F, Fut>(test: F)
-where
-    F: Fn(Paths) -> Fut,
-    Fut: Future<Output = ()> + Send + 'static,
-{
-    let mut failed = Vec::new();
-    for paths in EVERY_PATH {
-        if let Err(err) = tokio::spawn(test(paths)).await {
-            let why = match err.try_into_panic() {
-                Ok(panic) => panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_default(),
-                Err(err) => err.to_string(),
-            };
-            // The message names the pairing.
-            failed.push(why);
-        }
-    }
-    assert!(
-        failed.is_empty(),
-        "failed on {} of {} pairings:\n{}",
-        failed.len(),
-        EVERY_PATH.len(),
-        failed.join("\n")
-    );
-}
 
 /// tollgate in front of `upstream` with `routes` and then [`ROUTES`] (`wire.test` served),
 /// `server_extra` in `[server]`, on `paths`.
@@ -106,10 +42,7 @@ connect_timeout = "1s"
 response_timeout = "2s"
 {routes}{ROUTES}"#
     );
-    let builder = tollgate::Server::builder(config_from(&text, upstream, &[]))
-        .http1_fast_path(paths.fast_server)
-        .http1_direct_client(paths.direct_client);
-    Proxy::start_built(builder).await
+    paths.start(config_from(&text, upstream, &[])).await
 }
 
 /// The names of a head's fields, lower-cased, in order.

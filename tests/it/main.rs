@@ -19,6 +19,7 @@ mod direct_upstream;
 mod failover;
 mod grpc;
 mod h1_wire;
+mod h1_wire_fields;
 mod h2_streams;
 mod hop_by_hop_paths;
 mod kubernetes;

@@ -1,9 +1,11 @@
 //! Request smuggling and limit bypass on the wire (contract §4a, §5 and §9).
 //!
 //! Every case here writes raw bytes on one TCP connection to a tollgate in front of the
-//! recording upstream. The smuggling payloads try to make a second request (always to
-//! `/smuggled`) appear behind the first one; tollgate must answer `400` or close the connection,
-//! and the upstream must never see `/smuggled` (nor, unless a case says so, the first request).
+//! recording upstream, once on each pairing of tollgate's HTTP/1.1 servers and clients
+//! (`crate::common::paths`): whichever reads the bytes, the verdict must be the same. The
+//! smuggling payloads try to make a second request (always to `/smuggled`) appear behind the
+//! first one; tollgate must answer `400` or close the connection, and the upstream must never
+//! see `/smuggled` (nor, unless a case says so, the first request).
 //! The positive controls show that legitimate framing (pipelining, chunked bodies with trailers,
 //! one clean `Content-Length`, `CHUNKED` in capitals, a tab before `chunked`) still works, so
 //! the refusals are not a guard that refuses everything.
@@ -17,6 +19,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use crate::common::paths::*;
 use crate::common::*;
 
 /// How long a refused connection may take to close (a hung connection fails the case).
@@ -44,10 +47,11 @@ name = "open"
 upstream = "app"
 "#;
 
-async fn setup() -> (Upstream, Proxy) {
+/// The recording upstream, and tollgate with [`BASE`] and [`ROUTES`] in front of it on `paths`.
+async fn setup(paths: Paths) -> (Upstream, Proxy) {
     let upstream = Upstream::start().await;
     let config = config_from(&format!("{BASE}{ROUTES}"), upstream.addr, &[]);
-    let proxy = Proxy::start(config).await;
+    let proxy = paths.start(config).await;
     (upstream, proxy)
 }
 
@@ -163,10 +167,16 @@ enum Expect {
     BadRequestOrClose,
 }
 
-/// Sends `payload` and checks the smuggling verdict: `400` (or a close), never `/smuggled`
-/// upstream, and nothing upstream but the paths in `may_reach`.
+/// Sends `payload` on every pairing of the HTTP/1.1 paths and checks the smuggling verdict
+/// there: `400` (or a close), never `/smuggled` upstream, and nothing upstream but the paths in
+/// `may_reach`.
 async fn assert_refused(payload: &[u8], expect: Expect, may_reach: &[&str]) {
-    let (upstream, proxy) = setup().await;
+    on_every_path(|paths| refused_on(paths, payload, expect, may_reach)).await;
+}
+
+/// [`assert_refused`] on `paths`.
+async fn refused_on(paths: Paths, payload: &[u8], expect: Expect, may_reach: &[&str]) {
+    let (upstream, proxy) = setup(paths).await;
     let wire = exchange(proxy.addr, payload).await;
     let shown = String::from_utf8_lossy(payload).escape_debug().to_string();
     let statuses = wire.statuses();
@@ -540,11 +550,10 @@ async fn bare_lf_throughout_is_refused() {
     assert_refused(payload.as_bytes(), Expect::BadRequest, &[]).await;
 }
 
-#[tokio::test]
-async fn bare_lf_head_in_its_own_segment_is_refused() {
+async fn bare_lf_head_in_its_own_segment_is_refused(paths: Paths) {
     // The same bytes as `head_ending_in_crlf_lf_is_refused`, but the first head arrives on its
     // own and the next request a moment later: the verdict must not depend on segmentation.
-    let (upstream, proxy) = setup().await;
+    let (upstream, proxy) = setup(paths).await;
     let mut stream = TcpStream::connect(proxy.addr).await.expect("connect");
     let _ = stream
         .write_all(b"GET /first HTTP/1.1\r\nHost: t\r\n\n")
@@ -564,6 +573,11 @@ async fn bare_lf_head_in_its_own_segment_is_refused() {
         wire.text()
     );
     assert_eq!(wire.statuses(), vec![400], "{}", wire.text());
+}
+
+#[tokio::test]
+async fn bare_lf_head_in_its_own_segment_is_refused_on_every_path() {
+    on_every_path(bare_lf_head_in_its_own_segment_is_refused).await;
 }
 
 #[tokio::test]
@@ -615,8 +629,7 @@ async fn missing_host_is_refused() {
 // ---------------------------------------------------------------------------------------------
 // The guard must stay on after an upgrade request that was not upgraded
 
-#[tokio::test]
-async fn guard_stays_on_after_an_upgrade_the_upstream_declined() {
+async fn guard_stays_on_after_an_upgrade_the_upstream_declined(paths: Paths) {
     // The upstream answers `/first` with 200, not 101, so the connection remains HTTP/1.1 and
     // what follows is an ordinary (ambiguous) request: CL.TE must still get a 400 or a close,
     // and the second request must not be forwarded.
@@ -626,7 +639,7 @@ async fn guard_stays_on_after_an_upgrade_the_upstream_declined() {
          POST /second HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\nTransfer-Encoding: chunked\r\n\r\n{body}{SMUGGLED}",
         body.len() + SMUGGLED.len()
     );
-    let (upstream, proxy) = setup().await;
+    let (upstream, proxy) = setup(paths).await;
     let wire = exchange(proxy.addr, payload.as_bytes()).await;
     let seen = upstream_paths(&upstream).await;
     assert!(wire.closed, "connection left open: {:?}", wire.text());
@@ -643,12 +656,16 @@ async fn guard_stays_on_after_an_upgrade_the_upstream_declined() {
 }
 
 #[tokio::test]
-async fn guard_stays_on_after_an_upgrade_the_upstream_declined_bare_lf() {
+async fn guard_stays_on_after_an_upgrade_the_upstream_declined_on_every_path() {
+    on_every_path(guard_stays_on_after_an_upgrade_the_upstream_declined).await;
+}
+
+async fn guard_stays_on_after_an_upgrade_the_upstream_declined_bare_lf(paths: Paths) {
     let payload = format!(
         "GET /first HTTP/1.1\r\nHost: t\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n\
          GET /second HTTP/1.1\nHost: t\n\n{SMUGGLED}"
     );
-    let (upstream, proxy) = setup().await;
+    let (upstream, proxy) = setup(paths).await;
     let wire = exchange(proxy.addr, payload.as_bytes()).await;
     let seen = upstream_paths(&upstream).await;
     assert!(
@@ -660,12 +677,16 @@ async fn guard_stays_on_after_an_upgrade_the_upstream_declined_bare_lf() {
     assert!(wire.closed, "connection left open: {:?}", wire.text());
 }
 
+#[tokio::test]
+async fn guard_stays_on_after_an_upgrade_the_upstream_declined_bare_lf_on_every_path() {
+    on_every_path(guard_stays_on_after_an_upgrade_the_upstream_declined_bare_lf).await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // A denied request's unread body is never taken for a request
 
-#[tokio::test]
-async fn body_of_a_denied_request_is_not_read_as_a_request() {
-    let (upstream, proxy) = setup().await;
+async fn body_of_a_denied_request_is_not_read_as_a_request(paths: Paths) {
+    let (upstream, proxy) = setup(paths).await;
     let first = exchange(
         proxy.addr,
         b"GET /oauth/register HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
@@ -683,12 +704,16 @@ async fn body_of_a_denied_request_is_not_read_as_a_request() {
     assert_eq!(seen, vec!["/oauth/register".to_string()]);
 }
 
+#[tokio::test]
+async fn body_of_a_denied_request_is_not_read_as_a_request_on_every_path() {
+    on_every_path(body_of_a_denied_request_is_not_read_as_a_request).await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Positive controls: legitimate framing works
 
-#[tokio::test]
-async fn pipelined_pair_both_reach_the_upstream() {
-    let (upstream, proxy) = setup().await;
+async fn pipelined_pair_both_reach_the_upstream(paths: Paths) {
+    let (upstream, proxy) = setup(paths).await;
     let wire = exchange(
         proxy.addr,
         b"GET /a HTTP/1.1\r\nHost: t\r\n\r\nGET /b HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
@@ -700,8 +725,12 @@ async fn pipelined_pair_both_reach_the_upstream() {
 }
 
 #[tokio::test]
-async fn pipelined_after_a_length_body_reaches_the_upstream() {
-    let (upstream, proxy) = setup().await;
+async fn pipelined_pair_both_reach_the_upstream_on_every_path() {
+    on_every_path(pipelined_pair_both_reach_the_upstream).await;
+}
+
+async fn pipelined_after_a_length_body_reaches_the_upstream(paths: Paths) {
+    let (upstream, proxy) = setup(paths).await;
     let wire = exchange(
         proxy.addr,
         b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n\r\nhelloGET /b HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
@@ -712,10 +741,15 @@ async fn pipelined_after_a_length_body_reaches_the_upstream() {
     assert_eq!(&upstream.requests()[0].body[..], b"hello");
 }
 
-/// A chunked body whose data looks like a request, then a pipelined request; `te` is the
-/// Transfer-Encoding field line.
-async fn chunked_body_is_one_body(te: &str) {
-    let (upstream, proxy) = setup().await;
+#[tokio::test]
+async fn pipelined_after_a_length_body_reaches_the_upstream_on_every_path() {
+    on_every_path(pipelined_after_a_length_body_reaches_the_upstream).await;
+}
+
+/// A chunked body whose data looks like a request, then a pipelined request, on `paths`; `te`
+/// is the Transfer-Encoding field line.
+async fn chunked_body_is_one_body(paths: Paths, te: &str) {
+    let (upstream, proxy) = setup(paths).await;
     let data = SMUGGLED;
     let payload = format!(
         "POST /echo HTTP/1.1\r\nHost: t\r\n{te}\r\nTrailer: x-check\r\n\r\n\
@@ -737,24 +771,23 @@ async fn chunked_body_is_one_body(te: &str) {
 
 #[tokio::test]
 async fn chunked_with_trailers_reaches_the_upstream_intact() {
-    chunked_body_is_one_body("Transfer-Encoding: chunked").await;
+    on_every_path(|paths| chunked_body_is_one_body(paths, "Transfer-Encoding: chunked")).await;
 }
 
 #[tokio::test]
 async fn uppercase_chunked_alone_is_legal() {
     // RFC 9112 7: transfer coding names are case-insensitive.
-    chunked_body_is_one_body("Transfer-Encoding: CHUNKED").await;
+    on_every_path(|paths| chunked_body_is_one_body(paths, "Transfer-Encoding: CHUNKED")).await;
 }
 
 #[tokio::test]
 async fn tab_before_chunked_alone_is_legal() {
     // RFC 9110 5.6.3: OWS after the colon is spaces or tabs.
-    chunked_body_is_one_body("Transfer-Encoding:\tchunked").await;
+    on_every_path(|paths| chunked_body_is_one_body(paths, "Transfer-Encoding:\tchunked")).await;
 }
 
-#[tokio::test]
-async fn one_clean_content_length_is_one_body() {
-    let (upstream, proxy) = setup().await;
+async fn one_clean_content_length_is_one_body(paths: Paths) {
+    let (upstream, proxy) = setup(paths).await;
     let payload = format!(
         "POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{SMUGGLED}",
         SMUGGLED.len()
@@ -764,6 +797,11 @@ async fn one_clean_content_length_is_one_body() {
     assert_eq!(wire.statuses(), vec![200], "{}", wire.text());
     assert_eq!(upstream_paths(&upstream).await, vec!["/echo"]);
     assert_eq!(&upstream.requests()[0].body[..], SMUGGLED.as_bytes());
+}
+
+#[tokio::test]
+async fn one_clean_content_length_is_one_body_on_every_path() {
+    on_every_path(one_clean_content_length_is_one_body).await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -782,9 +820,8 @@ async fn spend_budget(upstream: &Upstream, proxy: &Proxy) {
     assert_eq!(upstream_paths(upstream).await, vec!["/oauth/register"]);
 }
 
-#[tokio::test]
-async fn other_spellings_of_a_limited_path_are_limited() {
-    let (upstream, proxy) = setup().await;
+async fn other_spellings_of_a_limited_path_are_limited(paths: Paths) {
+    let (upstream, proxy) = setup(paths).await;
     spend_budget(&upstream, &proxy).await;
     let spellings = [
         "/oauth/%72egister",
@@ -820,11 +857,15 @@ async fn other_spellings_of_a_limited_path_are_limited() {
 }
 
 #[tokio::test]
-async fn a_different_case_is_a_different_path() {
+async fn other_spellings_of_a_limited_path_are_limited_on_every_path() {
+    on_every_path(other_spellings_of_a_limited_path_are_limited).await;
+}
+
+async fn a_different_case_is_a_different_path(paths: Paths) {
     // RFC 3986 6.2.2.1: only the scheme and host are case-insensitive. contract §4a normalises
     // escapes and dot segments, not case, so `/OAUTH/register` is another path: it falls to
     // the unlimited route and goes upstream as spelled.
-    let (upstream, proxy) = setup().await;
+    let (upstream, proxy) = setup(paths).await;
     spend_budget(&upstream, &proxy).await;
     assert_eq!(status_of(proxy.addr, "/OAUTH/register").await, 200);
     assert_eq!(
@@ -834,8 +875,12 @@ async fn a_different_case_is_a_different_path() {
 }
 
 #[tokio::test]
-async fn dangerous_spellings_get_400_and_never_reach_the_upstream() {
-    let (upstream, proxy) = setup().await;
+async fn a_different_case_is_a_different_path_on_every_path() {
+    on_every_path(a_different_case_is_a_different_path).await;
+}
+
+async fn dangerous_spellings_get_400_and_never_reach_the_upstream(paths: Paths) {
+    let (upstream, proxy) = setup(paths).await;
     spend_budget(&upstream, &proxy).await;
     let dangerous = [
         "/oauth/register%2F",
@@ -867,8 +912,12 @@ async fn dangerous_spellings_get_400_and_never_reach_the_upstream() {
 }
 
 #[tokio::test]
-async fn the_normalised_path_is_what_goes_upstream() {
-    let (upstream, proxy) = setup().await;
+async fn dangerous_spellings_get_400_and_never_reach_the_upstream_on_every_path() {
+    on_every_path(dangerous_spellings_get_400_and_never_reach_the_upstream).await;
+}
+
+async fn the_normalised_path_is_what_goes_upstream(paths: Paths) {
+    let (upstream, proxy) = setup(paths).await;
     assert_eq!(
         status_of(proxy.addr, "/other/%61b/./c/..//d%3f?q=%72&x=../y").await,
         200
@@ -877,4 +926,9 @@ async fn the_normalised_path_is_what_goes_upstream() {
         upstream_paths(&upstream).await,
         vec!["/other/ab/d%3F?q=%72&x=../y"]
     );
+}
+
+#[tokio::test]
+async fn the_normalised_path_is_what_goes_upstream_on_every_path() {
+    on_every_path(the_normalised_path_is_what_goes_upstream).await;
 }
