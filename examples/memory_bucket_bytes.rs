@@ -16,10 +16,10 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-use tollgate::config::DEFAULT_MEMORY_BUCKETS;
-use tollgate::metrics::MemoryStoreMetrics;
-use tollgate::store::memory::MemoryStore;
-use tollgate::store::{Increment, Store};
+use tollgate::testing::config::DEFAULT_MEMORY_BUCKETS;
+use tollgate::testing::metrics::MemoryStoreMetrics;
+use tollgate::testing::store::memory::MemoryStore;
+use tollgate::testing::store::{Increment, Store};
 
 /// This process's resident set in bytes (`VmRSS` of `/proc/self/status`, in KiB).
 fn rss_bytes() -> u64 {

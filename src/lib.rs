@@ -21,27 +21,35 @@
 //! `pipeline` knows about hyper's connection types, and only `http1` (every HTTP/1.1 byte
 //! tollgate reads or writes itself) and `server` see bytes. The modules import each other in
 //! one direction only (`.ci/module-cycles` checks it).
+//!
+//! The library's API is what the `tollgate` binary and embedders use: [`cli::main`] (the whole
+//! command), [`Server`] with its builder, and [`Config`] with the functions that load it.
+//! Everything else is private; tests and fuzz targets reach what they check through
+//! `testing`, which lists it.
 
-pub mod admin;
-pub mod body;
-pub mod config;
-pub mod deadline;
-pub mod decision;
-pub mod error;
-pub mod forward;
-pub mod headers;
-pub mod http1;
-pub mod key;
-pub mod limit;
-pub mod log_format;
-pub mod log_writer;
-pub mod metrics;
-pub mod normalise;
-pub mod pipeline;
-pub mod route;
-pub mod server;
-pub mod store;
-pub mod tls;
+mod admin;
+mod body;
+pub mod cli;
+mod config;
+mod deadline;
+mod decision;
+mod error;
+mod forward;
+mod headers;
+mod http1;
+mod key;
+mod limit;
+mod log_format;
+mod log_writer;
+mod metrics;
+mod normalise;
+mod pipeline;
+mod route;
+mod server;
+mod store;
+#[doc(hidden)]
+pub mod testing;
+mod tls;
 
-pub use config::Config;
+pub use config::{load_file, load_str, Config, ConfigErrors};
 pub use server::{RunningServer, Server, ServerBuilder};

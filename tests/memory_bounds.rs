@@ -24,11 +24,11 @@ use http_body_util::Full;
 
 use sha2::{Digest, Sha256};
 
-use tollgate::config::DEFAULT_MEMORY_BUCKETS;
-use tollgate::limit::{Limiter, Outcomes, PlannedLimit, Verdict};
-use tollgate::metrics::{MemoryStoreMetrics, Metrics};
-use tollgate::store::memory::MemoryStore;
-use tollgate::store::{Clock, Increment, Store};
+use tollgate::testing::config::DEFAULT_MEMORY_BUCKETS;
+use tollgate::testing::limit::{Limiter, Outcomes, PlannedLimit, Verdict};
+use tollgate::testing::metrics::{MemoryStoreMetrics, Metrics};
+use tollgate::testing::store::memory::MemoryStore;
+use tollgate::testing::store::{Clock, Increment, Store};
 
 use common::db::TestDb;
 use common::*;
@@ -264,7 +264,7 @@ async fn a_bucket_unused_while_the_bound_churns_is_forgotten() {
 fn memory_buckets_is_validated() {
     let load = |store: &str| {
         let text = limits_config(store, "", "").replace("@UPSTREAM@", "127.0.0.1:9");
-        tollgate::config::load_str(Path::new("t.toml"), &text, &|_| None)
+        tollgate::testing::config::load_str(Path::new("t.toml"), &text, &|_| None)
     };
     let config = load("").expect("defaults");
     assert_eq!(config.store.memory_buckets.get(), 1_000_000);

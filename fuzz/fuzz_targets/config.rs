@@ -16,7 +16,7 @@ fuzz_target!(|data: &[u8]| {
     };
     // Every `${NAME}` resolves, so the fuzzer reaches the checks past substitution.
     let env = |_: &str| Some("fuzz".to_string());
-    if let Err(errors) = tollgate::config::load_str(Path::new("fuzz.toml"), text, &env) {
+    if let Err(errors) = tollgate::testing::config::load_str(Path::new("fuzz.toml"), text, &env) {
         let lines = text.lines().count().max(1);
         assert!(!errors.0.is_empty(), "a refusal without a reason: {text:?}");
         for error in &errors.0 {

@@ -15,7 +15,7 @@ use std::task::{Context, Poll, Waker};
 
 use libfuzzer_sys::fuzz_target;
 use tokio::io::{AsyncRead, ReadBuf};
-use tollgate::http1::guard::FramingGuard;
+use tollgate::testing::http1::guard::FramingGuard;
 
 mod wire;
 

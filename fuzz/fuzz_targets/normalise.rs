@@ -14,8 +14,8 @@
 use http::header::{HeaderMap, HeaderValue, HOST};
 use http::Uri;
 use libfuzzer_sys::fuzz_target;
-use tollgate::normalise::{host_without_port, normalise_path, request_authority, routing_path};
-use tollgate::route;
+use tollgate::testing::normalise::{host_without_port, normalise_path, request_authority, routing_path};
+use tollgate::testing::route;
 
 fn check_path(raw: &str) {
     let Ok(path) = normalise_path(raw) else {

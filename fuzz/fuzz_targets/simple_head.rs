@@ -21,7 +21,7 @@ use std::task::{Context, Poll, Waker};
 
 use libfuzzer_sys::fuzz_target;
 use tokio::io::{AsyncRead, ReadBuf};
-use tollgate::http1::guard::FramingGuard;
+use tollgate::testing::http1::guard::FramingGuard;
 
 mod wire;
 
@@ -54,7 +54,7 @@ fn guard_takes_without_body(head: &[u8]) -> bool {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let Some((len, request, _closes)) = tollgate::http1::server::simple_request(data) else {
+    let Some((len, request, _closes)) = tollgate::testing::http1::server::simple_request(data) else {
         return;
     };
     let head = &data[..len];

@@ -71,10 +71,10 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let head = first & 1 == 1;
-    if let Err(disagreement) = tollgate::http1::client::lines_against_the_map(wire, head) {
+    if let Err(disagreement) = tollgate::testing::http1::client::lines_against_the_map(wire, head) {
         panic!("the lines and the map disagree: {disagreement}");
     }
-    let Ok((response, body, trailers)) = tollgate::http1::client::read_response(wire, head) else {
+    let Ok((response, body, trailers)) = tollgate::testing::http1::client::read_response(wire, head) else {
         // Failing is always allowed: the request is answered 502.
         return;
     };

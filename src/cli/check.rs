@@ -3,7 +3,7 @@
 
 use http::Uri;
 
-use tollgate::config::{Config, HostPattern};
+use crate::config::{Config, HostPattern};
 
 use super::output::{say, Out};
 
@@ -15,7 +15,7 @@ pub fn certificate_errors(config: &Config) -> Vec<String> {
         .iter()
         .enumerate()
         .filter_map(|(i, cert)| {
-            tollgate::tls::load_certified_key(cert)
+            crate::tls::load_certified_key(cert)
                 .err()
                 .map(|err| format!("{}: server.certs[{i}]: {err}", config.source.display()))
         })
@@ -143,7 +143,7 @@ on_store_error = "local"
 "#;
 
     fn checked(text: &str) -> String {
-        let config = tollgate::config::load_str(std::path::Path::new("t.toml"), text, &|_| None)
+        let config = crate::config::load_str(std::path::Path::new("t.toml"), text, &|_| None)
             .expect("a valid file");
         let mut buf = Vec::new();
         let mut out = Out::to(&mut buf);

@@ -4,10 +4,10 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use tollgate::config::Config;
-use tollgate::key::BucketHasher;
-use tollgate::limit::PlannedLimit;
-use tollgate::store::{Increment, Peeked, Store};
+use crate::config::Config;
+use crate::key::BucketHasher;
+use crate::limit::PlannedLimit;
+use crate::store::{Increment, Peeked, Store};
 
 use super::output::{say, Out};
 use super::request::{
@@ -73,7 +73,7 @@ pub async fn explain(out: &mut Out<'_>, config: Config, args: &RequestArgs) -> E
         say!(
             out,
             "{head}, {standing}, window resets in {}s -> {}",
-            tollgate::limit::seconds_until(peeked.now_ms, peeked.window_end_ms),
+            crate::limit::seconds_until(peeked.now_ms, peeked.window_end_ms),
             if fits { "within" } else { "exceeded" }
         );
     }
@@ -112,7 +112,7 @@ async fn explain_counts(
             "store       postgres: counts as the database has them now",
         ),
         None => (
-            Arc::new(tollgate::store::memory::MemoryStore::new()),
+            Arc::new(crate::store::memory::MemoryStore::new()),
             "store       memory: counts live inside the running process; shown as 0 here",
         ),
     };
@@ -146,9 +146,9 @@ fn standing(planned: &PlannedLimit, peeked: &Peeked) -> (String, bool) {
     }
     let len_ms = i64::from(planned.window_secs) * 1000;
     let left_ms = (peeked.window_end_ms - peeked.now_ms).clamp(0, len_ms);
-    let weighs = tollgate::limit::weighted_previous(peeked.previous, left_ms, len_ms);
+    let weighs = crate::limit::weighted_previous(peeked.previous, left_ms, len_ms);
     let estimate = weighs + f64::from(peeked.count) + 1.0;
-    let fits = tollgate::store::memory::sliding_admits(
+    let fits = crate::store::memory::sliding_admits(
         planned.requests,
         peeked.previous,
         peeked.count,

@@ -4,12 +4,12 @@
 use prometheus_client::metrics::counter::Counter;
 use tracing_subscriber::EnvFilter;
 
-use tollgate::log_format::TextFormat;
-use tollgate::log_writer::{FlushOnDrop, LogWriter};
+use crate::log_format::TextFormat;
+use crate::log_writer::{FlushOnDrop, LogWriter};
 
 use super::Env;
 
-/// Logs go to stderr through the non-blocking writer (`tollgate::log_writer`) at `RUST_LOG`, or
+/// Logs go to stderr through the non-blocking writer (`crate::log_writer`) at `RUST_LOG`, or
 /// `default` when it is unset: a request never waits for a write. Returns its count of dropped
 /// lines and the guard that flushes it.
 pub fn init_logging(default: &str, env: Env) -> (Counter, Option<FlushOnDrop>) {
@@ -28,7 +28,7 @@ pub fn init_logging(default: &str, env: Env) -> (Counter, Option<FlushOnDrop>) {
 }
 
 /// Makes the process's subscriber: `filter`ed, in JSON or in the text format whose access-log
-/// lines are written without tracing-subscriber's generic formatting (`tollgate::log_format`).
+/// lines are written without tracing-subscriber's generic formatting (`crate::log_format`).
 fn install_logging<W>(filter: EnvFilter, ansi: bool, json: bool, writer: W)
 where
     W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,

@@ -3,9 +3,9 @@
 
 use std::process::ExitCode;
 
-use tollgate::config::Config;
-use tollgate::key::BucketHasher;
-use tollgate::store::postgres::PostgresStore;
+use crate::config::Config;
+use crate::key::BucketHasher;
+use crate::store::postgres::PostgresStore;
 
 use super::output::{say, Out};
 

@@ -1,12 +1,15 @@
 //! The `tollgate` command line (docs: README "Command line"): the arguments, where the
-//! configuration file comes from, and one module per command. `main` parses, loads the
-//! configuration and dispatches here; it stays the only place that reads the process
-//! environment (handed down as an [`Env`] function) or decides the exit code.
+//! configuration file comes from, and one module per command. [`main`] parses, loads the
+//! configuration and dispatches to them, and is the one place that decides the exit code;
+//! the process environment comes from `main.rs` as an [`Env`] function.
 
 use std::net::IpAddr;
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+
+use crate::config;
 
 mod check;
 mod explain;
@@ -24,6 +27,75 @@ pub use migrate::migrate;
 pub use output::Out;
 pub use reset::reset;
 pub use run::run;
+
+/// The whole `tollgate` command, for `main.rs`: parses the arguments, sets up the log, loads
+/// the configuration and hands it to one command. `env` reads the process environment; only
+/// `main.rs` passes the real one.
+///
+/// Exit codes: 0 success; 2 invalid configuration or usage; 1 any other failure. Output whose
+/// reader has gone (a closed pipe) is dropped without changing the exit code.
+pub fn main(env: Env) -> ExitCode {
+    let cli = Cli::parse();
+    // `explain` and `reset` end every failure with a line of their own on stderr (one clear
+    // line, README "Command line"); the store's failure log would say it again as a WARN.
+    let quiet = matches!(cli.command, Some(Command::Explain(_) | Command::Reset(_)));
+    // Kept to the end of `main`: dropping it writes out the log's last lines.
+    let (log_drops, _flush_log) = init_logging(if quiet { "error" } else { "info" }, env);
+    let (path, from) = config_path(cli.config, env);
+    let config = match config::load_file(&path, &env) {
+        Ok(config) => config,
+        Err(errors) => {
+            eprintln!("{errors}");
+            if !path.exists() {
+                eprintln!("{}", missing_config_hint(&path, from));
+            }
+            return ExitCode::from(2);
+        }
+    };
+    // Certificates are part of the configuration: a key that does not match its
+    // certificate, or an expired certificate, is a configuration error like any other.
+    let cert_errors = certificate_errors(&config);
+    if !cert_errors.is_empty() {
+        for line in cert_errors {
+            eprintln!("{line}");
+        }
+        return ExitCode::from(2);
+    }
+    // Single-threaded: this thread is connection worker 0 and also runs the store, the admin
+    // listener and the sweep; `server.workers` - 1 more workers get threads of their own
+    // (see server::start_workers).
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(err) => {
+            eprintln!("tollgate: cannot start the async runtime: {err}");
+            return ExitCode::from(1);
+        }
+    };
+    let mut out = Out::stdout();
+    let default_command = || Command::Run(Default::default());
+    let code = match cli.command.unwrap_or_else(default_command) {
+        Command::Run(args) => runtime.block_on(run(config, path, &args, log_drops, env)),
+        Command::Check => {
+            check(&config, &mut out);
+            ExitCode::SUCCESS
+        }
+        Command::Migrate { accept_new_key } => {
+            runtime.block_on(migrate(config, accept_new_key, &mut out))
+        }
+        Command::Explain(args) => runtime.block_on(explain(&mut out, config, &args)),
+        Command::Reset(args) => runtime.block_on(reset(&mut out, config, &args)),
+    };
+    match out.finish() {
+        Ok(()) => code,
+        Err(err) => {
+            eprintln!("tollgate: cannot write the output: {err}");
+            ExitCode::from(1)
+        }
+    }
+}
 
 /// The process environment as `main` reads it; tests pass their own.
 pub type Env = fn(&str) -> Option<String>;

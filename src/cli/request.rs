@@ -1,5 +1,5 @@
 //! What `explain` and `reset` share: the request given on the command line, the route and
-//! buckets the proxy would give it (`tollgate::pipeline::plan`), and the store they read or reset.
+//! buckets the proxy would give it (`crate::pipeline::plan`), and the store they read or reset.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri};
 
-use tollgate::config::{self, Config, KeyPart, LimitConfig};
-use tollgate::key::BucketHasher;
-use tollgate::limit::PlannedLimit;
-use tollgate::pipeline::plan::{self, Plan, Rules};
-use tollgate::store::postgres::{self, InitError, PostgresStore};
+use crate::config::{self, Config, KeyPart, LimitConfig};
+use crate::key::BucketHasher;
+use crate::limit::PlannedLimit;
+use crate::pipeline::plan::{self, Plan, Rules};
+use crate::store::postgres::{self, InitError, PostgresStore};
 
 use super::output::{say, Out};
 use super::RequestArgs;

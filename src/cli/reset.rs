@@ -4,8 +4,8 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use tollgate::config::Config;
-use tollgate::key::BucketHasher;
+use crate::config::Config;
+use crate::key::BucketHasher;
 
 use super::output::{say, Out};
 use super::request::{command_store, plan_and_say_route, request_of, say_not_applying};

@@ -6,8 +6,8 @@ use std::process::ExitCode;
 
 use prometheus_client::metrics::counter::Counter;
 
-use tollgate::config::Config;
-use tollgate::Server;
+use crate::config::Config;
+use crate::Server;
 
 use super::{Env, Http1Stack, RunArgs};
 
@@ -21,7 +21,7 @@ pub async fn run(
 ) -> ExitCode {
     // Before anything is bound: every connection and upstream request needs a descriptor
     // (contract §9). It logs the figure, or why it could not.
-    let _ = tollgate::server::raise_open_file_limit();
+    let _ = crate::server::raise_open_file_limit();
     let fast = args.http1 == Http1Stack::Fast;
     let builder = Server::builder(config)
         .log_drops(log_drops)

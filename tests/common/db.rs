@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tollgate::config::{StoreConfig, StoreErrorPolicy};
+use tollgate::testing::config::{StoreConfig, StoreErrorPolicy};
 
 const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 

@@ -48,7 +48,7 @@ pub const EVERY_PATH: [Paths; 4] = [
 
 impl Paths {
     /// tollgate with `config`, serving and forwarding on these paths.
-    pub async fn start(self, config: tollgate::config::Config) -> Proxy {
+    pub async fn start(self, config: tollgate::testing::config::Config) -> Proxy {
         let builder = tollgate::Server::builder(config)
             .http1_fast_path(self.fast_server)
             .http1_direct_client(self.direct_client);

@@ -47,7 +47,7 @@ impl Cluster {
     /// process exits (the test PKI of a cluster kept in a `static`, which is never dropped).
     /// Panics with the reason if it cannot.
     pub fn start_tls(
-        cert: &tollgate::config::CertConfig,
+        cert: &tollgate::testing::config::CertConfig,
         hba: &str,
         leftovers: &[&Path],
     ) -> Cluster {

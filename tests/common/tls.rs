@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
-use tollgate::config::CertConfig;
+use tollgate::testing::config::CertConfig;
 
 pub struct TestPki {
     /// The CA certificate (PEM): an upstream's `ca_file`, or a test client's root.

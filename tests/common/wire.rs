@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use tollgate::config::Config;
+use tollgate::testing::config::Config;
 
 use super::paths::Paths;
 use super::{config_from, Proxy, BASE};

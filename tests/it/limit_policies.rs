@@ -18,8 +18,8 @@ use http_body_util::Full;
 use crate::common::db::TestDb;
 use crate::common::ratelimit::members;
 use crate::common::*;
-use tollgate::key::BucketHasher;
-use tollgate::store::Increment;
+use tollgate::testing::key::BucketHasher;
+use tollgate::testing::store::Increment;
 
 /// 366 days in seconds: the `w` of every "366d" limit.
 const YEAR: u64 = 31_622_400;

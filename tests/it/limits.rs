@@ -307,8 +307,8 @@ async fn a_different_secret_is_refused() {
         Err(err) => err.to_string(),
     };
     assert!(err.contains("fingerprint"), "{err}");
-    let hashed_a = tollgate::key::BucketHasher::new(Some(b"test-secret")).digest(b"x");
-    let hashed_b = tollgate::key::BucketHasher::new(Some(b"another-secret")).digest(b"x");
+    let hashed_a = tollgate::testing::key::BucketHasher::new(Some(b"test-secret")).digest(b"x");
+    let hashed_b = tollgate::testing::key::BucketHasher::new(Some(b"another-secret")).digest(b"x");
     assert_ne!(hashed_a, hashed_b);
 }
 

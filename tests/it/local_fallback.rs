@@ -17,7 +17,7 @@ use crate::common::db::TestDb;
 use crate::common::faulty::FaultyTcp;
 use crate::common::log::CapturedLog;
 use crate::common::*;
-use tollgate::store::postgres::PostgresStore;
+use tollgate::testing::store::postgres::PostgresStore;
 
 /// Route `api` (`/api`): 5 requests per hour per `X-Api-Key`, `local` when the store fails.
 const API_ROUTE: &str = r#"

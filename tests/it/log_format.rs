@@ -1,4 +1,4 @@
-//! The text log format (`tollgate::log_format`): access-log lines written by tollgate's own
+//! The text log format (`tollgate::testing::log_format`): access-log lines written by tollgate's own
 //! formatter are the bytes tracing-subscriber's stock format writes for the same event, and
 //! every other line is left to the stock format. (The duration's digits and the calendar are
 //! unit-tested in `src/log_format.rs`.)
@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use crate::common::log::CapturedLog;
-use tollgate::log_format::{access, AccessLine, TextFormat};
+use tollgate::testing::log_format::{access, AccessLine, TextFormat};
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::time::FormatTime;
 

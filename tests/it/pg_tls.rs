@@ -286,7 +286,7 @@ async fn limit_of_three_holds_exactly_over_tls() {
 /// The errors `tollgate check` (the configuration loader) reports for `store`.
 fn check_errors(store: &str) -> String {
     let text = format!("[store]\n{store}\n");
-    match tollgate::config::load_str(Path::new("test.toml"), &text, &|_| None) {
+    match tollgate::testing::config::load_str(Path::new("test.toml"), &text, &|_| None) {
         Ok(_) => String::new(),
         Err(errors) => errors.to_string(),
     }
@@ -369,7 +369,7 @@ async fn verify_ca_accepts_a_name_that_verify_full_refuses() {
         crate::common::db::TestDb::store_config_for(url)
     };
     let full =
-        tollgate::store::postgres::PostgresStore::new(&store_for("verify-full")).expect("store");
+        tollgate::testing::store::postgres::PostgresStore::new(&store_for("verify-full")).expect("store");
     let err = full
         .initialize("fp", true)
         .await
@@ -381,7 +381,7 @@ async fn verify_ca_accepts_a_name_that_verify_full_refuses() {
     );
     assert!(err.is_retryable(), "not ready, not fatal: {message}");
 
-    let ca = tollgate::store::postgres::PostgresStore::new(&store_for("verify-ca")).expect("store");
+    let ca = tollgate::testing::store::postgres::PostgresStore::new(&store_for("verify-ca")).expect("store");
     ca.initialize("fp", true)
         .await
         .expect("verify-ca does not check the name");
@@ -413,7 +413,7 @@ async fn scram_password_over_tls() {
     let mut wrong =
         crate::common::db::TestDb::store_config_for(url.replace("tls-test-pw", "wrong"));
     wrong.timeout = Duration::from_secs(5);
-    let err = tollgate::store::postgres::PostgresStore::new(&wrong)
+    let err = tollgate::testing::store::postgres::PostgresStore::new(&wrong)
         .expect("store")
         .initialize("fp", true)
         .await

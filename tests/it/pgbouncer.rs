@@ -430,7 +430,7 @@ async fn transaction_mode_migrate_exits_0() {
 #[tokio::test(flavor = "current_thread")]
 async fn increment_turns_synchronous_commit_off_for_its_own_transaction_only() {
     let db = TestDb::new().await;
-    let store = tollgate::store::postgres::PostgresStore::new(&db.store_config()).expect("store");
+    let store = tollgate::testing::store::postgres::PostgresStore::new(&db.store_config()).expect("store");
     store.initialize("fp", true).await.expect("initialize");
     let bouncer = PgBouncer::start(&db, PoolMode::Transaction, 1);
     let client = connect(&bouncer.url(&db)).await;
@@ -449,7 +449,7 @@ async fn increment_turns_synchronous_commit_off_for_its_own_transaction_only() {
         let async_commit = !synchronous_commit;
         let row = client
             .query_typed_one(
-                &wrapped(tollgate::store::postgres::increment_sql()),
+                &wrapped(tollgate::testing::store::postgres::increment_sql()),
                 &[
                     (&&buckets[..], Type::TEXT_ARRAY),
                     (&&windows[..], Type::INT8_ARRAY),
@@ -475,7 +475,7 @@ async fn increment_turns_synchronous_commit_off_for_its_own_transaction_only() {
     }
     let row = client
         .query_typed_one(
-            &wrapped(tollgate::store::postgres::fixed_upsert_sql()),
+            &wrapped(tollgate::testing::store::postgres::fixed_upsert_sql()),
             &[
                 (&&buckets[..], Type::TEXT_ARRAY),
                 (&&windows[..], Type::INT8_ARRAY),
@@ -506,17 +506,17 @@ async fn increment_turns_synchronous_commit_off_for_its_own_transaction_only() {
 async fn one_connection_store(
     url: String,
     timeout: Duration,
-) -> std::sync::Arc<tollgate::store::postgres::PostgresStore> {
+) -> std::sync::Arc<tollgate::testing::store::postgres::PostgresStore> {
     let mut cfg = TestDb::store_config_for(url);
     cfg.pool_size = 1;
     cfg.timeout = timeout;
-    let store = tollgate::store::postgres::PostgresStore::new(&cfg).expect("store");
+    let store = tollgate::testing::store::postgres::PostgresStore::new(&cfg).expect("store");
     store.initialize("fp", true).await.expect("initialize");
     store
 }
 
-fn one(bucket: &str) -> tollgate::store::Increment {
-    tollgate::store::Increment {
+fn one(bucket: &str) -> tollgate::testing::store::Increment {
+    tollgate::testing::store::Increment {
         bucket: std::sync::Arc::from(bucket),
         window_secs: 3600,
         by: 1,
@@ -528,8 +528,8 @@ fn one(bucket: &str) -> tollgate::store::Increment {
 /// Inspects the store's connection until its direct look-up (run in the background after
 /// the connect) has answered: the answer, what its session holds, its backend pid.
 async fn settled(
-    store: &tollgate::store::postgres::PostgresStore,
-) -> (bool, tollgate::store::postgres::ConnectionInspection) {
+    store: &tollgate::testing::store::postgres::PostgresStore,
+) -> (bool, tollgate::testing::store::postgres::ConnectionInspection) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let seen = store.inspect_a_connection("").await.expect("inspect");
@@ -555,14 +555,14 @@ async fn settled(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_plain_sliding_statement_is_exact_under_concurrent_increments() {
     use std::sync::Arc;
-    use tollgate::store::Store;
+    use tollgate::testing::store::Store;
     let db = TestDb::new().await;
     let mut stores = Vec::new();
     for _ in 0..3 {
         let mut cfg = db.store_config();
         cfg.pool_size = 4;
         cfg.timeout = Duration::from_secs(30);
-        let store = tollgate::store::postgres::PostgresStore::new(&cfg).expect("store");
+        let store = tollgate::testing::store::postgres::PostgresStore::new(&cfg).expect("store");
         store.initialize("fp", true).await.expect("initialize");
         assert!(settled(&store).await.0, "a loopback connection is direct");
         stores.push(Arc::new(store));
@@ -594,8 +594,8 @@ async fn the_plain_sliding_statement_is_exact_under_concurrent_increments() {
         futures_util::future::join_all(warm).await;
         let (_, seen) = settled(&stores[0]).await;
         let plain = [
-            tollgate::store::postgres::sliding_one_sql(),
-            tollgate::store::postgres::sliding_upsert_sql(),
+            tollgate::testing::store::postgres::sliding_one_sql(),
+            tollgate::testing::store::postgres::sliding_upsert_sql(),
         ];
         if plain.iter().all(|p| seen.prepared.iter().any(|s| s == p)) {
             break;
@@ -650,7 +650,7 @@ async fn the_plain_sliding_statement_is_exact_under_concurrent_increments() {
 /// Counting is exact every way.
 #[tokio::test(flavor = "current_thread")]
 async fn the_increment_is_prepared_only_on_a_connection_that_reaches_its_backend_directly() {
-    use tollgate::store::Store;
+    use tollgate::testing::store::Store;
     let db = TestDb::new().await;
     let bouncers = [
         PgBouncer::start(&db, PoolMode::Session, 4),
@@ -663,13 +663,13 @@ async fn the_increment_is_prepared_only_on_a_connection_that_reaches_its_backend
         ("session mode", bouncers[0].url(&db)),
         ("transaction mode", bouncers[1].url(&db)),
     ];
-    let fixed = tollgate::store::postgres::fixed_upsert_sql();
+    let fixed = tollgate::testing::store::postgres::fixed_upsert_sql();
     for (i, (path, url)) in urls.into_iter().enumerate() {
         let mut cfg = TestDb::store_config_for(url);
         cfg.pool_size = 1;
         cfg.timeout = Duration::from_secs(10);
         cfg.synchronous_commit = path.ends_with("synchronous_commit on");
-        let store = tollgate::store::postgres::PostgresStore::new(&cfg).expect("store");
+        let store = tollgate::testing::store::postgres::PostgresStore::new(&cfg).expect("store");
         store.initialize("fp", true).await.expect("initialize");
         let (direct, _) = settled(&store).await;
         let bucket = format!("t:prepared-{i}");
@@ -704,7 +704,7 @@ async fn the_increment_is_prepared_only_on_a_connection_that_reaches_its_backend
                 );
             }
             let (_, after_sliding) = settled(&store).await;
-            let mut both = vec![fixed, tollgate::store::postgres::sliding_one_sql()];
+            let mut both = vec![fixed, tollgate::testing::store::postgres::sliding_one_sql()];
             both.sort_unstable();
             assert_eq!(
                 after_sliding.prepared, both,
@@ -755,9 +755,9 @@ async fn the_increment_is_prepared_only_on_a_connection_that_reaches_its_backend
             let (_, at_limit) = settled(&store).await;
             let mut all = vec![
                 fixed,
-                tollgate::store::postgres::increment_sql(),
-                tollgate::store::postgres::sliding_one_sql(),
-                tollgate::store::postgres::sliding_upsert_sql(),
+                tollgate::testing::store::postgres::increment_sql(),
+                tollgate::testing::store::postgres::sliding_one_sql(),
+                tollgate::testing::store::postgres::sliding_upsert_sql(),
             ];
             all.sort_unstable();
             assert_eq!(
@@ -836,7 +836,7 @@ fn crowd_the_socket_table(n: usize) -> usize {
 /// counted. The look-up must never be on a decision's path.
 #[tokio::test(flavor = "current_thread")]
 async fn a_crowded_socket_table_never_delays_a_decision() {
-    use tollgate::store::Store;
+    use tollgate::testing::store::Store;
     let lines = tokio::task::spawn_blocking(|| crowd_the_socket_table(30_000))
         .await
         .expect("crowd");
@@ -1129,12 +1129,12 @@ upstream = "app"
 /// within `within` (`None`: it said neither).
 async fn listener_hears(url: &str, within: Duration) -> Option<bool> {
     let store =
-        tollgate::store::postgres::PostgresStore::new(&TestDb::store_config_for(url.to_owned()))
+        tollgate::testing::store::postgres::PostgresStore::new(&TestDb::store_config_for(url.to_owned()))
             .expect("store");
     store.initialize("fp", true).await.expect("initialize");
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let listener = tokio::spawn(store.listen_for_resets(move |event| {
-        if let tollgate::store::ResetEvent::Hearing(hearing) = event {
+        if let tollgate::testing::store::ResetEvent::Hearing(hearing) = event {
             let _ = tx.send(hearing);
         }
     }));
@@ -1223,12 +1223,12 @@ async fn a_roles_1ms_timeouts_fail_nothing(through: Option<PoolMode>) {
 
     // `tollgate migrate --accept-new-key` under the role, for the stores below (key "fp").
     let store =
-        tollgate::store::postgres::PostgresStore::new(&TestDb::store_config_for(url.clone()))
+        tollgate::testing::store::postgres::PostgresStore::new(&TestDb::store_config_for(url.clone()))
             .expect("store");
     let report = store.migrate("fp", true).await.expect("migrate");
     assert_eq!(
         report.fingerprint,
-        tollgate::store::postgres::FingerprintChange::Replaced
+        tollgate::testing::store::postgres::FingerprintChange::Replaced
     );
     drop(store);
 
@@ -1244,7 +1244,7 @@ async fn a_roles_1ms_timeouts_fail_nothing(through: Option<PoolMode>) {
         assert!(settled(&store).await.0, "a loopback connection is direct");
         let mut counts = Vec::new();
         for _ in 0..3 {
-            use tollgate::store::Store;
+            use tollgate::testing::store::Store;
             counts.push(
                 store
                     .increment(&[one("t:direct")])
@@ -1257,7 +1257,7 @@ async fn a_roles_1ms_timeouts_fail_nothing(through: Option<PoolMode>) {
         assert_eq!(counts, [1, 2, 3]);
         assert_eq!(
             seen.prepared,
-            [tollgate::store::postgres::fixed_upsert_sql()],
+            [tollgate::testing::store::postgres::fixed_upsert_sql()],
             "the increment prepared under the role's timeouts"
         );
     }

@@ -9,10 +9,10 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use ipnet::IpNet;
 use proptest::prelude::*;
 
-use tollgate::config::{load_str, KeyPart, KeySpec};
-use tollgate::key::{bucket_for, client_addr, ip_subject, BucketHasher, RequestIdentity};
-use tollgate::normalise::{host_without_port, normalise_path, request_authority, routing_path};
-use tollgate::route;
+use tollgate::testing::config::{load_str, KeyPart, KeySpec};
+use tollgate::testing::key::{bucket_for, client_addr, ip_subject, BucketHasher, RequestIdentity};
+use tollgate::testing::normalise::{host_without_port, normalise_path, request_authority, routing_path};
+use tollgate::testing::route;
 
 const CASES: u32 = 256;
 
@@ -639,8 +639,8 @@ proptest! {
         let encoded = render(&pieces, true);
         if let (Ok(p), Ok(e)) = (normalise_path(&plain), normalise_path(&encoded)) {
             prop_assert_eq!(
-                tollgate::route::path_matches(prefix, &p),
-                tollgate::route::path_matches(prefix, &e)
+                tollgate::testing::route::path_matches(prefix, &p),
+                tollgate::testing::route::path_matches(prefix, &e)
             );
         }
     }
@@ -831,7 +831,7 @@ proptest! {
         }
         let hasher = BucketHasher::new(secret.as_deref());
         // Through a worker's cache of `ip` buckets, as the proxy derives them.
-        let cache = tollgate::key::IpBucketCache::default();
+        let cache = tollgate::testing::key::IpBucketCache::default();
         let who = RequestIdentity { client, ipv6_prefix, headers: &headers, ip_buckets: Some(&cache) };
         let bucket = bucket_for(&scope, &spec, &who, &hasher).expect("every part present");
         if spec.is_global() {

@@ -328,14 +328,14 @@ const SHAPES: &[&str] = &[
 /// differentials below compare the paths only if each request really takes the path its
 /// tollgate is set up for.
 fn assert_simple(request: &[u8]) {
-    let taken = tollgate::http1::server::simple_request(request).is_some();
+    let taken = tollgate::testing::http1::server::simple_request(request).is_some();
     assert!(taken, "not taken by the simple path: {:?}", lossy(request));
 }
 
 /// tollgate with `config`, on one pairing of the HTTP/1.1 paths: tollgate's own server for simple
 /// requests (`own_server`, else hyper's serves them all), and tollgate's own client for
 /// requests without a body (`own_client`, else hyper's sends them all).
-async fn proxy_on(config: tollgate::config::Config, own_server: bool, own_client: bool) -> Proxy {
+async fn proxy_on(config: tollgate::testing::config::Config, own_server: bool, own_client: bool) -> Proxy {
     let builder = tollgate::Server::builder(config)
         .http1_fast_path(own_server)
         .http1_direct_client(own_client);
@@ -1027,7 +1027,7 @@ async fn a_client_that_stops_reading_and_leaves_releases_the_upstream() {
     );
 }
 
-fn timeouts_config(upstream: SocketAddr) -> tollgate::config::Config {
+fn timeouts_config(upstream: SocketAddr) -> tollgate::testing::config::Config {
     let server = "idle_timeout = \"30s\"\nheader_read_timeout = \"500ms\"\n";
     let text = format!("{BASE}{ROUTES}").replacen(
         "shutdown_timeout = \"5s\"\n",

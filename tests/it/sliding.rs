@@ -267,7 +267,7 @@ async fn memory_store_boundary_burst_admits_what_the_estimate_admits() {
     // Some window's start (epoch-aligned): window n starts at T0 + n * WINDOW_MS.
     const T0: i64 = 1_800_000_000_000;
     let at = |window: i64, fraction: f64| T0 + window * WINDOW_MS + (fraction * 2000.0) as i64;
-    let hand = tollgate::store::ManualClock::at(at(0, 0.7));
+    let hand = tollgate::testing::store::ManualClock::at(at(0, 0.7));
     let upstream = Upstream::start().await;
     let text = config_text("", REQUESTS, "2s");
     let config = config_from(&text, upstream.addr, &[]);
@@ -325,7 +325,7 @@ async fn memory_store_cached_denials_end_on_the_servers_clock() {
     const WINDOW_MS: i64 = 60_000;
     // An epoch-aligned window's start.
     const T0: i64 = 1_800_000_000_000;
-    let hand = tollgate::store::ManualClock::at(T0 + 30_000);
+    let hand = tollgate::testing::store::ManualClock::at(T0 + 30_000);
     let upstream = Upstream::start().await;
     let text = config_text("", REQUESTS, "1m");
     let config = config_from(&text, upstream.addr, &[]);
@@ -334,7 +334,7 @@ async fn memory_store_cached_denials_end_on_the_servers_clock() {
     // What the memory store has counted in the fixed route's current window: every request
     // that reached it, allowed or denied.
     let fixed_count = || async {
-        let peek = tollgate::store::Increment {
+        let peek = tollgate::testing::store::Increment {
             bucket: std::sync::Arc::from("fixed:global"),
             window_secs: 60,
             by: 1,
@@ -397,23 +397,23 @@ fn configuration_names_the_algorithm_and_refuses_disagreement() {
     let config = config_from(&text, "127.0.0.1:9".parse().expect("addr"), &[]);
     assert_eq!(
         config.routes[0].limits[0].algorithm,
-        tollgate::config::Algorithm::Sliding
+        tollgate::testing::config::Algorithm::Sliding
     );
     assert_eq!(
         config.routes[1].limits[0].algorithm,
-        tollgate::config::Algorithm::Fixed
+        tollgate::testing::config::Algorithm::Fixed
     );
     let shared = text.replacen(
         "  key = \"global\"\n  requests = 5\n  window = \"1m\"\n\n",
         "  key = \"global\"\n  requests = 5\n  window = \"1m\"\n  scope = \"sliding\"\n\n",
         1,
     );
-    let err = tollgate::config::load_str(std::path::Path::new("t.toml"), &shared, &|_| None)
+    let err = tollgate::testing::config::load_str(std::path::Path::new("t.toml"), &shared, &|_| None)
         .expect_err("disagreeing algorithms on one bucket prefix");
     let msg = err.to_string();
     assert!(msg.contains("algorithm"), "{msg}");
     let bad = text.replace("algorithm = \"sliding\"", "algorithm = \"leaky\"");
-    let err = tollgate::config::load_str(std::path::Path::new("t.toml"), &bad, &|_| None)
+    let err = tollgate::testing::config::load_str(std::path::Path::new("t.toml"), &bad, &|_| None)
         .expect_err("unknown algorithm");
     let msg = err.to_string();
     assert!(msg.contains("routes[0].limits[0].algorithm"), "{msg}");

@@ -16,9 +16,9 @@ use tokio::task::JoinHandle;
 
 use crate::common::db::TestDb;
 use crate::common::RefusedPort;
-use tollgate::store::memory::MemoryStore;
-use tollgate::store::postgres::{FingerprintChange, InitError, PostgresStore};
-use tollgate::store::{Increment, Store, StoreError};
+use tollgate::testing::store::memory::MemoryStore;
+use tollgate::testing::store::postgres::{FingerprintChange, InitError, PostgresStore};
+use tollgate::testing::store::{Increment, Store, StoreError};
 
 fn inc(bucket: &str, window_secs: u32, by: u32) -> Increment {
     Increment {

@@ -22,8 +22,8 @@ use tokio::sync::{oneshot, watch};
 use crate::common::db::TestDb;
 use crate::common::faulty::FaultyTcp;
 use crate::common::*;
-use tollgate::store::postgres::PostgresStore;
-use tollgate::store::{Increment, Store};
+use tollgate::testing::store::postgres::PostgresStore;
+use tollgate::testing::store::{Increment, Store};
 
 /// A request to `/api` carrying `X-Api-Key: key`.
 fn keyed(proxy: &Proxy, key: &str) -> Request<Full<Bytes>> {

@@ -47,7 +47,7 @@ mod head;
 mod tests;
 
 use chunked::{chunk_step, Chunked};
-pub use compare::{lines_against_the_map, read_response, ReadResponse, WentAs};
+pub use compare::{lines_against_the_map, read_response};
 
 /// What a connection's read buffer grows by.
 const READ_CHUNK: usize = 8 * 1024;

@@ -78,10 +78,8 @@ mod tests;
 pub mod tls;
 
 pub use errors::InitError;
-pub use migrate::{FingerprintChange, MigrateReport};
-pub use pool::{connect_deadline_for, Manager, PoolError, PooledClient};
-pub use registry::{INSTANCE_EXPIRES_AFTER, INSTANCE_LIVE_FOR};
-pub use reset::{ResetBucket, RESET_CHANNEL};
+pub use migrate::FingerprintChange;
+pub use pool::{connect_deadline_for, Manager, PoolError};
 pub use statements::{fixed_upsert_sql, increment_sql, sliding_one_sql, sliding_upsert_sql};
 
 use std::fmt;
