@@ -124,6 +124,8 @@ pub struct Metrics {
     pub memory: MemoryStoreMetrics,
     /// Live tollgate instances on the database, as last seen (contract §5b).
     pub instances: Gauge,
+    /// 1 while this instance hears the database's reset notifications (contract §3b).
+    pub reset_listener_up: Gauge,
     pub upstream_connect_failures: Family<UpstreamLabels, Counter>,
     pub policy_decisions: Family<PolicyDecisionLabels, Counter>,
     /// 1 while decisions succeed (what `/readyz` answers), else 0; set on each scrape.
@@ -166,6 +168,7 @@ impl Metrics {
         let upstream_connect_failures = Family::<UpstreamLabels, Counter>::default();
         let policy_decisions = Family::<PolicyDecisionLabels, Counter>::default();
         let ready = Gauge::default();
+        let reset_listener_up = Gauge::default();
         let sweep_last_success = Gauge::<f64, AtomicU64>::default();
         let config_last_reload_successful = Gauge::default();
         config_last_reload_successful.set(1);
@@ -250,6 +253,11 @@ impl Metrics {
             ready.clone(),
         );
         registry.register(
+            "reset_listener_up",
+            "1 while this instance hears the database's reset notifications (LISTEN works), else 0 (always 0 on the memory store)",
+            reset_listener_up.clone(),
+        );
+        registry.register(
             "sweep_last_success_timestamp_seconds",
             "Unix time of the last sweep round that ended without an error (0 = none yet)",
             sweep_last_success.clone(),
@@ -281,6 +289,7 @@ impl Metrics {
             upstream_connect_failures,
             policy_decisions,
             ready,
+            reset_listener_up,
             sweep_last_success,
             config_last_reload_successful,
         }
@@ -557,6 +566,7 @@ pub struct RouteMetrics {
 }
 
 impl RouteMetrics {
+    #[cfg(test)]
     pub fn new(route: Arc<str>) -> Self {
         Self::with_policies(route, &[])
     }

@@ -47,7 +47,7 @@ mod store_start;
 mod streams;
 
 pub use crate::pipeline::Worker;
-pub use open_files::{raise_open_file_limit, OpenFileLimit};
+pub use open_files::raise_open_file_limit;
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -68,7 +68,7 @@ use crate::limit::fallback::{self, Instances, LocalFallback};
 use crate::limit::Limiter;
 use crate::metrics::Metrics;
 use crate::pipeline::{ConnInfo, Proxy, Runtime};
-use crate::store::{Clock, Store};
+use crate::store::{Clock, ResetEvent, Store};
 use coarse_clock::CoarseClock;
 use connection::{serve_connection, ConnSettings};
 use open_files::AcceptErrors;
@@ -277,9 +277,13 @@ impl Server {
             // The registry of live instances (contract §5b) and the reset listener (contract §3b).
             registration = Some(fallback::Registration::start(pg.clone(), instances));
             let denials = limiter.denials();
-            background.push(tokio::spawn(
-                pg.listen_for_resets(move |event| denials.on_reset(event)),
-            ));
+            let listener_up = metrics.reset_listener_up.clone();
+            background.push(tokio::spawn(pg.listen_for_resets(move |event| {
+                if let ResetEvent::Hearing(hearing) = event {
+                    listener_up.set(i64::from(hearing));
+                }
+                denials.on_reset(event);
+            })));
         }
         let proxy = Proxy::new(runtime, limiter, hasher, metrics.clone());
         let proxy = Arc::new(proxy.with_direct_client(paths.direct_client));

@@ -32,7 +32,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use tollgate::config::{self, Config};
+use tollgate::testing::config::{self, Config};
 use tollgate::{RunningServer, Server};
 
 /// What the upstream saw of one request.
@@ -430,6 +430,23 @@ impl Proxy {
                 self.addr
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until the instance hears the database's reset notifications
+    /// (`tollgate_reset_listener_up` 1), or panics after `within`. Its first notification
+    /// clears whatever denials it cached before (they were cached without a listener): a test
+    /// that counts which denials the cache answered waits for it first.
+    pub async fn until_hearing_resets(&self, within: Duration) {
+        let deadline = std::time::Instant::now() + within;
+        let hearing = |text: &str| text.lines().any(|l| l == "tollgate_reset_listener_up 1");
+        while !hearing(&self.server().metrics().render()) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "tollgate at {} did not hear reset notifications within {within:?}",
+                self.addr
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
 

@@ -106,6 +106,10 @@ async fn denials_report_every_limit(
         proxy
             .until_store_ready(std::time::Duration::from_secs(10))
             .await;
+        // Denials cached before the reset listener's first notification are dropped by it.
+        proxy
+            .until_hearing_resets(std::time::Duration::from_secs(10))
+            .await;
     }
     let client = h1_client();
     let url = proxy.url("/two");
