@@ -21,6 +21,7 @@ use hyper::body::Incoming;
 
 use http::HeaderMap;
 
+use crate::headers::ResponseFields;
 use crate::http1::client::DirectBody;
 use crate::http1::lines::AddTo;
 
@@ -48,12 +49,19 @@ pub enum BodyError {
 impl UpstreamBody {
     /// Where the fields tollgate sets on this response go (`X-Request-Id`, the rate-limit
     /// fields): the field lines of a response tollgate's own client read for tollgate's own
-    /// server, else `map`, the response's own.
-    pub fn fields_to<'a>(&'a mut self, map: &'a mut HeaderMap) -> AddTo<'a> {
-        match self {
+    /// server, else `map`, the response's own, with room made for them.
+    pub fn fields_to<'a>(&'a mut self, map: &'a mut HeaderMap) -> impl ResponseFields + 'a {
+        let mut to = match self {
             UpstreamBody::Direct(body) => body.fields_to(map),
             UpstreamBody::Hyper(_) => AddTo::Map(map),
+        };
+        if let AddTo::Map(headers) = &mut to {
+            // Room for the rate-limit fields (up to four, with `both`) and `X-Request-Id` in
+            // one growth of the map sized for the upstream's fields, instead of a growth (a
+            // rehash) on the way.
+            headers.reserve(5);
         }
+        to
     }
 }
 

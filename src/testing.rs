@@ -4,8 +4,8 @@
 
 pub mod config {
     pub use crate::config::{
-        load_str, Algorithm, CertConfig, Config, KeyPart, KeySpec, StoreConfig,
-        StoreErrorPolicy, DEFAULT_MEMORY_BUCKETS,
+        load_str, Algorithm, CertConfig, Config, KeyPart, KeySpec, StoreConfig, StoreErrorPolicy,
+        DEFAULT_MEMORY_BUCKETS,
     };
 }
 
@@ -31,7 +31,9 @@ pub mod key {
 }
 
 pub mod normalise {
-    pub use crate::normalise::{host_without_port, normalise_path, request_authority, routing_path};
+    pub use crate::normalise::{
+        host_without_port, normalise_path, request_authority, routing_path,
+    };
 }
 
 pub mod route {

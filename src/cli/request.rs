@@ -9,8 +9,8 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri};
 
 use crate::config::{self, Config, KeyPart, LimitConfig};
 use crate::key::BucketHasher;
-use crate::limit::PlannedLimit;
-use crate::pipeline::plan::{self, Plan, Rules};
+use crate::limit::{PlannedLimit, Plans};
+use crate::pipeline::plan::{self, Rules};
 use crate::store::postgres::{self, InitError, PostgresStore};
 
 use super::output::{say, Out};
@@ -135,7 +135,8 @@ pub async fn command_store(
 /// A request planned as the proxy plans it, with the rules it was planned on.
 pub struct CommandPlan {
     pub rules: Rules,
-    pub plan: Plan,
+    /// The limits that apply, with their buckets.
+    pub limits: Plans,
     /// The index of the route it matched.
     pub route: usize,
 }
@@ -150,12 +151,12 @@ impl CommandPlan {
             .limits
             .iter()
             .enumerate()
-            .map(move |(i, limit)| (limit, self.plan.limit(route, i)))
+            .map(move |(i, limit)| (limit, plan::limit_in(&self.limits, route, i)))
     }
 
     /// The limits that apply, with their buckets.
     pub fn planned(&self) -> impl Iterator<Item = &PlannedLimit> {
-        self.plan.limits.iter()
+        self.limits.iter()
     }
 }
 
@@ -190,7 +191,8 @@ pub fn plan_and_say_route(
         peer: ip,
         ip_buckets: None,
     };
-    let plan = match plan::plan(&rules, hasher, &mut req, asker) {
+    let mut limits = Plans::new();
+    let plan = match plan::plan(&rules, hasher, &mut req, asker, &mut limits) {
         Ok(plan) => plan,
         Err(refusal) => {
             say!(
@@ -234,7 +236,11 @@ pub fn plan_and_say_route(
         say!(out, "limits      none: the request would be forwarded");
         return Err(ExitCode::SUCCESS);
     }
-    Ok(CommandPlan { rules, plan, route })
+    Ok(CommandPlan {
+        rules,
+        limits,
+        route,
+    })
 }
 
 /// `limit ...: does not apply (no X header)` for a limit whose key the request lacks.

@@ -18,7 +18,7 @@ pub use worker::Worker;
 use plan::{Asker, Plan, RouteRules, Rules};
 
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -28,15 +28,14 @@ use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode, Version};
 use http_body::Body as _;
 
-use crate::body::{ClientBody, ProxyBody};
+use crate::body::{ClientBody, ProxyBody, UpstreamBody};
 use crate::config::{Config, StoreErrorPolicy};
 use crate::decision::Decision;
 use crate::error::{GrpcCode, RequestError, StartupError};
 use crate::forward::{ForwardRequest, UpstreamPool};
 use crate::headers::{self, ResponseFields};
-use crate::http1::lines::AddTo;
 use crate::key::{self, BucketHasher};
-use crate::limit::{LimitOutcome, Limiter, Outcomes, PlannedLimit, Verdict};
+use crate::limit::{LimitOutcome, Limiter, Outcomes, PlannedLimit, Plans, Verdict};
 use crate::log_format::{self, AccessLine};
 use crate::metrics::{Metrics, RouteMetrics, NO_ROUTE};
 use crate::normalise;
@@ -279,7 +278,8 @@ impl Proxy {
                 peer: conn.peer.ip(),
                 ip_buckets: Some(conn.worker.ip_buckets()),
             };
-            let plan = match plan::plan(&rt.rules, &self.hasher, &mut req, asker) {
+            let mut plans = Plans::new();
+            let mut plan = match plan::plan(&rt.rules, &self.hasher, &mut req, asker, &mut plans) {
                 Ok(plan) => plan,
                 Err(refusal) => {
                     let mut handled = local_error(refusal.route, refusal.error, &req);
@@ -293,7 +293,7 @@ impl Proxy {
             // Step 4: the decision, before a byte of the body is read.
             let mut outcomes = Outcomes::new();
             let worker = conn.worker.index();
-            let decided = self.decide(rt, index, &plan.limits, &mut outcomes, worker);
+            let decided = self.decide(rt, index, &plans, &mut outcomes, worker);
             let decision = match decided.await {
                 Decided::Forward(decision) => decision,
                 Decided::Deny {
@@ -321,15 +321,26 @@ impl Proxy {
                     return handled;
                 }
             };
-            // Step 5: forward, and the fields tollgate adds to the upstream's answer.
-            let forwarded = Forwarded {
+            // Step 5: forward, and the fields tollgate adds to the upstream's answer. Not an
+            // `async fn` of its own: that would copy the request into one more future.
+            let route = &rt.routes[index];
+            let sent = Sent {
                 index,
                 decision,
-                outcomes: &outcomes,
-                id,
+                // The answer goes back in the client's HTTP version, whatever the upstream
+                // spoke: an HTTP/1.0 upstream must not turn a keep-alive HTTP/1.1 connection
+                // into HTTP/1.0.
+                client_version: req.version(),
+                // The request is gone once forwarded: whether an upstream failure is answered
+                // in gRPC is asked now (the one content-type look-up a forwarded request costs).
+                grpc: headers::is_grpc(req.headers()),
+                started: Instant::now(),
             };
-            self.forward(rt, plan, req, &conn, request_id, forwarded)
-                .await
+            let client_value = client_value(plan.client, &conn);
+            let fwd = self.forward_request(rt, index, &mut plan, &client_value, &mut req, &conn);
+            let fwd = ForwardRequest { request_id, ..fwd };
+            let result = route.upstream.forward(req, fwd).await;
+            self.answer(rt, result, &sent, &outcomes, id)
         }
     }
 
@@ -386,98 +397,97 @@ impl Proxy {
         decided
     }
 
-    /// Step 5: sends the request upstream and returns its answer with tollgate's fields (the
-    /// rate-limit fields of `outcomes`, `X-Request-Id`), in the client's HTTP version; or
-    /// tollgate's own answer when the upstream failed.
-    async fn forward(
-        &self,
+    /// Step 5, before the request goes: what the forwarder needs of it (where it goes, the
+    /// `X-Forwarded-*` facts, its field names), underscored names dropped unless allowed.
+    /// `client_value`: the client address as text ([`client_value`]). The `X-Request-Id` to
+    /// add is left for the caller.
+    fn forward_request<'r>(
+        &'r self,
         rt: &Runtime,
-        plan: Plan,
-        mut req: Request<ClientBody>,
-        conn: &ConnInfo,
-        request_id: Option<headers::RequestId>,
-        done: Forwarded<'_>,
-    ) -> Handled {
-        let (route, rules) = (&rt.routes[done.index], &rt.rules.routes[done.index]);
+        index: usize,
+        plan: &'r mut Plan,
+        client_value: &'r HeaderValue,
+        req: &mut Request<ClientBody>,
+        conn: &'r ConnInfo,
+    ) -> ForwardRequest<'r> {
+        let rules = &rt.rules.routes[index];
         let server = &rt.config.server;
         let peer = key::canonical(conn.peer.ip());
         let peer_trusted = key::is_trusted(peer, &server.trusted_proxies);
-        // The connection's ready text when the client is the peer, as nearly always.
-        let client_value = if plan.client == peer {
-            conn.peer_value.clone()
-        } else {
-            headers::peer_value(plan.client)
-        };
+        let path = std::mem::take(&mut plan.path);
+        let plan: &'r Plan = plan;
         // One pass over the names for the underscore rule here and the forwarder's questions.
         let names = headers::FieldNames::of(req.headers(), !server.underscores_in_headers);
         if !server.underscores_in_headers {
             headers::drop_underscored(req.headers_mut(), &names);
         }
         let mut target = if rules.config.strip_prefix {
-            route::strip(&rules.config.path_prefix, &plan.path)
+            route::strip(&rules.config.path_prefix, &path)
         } else {
-            plan.path
+            path
         };
         if let Some(query) = req.uri().query() {
             target.push('?');
             target.push_str(query);
         }
-        // The answer goes back in the client's HTTP version, whatever the upstream spoke: an
-        // HTTP/1.0 upstream must not turn a keep-alive HTTP/1.1 connection into HTTP/1.0.
-        let client_version = req.version();
-        // The request is gone once forwarded: whether an upstream failure is answered in gRPC
-        // is asked now (the one content-type look-up a forwarded request costs).
-        let grpc = headers::is_grpc(req.headers());
-        let fwd = ForwardRequest {
+        ForwardRequest {
             target,
             forwarded: headers::ForwardedFor {
                 peer: &conn.peer_value,
                 peer_trusted,
-                client: &client_value,
+                client: client_value,
                 proto: if conn.tls { "https" } else { "http" },
                 host: plan.authority.as_ref().map(normalise::Authority::value),
             },
             names,
-            request_id,
+            request_id: None,
             max_body_size: rules.max_body_size,
             metrics: &self.metrics,
             worker: conn.worker.index(),
             direct_client: self.direct_client,
-        };
-        let upstream_started = Instant::now();
-        let result = route.upstream.forward(req, fwd).await;
+        }
+    }
+
+    /// Step 5, once the upstream answered: its answer with tollgate's fields (the rate-limit
+    /// fields of `outcomes`, `X-Request-Id` `id`), in the client's HTTP version; or tollgate's
+    /// own answer when the upstream failed.
+    fn answer(
+        &self,
+        rt: &Runtime,
+        result: Result<(Response<UpstreamBody>, headers::FieldNames), RequestError>,
+        sent: &Sent,
+        outcomes: &[LimitOutcome],
+        id: &headers::RequestId,
+    ) -> Handled {
+        let (route, rules) = (&rt.routes[sent.index], &rt.rules.routes[sent.index]);
         route
             .metrics
-            .upstream_time(&self.metrics, upstream_started.elapsed().as_secs_f64());
+            .upstream_time(&self.metrics, sent.started.elapsed().as_secs_f64());
         let upstream_name = Some(route.upstream.name.clone());
         let (response, names) = match result {
             Ok(answer) => answer,
             Err(err) => {
                 tracing::warn!(route = %route.name, error = %err, "upstream request failed");
-                let mut handled = answer_error(Some(done.index), err, grpc);
-                handled.decision = done.decision;
+                let mut handled = answer_error(Some(sent.index), err, sent.grpc);
+                handled.decision = sent.decision;
                 handled.upstream = upstream_name;
                 return handled;
             }
         };
         let (mut parts, mut body) = response.into_parts();
-        parts.version = client_version;
-        let mode = server.rate_limit_headers;
-        headers::remove_replaced(&mut parts.headers, &names, mode, done.outcomes);
-        let mut to = body.fields_to(&mut parts.headers);
-        if let AddTo::Map(headers) = &mut to {
-            // Room for the rate-limit fields (up to four, with `both`) and `X-Request-Id` in
-            // one growth of the map sized for the upstream's fields, instead of a growth (a
-            // rehash) on the way.
-            headers.reserve(5);
+        parts.version = sent.client_version;
+        let mode = rt.config.server.rate_limit_headers;
+        headers::remove_replaced(&mut parts.headers, &names, mode, outcomes);
+        {
+            let mut to = body.fields_to(&mut parts.headers);
+            let policy = route.ready_policy(rules, outcomes);
+            headers::add_rate_limit_headers(&mut to, mode, outcomes, policy);
+            to.request_id(id);
         }
-        let policy = route.ready_policy(rules, done.outcomes);
-        headers::add_rate_limit_headers(&mut to, mode, done.outcomes, policy);
-        to.request_id(done.id);
         Handled {
             response: Response::from_parts(parts, ProxyBody::Upstream(body)),
-            route: Some(done.index),
-            decision: done.decision,
+            route: Some(sent.index),
+            decision: sent.decision,
             violated: Vec::new(),
             upstream: upstream_name,
             grpc_status: None,
@@ -499,14 +509,26 @@ enum Decided {
     FailedClosed,
 }
 
-/// What step 5 carries from the earlier steps for the answer.
-struct Forwarded<'a> {
+/// The client address as an `X-Real-IP` value: the connection's ready text when the client is
+/// the peer, as nearly always.
+fn client_value(client: IpAddr, conn: &ConnInfo) -> HeaderValue {
+    if client == key::canonical(conn.peer.ip()) {
+        conn.peer_value.clone()
+    } else {
+        headers::peer_value(client)
+    }
+}
+
+/// What the answer to a forwarded request needs to know of it.
+struct Sent {
     /// The route's index in the runtime.
     index: usize,
     decision: Decision,
-    outcomes: &'a [LimitOutcome],
-    /// The request's id, set on the answer.
-    id: &'a headers::RequestId,
+    client_version: Version,
+    /// Whether the request is a gRPC call (an upstream failure is answered in gRPC).
+    grpc: bool,
+    /// When it was sent upstream.
+    started: Instant,
 }
 
 impl Proxy {

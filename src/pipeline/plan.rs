@@ -61,7 +61,7 @@ impl Rules {
     }
 }
 
-/// Where a request goes and what it counts.
+/// Where a request goes; what it counts goes to the caller's [`Plans`] (see [`plan`]).
 #[derive(Debug)]
 pub struct Plan {
     /// The normalised authority (`host[:port]`); `None` for an HTTP/1.0 request without one.
@@ -72,18 +72,18 @@ pub struct Plan {
     pub route: Option<usize>,
     /// The address the request counts as (after `trusted_proxies`).
     pub client: IpAddr,
-    /// The route's limits that apply, in limit order, with their buckets.
-    pub limits: Plans,
 }
 
-impl Plan {
-    /// What the request counts in limit `index` of `route` (its route, from the [`Rules`] it
-    /// was planned on: limits are told apart by their policy name's allocation), or `None`
-    /// when that limit does not apply (a keyed header is missing).
-    pub fn limit(&self, route: &RouteRules, index: usize) -> Option<&PlannedLimit> {
-        let policy = route.policies.get(index)?;
-        self.limits.iter().find(|p| Arc::ptr_eq(&p.policy, policy))
-    }
+/// What the request counts in limit `index` of `route`, among `limits` (the [`Plans`] that
+/// [`plan`] filled on the [`Rules`] holding `route`: limits are told apart by their policy
+/// name's allocation), or `None` when that limit does not apply (a keyed header is missing).
+pub fn limit_in<'p>(
+    limits: &'p [PlannedLimit],
+    route: &RouteRules,
+    index: usize,
+) -> Option<&'p PlannedLimit> {
+    let policy = route.policies.get(index)?;
+    limits.iter().find(|p| Arc::ptr_eq(&p.policy, policy))
 }
 
 /// Why the proxy answers a request itself before counting it.
@@ -107,14 +107,19 @@ pub struct Asker<'a> {
     pub ip_buckets: Option<&'a IpBucketCache>,
 }
 
-/// What the proxy does with `req` up to the limiter: see the module docs. A request whose
-/// limits key on `cookie` has its HTTP/2 cookie fields joined into one, in place.
+/// What the proxy does with `req` up to the limiter: see the module docs. The route's limits
+/// that apply, in limit order with their buckets, go to `limits` (cleared first; the caller
+/// owns it, as it owns the outcomes of [`crate::limit::Limiter::decide`], so that it is not
+/// copied on the way out). A request whose limits key on `cookie` has its HTTP/2 cookie
+/// fields joined into one, in place.
 pub fn plan<B: Body>(
     rules: &Rules,
     hasher: &BucketHasher,
     req: &mut Request<B>,
     asker: Asker<'_>,
+    limits: &mut Plans,
 ) -> Result<Plan, Refusal> {
+    limits.clear();
     if req.method() == Method::TRACE || req.method() == Method::CONNECT {
         return Err(Refusal::before_routing(RequestError::MethodNotAllowed));
     }
@@ -140,7 +145,6 @@ pub fn plan<B: Body>(
             path,
             route: None,
             client,
-            limits: Plans::new(),
         });
     };
     let route = &rules.routes[index];
@@ -175,19 +179,21 @@ pub fn plan<B: Body>(
         headers: req.headers(),
         ip_buckets: asker.ip_buckets,
     };
-    let limits = route
-        .config
-        .limits
-        .iter()
-        .zip(&route.policies)
-        .filter_map(|(limit, policy)| planned_limit(&route.config, limit, policy, &who, hasher))
-        .collect();
+    limits.extend(
+        route
+            .config
+            .limits
+            .iter()
+            .zip(&route.policies)
+            .filter_map(|(limit, policy)| {
+                planned_limit(&route.config, limit, policy, &who, hasher)
+            }),
+    );
     Ok(Plan {
         authority,
         path,
         route: Some(index),
         client,
-        limits,
     })
 }
 
@@ -255,7 +261,7 @@ mod tests {
         req
     }
 
-    fn plan_of(req: &mut Request<String>) -> Result<Plan, Refusal> {
+    fn plan_of(req: &mut Request<String>) -> Result<(Plan, Plans), Refusal> {
         let (rules, hasher) = rules();
         plan_on(&rules, &hasher, req)
     }
@@ -264,22 +270,23 @@ mod tests {
         rules: &Rules,
         hasher: &BucketHasher,
         req: &mut Request<String>,
-    ) -> Result<Plan, Refusal> {
+    ) -> Result<(Plan, Plans), Refusal> {
         let asker = Asker {
             peer: "192.0.2.7".parse().expect("ip"),
             ip_buckets: None,
         };
-        plan(rules, hasher, req, asker)
+        let mut limits = Plans::new();
+        plan(rules, hasher, req, asker, &mut limits).map(|plan| (plan, limits))
     }
 
     #[test]
     fn a_request_gets_its_route_and_the_buckets_of_the_limits_that_apply() {
         let (rules, hasher) = rules();
         let mut req = request(Method::GET, "http://api.test/login;x=1/a", HeaderMap::new());
-        let plan = plan_on(&rules, &hasher, &mut req).expect("plans");
+        let (plan, limits) = plan_on(&rules, &hasher, &mut req).expect("plans");
         assert_eq!(plan.route, Some(0));
         assert_eq!(plan.path, "/login;x=1/a");
-        let buckets: Vec<&str> = plan.limits.iter().map(|p| &*p.bucket).collect();
+        let buckets: Vec<&str> = limits.iter().map(|p| &*p.bucket).collect();
         assert_eq!(buckets.len(), 1, "the header limit does not apply");
         assert!(buckets[0].starts_with("login:ip:"), "{buckets:?}");
         assert!(!buckets[0].contains("192.0.2.7"));
@@ -294,23 +301,23 @@ mod tests {
             Some(buckets[0]),
             key::bucket_for("login", key, &who, &hasher).as_deref()
         );
-        assert!(plan.limit(&rules.routes[0], 0).is_some());
-        assert!(plan.limit(&rules.routes[0], 1).is_none());
+        assert!(limit_in(&limits, &rules.routes[0], 0).is_some());
+        assert!(limit_in(&limits, &rules.routes[0], 1).is_none());
     }
 
     #[test]
     fn no_route_is_a_plan_without_one() {
         let mut req = request(Method::GET, "http://api.test/other", HeaderMap::new());
-        let plan = plan_of(&mut req).expect("plans");
+        let (plan, limits) = plan_of(&mut req).expect("plans");
         assert_eq!(plan.route, None);
-        assert!(plan.limits.is_empty());
+        assert!(limits.is_empty());
     }
 
     #[test]
     fn what_the_proxy_answers_itself_is_refused_with_its_error() {
         let refused = |mut req: Request<String>| match plan_of(&mut req) {
             Err(refusal) => (refusal.route, refusal.error.status().as_u16()),
-            Ok(plan) => panic!("planned: {plan:?}"),
+            Ok((plan, _)) => panic!("planned: {plan:?}"),
         };
         let none = HeaderMap::new;
         assert_eq!(
@@ -344,7 +351,7 @@ mod tests {
     fn an_http10_request_without_a_host_is_routed_on_the_path_alone() {
         let mut req = request(Method::GET, "/login", HeaderMap::new());
         *req.version_mut() = Version::HTTP_10;
-        let plan = plan_of(&mut req).expect("plans");
+        let (plan, _) = plan_of(&mut req).expect("plans");
         assert!(plan.authority.is_none());
         assert_eq!(plan.route, Some(0));
     }

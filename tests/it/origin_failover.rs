@@ -26,7 +26,11 @@ use crate::common::{config_from, get, h1_client, send, H1Client, Proxy, Upstream
 const COUNTER: &str = "tollgate_upstream_connect_failures_total{upstream=\"app\"}";
 
 /// A configuration whose upstream `app` has these origins, in this order.
-fn config(origins: &[SocketAddr], fail_timeout: &str, http2: bool) -> tollgate::testing::config::Config {
+fn config(
+    origins: &[SocketAddr],
+    fail_timeout: &str,
+    http2: bool,
+) -> tollgate::testing::config::Config {
     let urls: Vec<String> = origins.iter().map(|a| format!("\"http://{a}\"")).collect();
     let text = format!(
         r#"

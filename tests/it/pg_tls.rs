@@ -368,8 +368,8 @@ async fn verify_ca_accepts_a_name_that_verify_full_refuses() {
         );
         crate::common::db::TestDb::store_config_for(url)
     };
-    let full =
-        tollgate::testing::store::postgres::PostgresStore::new(&store_for("verify-full")).expect("store");
+    let full = tollgate::testing::store::postgres::PostgresStore::new(&store_for("verify-full"))
+        .expect("store");
     let err = full
         .initialize("fp", true)
         .await
@@ -381,7 +381,8 @@ async fn verify_ca_accepts_a_name_that_verify_full_refuses() {
     );
     assert!(err.is_retryable(), "not ready, not fatal: {message}");
 
-    let ca = tollgate::testing::store::postgres::PostgresStore::new(&store_for("verify-ca")).expect("store");
+    let ca = tollgate::testing::store::postgres::PostgresStore::new(&store_for("verify-ca"))
+        .expect("store");
     ca.initialize("fp", true)
         .await
         .expect("verify-ca does not check the name");

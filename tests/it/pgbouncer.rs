@@ -430,7 +430,8 @@ async fn transaction_mode_migrate_exits_0() {
 #[tokio::test(flavor = "current_thread")]
 async fn increment_turns_synchronous_commit_off_for_its_own_transaction_only() {
     let db = TestDb::new().await;
-    let store = tollgate::testing::store::postgres::PostgresStore::new(&db.store_config()).expect("store");
+    let store =
+        tollgate::testing::store::postgres::PostgresStore::new(&db.store_config()).expect("store");
     store.initialize("fp", true).await.expect("initialize");
     let bouncer = PgBouncer::start(&db, PoolMode::Transaction, 1);
     let client = connect(&bouncer.url(&db)).await;
@@ -529,7 +530,10 @@ fn one(bucket: &str) -> tollgate::testing::store::Increment {
 /// the connect) has answered: the answer, what its session holds, its backend pid.
 async fn settled(
     store: &tollgate::testing::store::postgres::PostgresStore,
-) -> (bool, tollgate::testing::store::postgres::ConnectionInspection) {
+) -> (
+    bool,
+    tollgate::testing::store::postgres::ConnectionInspection,
+) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let seen = store.inspect_a_connection("").await.expect("inspect");
@@ -1128,9 +1132,10 @@ upstream = "app"
 /// The reset listener of a store on `url`: whether it reports that notifications reach it,
 /// within `within` (`None`: it said neither).
 async fn listener_hears(url: &str, within: Duration) -> Option<bool> {
-    let store =
-        tollgate::testing::store::postgres::PostgresStore::new(&TestDb::store_config_for(url.to_owned()))
-            .expect("store");
+    let store = tollgate::testing::store::postgres::PostgresStore::new(&TestDb::store_config_for(
+        url.to_owned(),
+    ))
+    .expect("store");
     store.initialize("fp", true).await.expect("initialize");
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let listener = tokio::spawn(store.listen_for_resets(move |event| {
@@ -1222,9 +1227,10 @@ async fn a_roles_1ms_timeouts_fail_nothing(through: Option<PoolMode>) {
     proxy.shutdown().await;
 
     // `tollgate migrate --accept-new-key` under the role, for the stores below (key "fp").
-    let store =
-        tollgate::testing::store::postgres::PostgresStore::new(&TestDb::store_config_for(url.clone()))
-            .expect("store");
+    let store = tollgate::testing::store::postgres::PostgresStore::new(&TestDb::store_config_for(
+        url.clone(),
+    ))
+    .expect("store");
     let report = store.migrate("fp", true).await.expect("migrate");
     assert_eq!(
         report.fingerprint,

@@ -11,7 +11,9 @@ use proptest::prelude::*;
 
 use tollgate::testing::config::{load_str, KeyPart, KeySpec};
 use tollgate::testing::key::{bucket_for, client_addr, ip_subject, BucketHasher, RequestIdentity};
-use tollgate::testing::normalise::{host_without_port, normalise_path, request_authority, routing_path};
+use tollgate::testing::normalise::{
+    host_without_port, normalise_path, request_authority, routing_path,
+};
 use tollgate::testing::route;
 
 const CASES: u32 = 256;

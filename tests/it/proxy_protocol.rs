@@ -116,7 +116,8 @@ async fn over_tls(s: &Setup, preamble: &[u8], path: &str) -> (u16, String) {
     tcp.write_all(preamble)
         .await
         .expect("write the PROXY header");
-    let tls = tollgate::testing::tls::client_config(Some(&s.pki.ca_file), false).expect("client config");
+    let tls =
+        tollgate::testing::tls::client_config(Some(&s.pki.ca_file), false).expect("client config");
     let connector = tokio_rustls::TlsConnector::from(Arc::clone(&tls));
     let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
     let mut stream = connector
@@ -206,7 +207,8 @@ async fn headers_come_before_the_tls_client_hello() {
 
     // No header before the ClientHello from the balancer: closed, no handshake.
     let tcp = connect_from(IpAddr::from(BALANCER), s.tls_addr).await;
-    let tls = tollgate::testing::tls::client_config(Some(&s.pki.ca_file), false).expect("client config");
+    let tls =
+        tollgate::testing::tls::client_config(Some(&s.pki.ca_file), false).expect("client config");
     let connector = tokio_rustls::TlsConnector::from(tls);
     let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
     assert!(

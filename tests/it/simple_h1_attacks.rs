@@ -335,7 +335,11 @@ fn assert_simple(request: &[u8]) {
 /// tollgate with `config`, on one pairing of the HTTP/1.1 paths: tollgate's own server for simple
 /// requests (`own_server`, else hyper's serves them all), and tollgate's own client for
 /// requests without a body (`own_client`, else hyper's sends them all).
-async fn proxy_on(config: tollgate::testing::config::Config, own_server: bool, own_client: bool) -> Proxy {
+async fn proxy_on(
+    config: tollgate::testing::config::Config,
+    own_server: bool,
+    own_client: bool,
+) -> Proxy {
     let builder = tollgate::Server::builder(config)
         .http1_fast_path(own_server)
         .http1_direct_client(own_client);

@@ -408,8 +408,9 @@ fn configuration_names_the_algorithm_and_refuses_disagreement() {
         "  key = \"global\"\n  requests = 5\n  window = \"1m\"\n  scope = \"sliding\"\n\n",
         1,
     );
-    let err = tollgate::testing::config::load_str(std::path::Path::new("t.toml"), &shared, &|_| None)
-        .expect_err("disagreeing algorithms on one bucket prefix");
+    let err =
+        tollgate::testing::config::load_str(std::path::Path::new("t.toml"), &shared, &|_| None)
+            .expect_err("disagreeing algorithms on one bucket prefix");
     let msg = err.to_string();
     assert!(msg.contains("algorithm"), "{msg}");
     let bad = text.replace("algorithm = \"sliding\"", "algorithm = \"leaky\"");

@@ -22,7 +22,8 @@ type HttpsClient =
 
 /// A client that trusts the test CA and offers h2 and http/1.1.
 fn https_client(pki: &TestPki) -> HttpsClient {
-    let tls = tollgate::testing::tls::client_config(Some(&pki.ca_file), false).expect("client config");
+    let tls =
+        tollgate::testing::tls::client_config(Some(&pki.ca_file), false).expect("client config");
     let mut tls = (*tls).clone();
     tls.alpn_protocols.clear();
     let connector = hyper_rustls::HttpsConnectorBuilder::new()
@@ -161,7 +162,8 @@ async fn alpn_negotiates_h2() {
 
 /// Connects with `server_name` as SNI and returns the leaf certificate the server presented.
 async fn presented_leaf(s: &Setup, server_name: &str) -> Vec<u8> {
-    let tls = tollgate::testing::tls::client_config(Some(&s.pki.ca_file), false).expect("client config");
+    let tls =
+        tollgate::testing::tls::client_config(Some(&s.pki.ca_file), false).expect("client config");
     let connector = tokio_rustls::TlsConnector::from(tls);
     let stream = TcpStream::connect(s.tls_addr).await.expect("connect");
     let name = rustls::pki_types::ServerName::try_from(server_name.to_string()).expect("name");
@@ -255,7 +257,8 @@ async fn a_stalled_handshake_times_out_while_others_are_served() {
 async fn https_upstream_with_a_private_ca() {
     let pki = TestPki::new();
     let upstream_cert = pki.issue("upstream", &["127.0.0.1"]);
-    let server_config = tollgate::testing::tls::server_config(&[upstream_cert]).expect("upstream tls");
+    let server_config =
+        tollgate::testing::tls::server_config(&[upstream_cert]).expect("upstream tls");
     let upstream = Upstream::start_tls(server_config).await;
     let text = format!(
         "[server]\nlisten = [\"127.0.0.1:0\"]\n\n\
@@ -410,7 +413,8 @@ fn check_refuses_a_key_that_does_not_match_its_certificate() {
 #[tokio::test]
 async fn a_tls_client_that_goes_away_mid_request_cancels_its_upstream_request() {
     let s = setup().await;
-    let tls = tollgate::testing::tls::client_config(Some(&s.pki.ca_file), false).expect("client config");
+    let tls =
+        tollgate::testing::tls::client_config(Some(&s.pki.ca_file), false).expect("client config");
     let connector = tokio_rustls::TlsConnector::from(tls);
     let stream = TcpStream::connect(s.tls_addr).await.expect("connect");
     let name = rustls::pki_types::ServerName::try_from("localhost".to_string()).expect("name");
@@ -442,7 +446,8 @@ async fn raw_tls_client(s: &Setup) -> tokio_rustls::client::TlsStream<TcpStream>
 }
 
 async fn raw_tls_over(s: &Setup, stream: TcpStream) -> tokio_rustls::client::TlsStream<TcpStream> {
-    let tls = tollgate::testing::tls::client_config(Some(&s.pki.ca_file), false).expect("client config");
+    let tls =
+        tollgate::testing::tls::client_config(Some(&s.pki.ca_file), false).expect("client config");
     let mut tls = (*tls).clone();
     tls.alpn_protocols.clear();
     let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(tls));

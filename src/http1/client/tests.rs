@@ -3,8 +3,8 @@
 use http::header::HeaderValue;
 
 use super::chunked::{chunk_step, Chunked};
-use super::head::parse_head;
 use super::compare::WentAs;
+use super::head::parse_head;
 use super::*;
 use crate::headers;
 use crate::http1::rules::{HYPER_MAX_CHUNK_LINE, HYPER_MAX_FIELDS};
