@@ -17,6 +17,9 @@
 #   pg-hot-sliding, pg-10k-sliding
 #               as pg-hot and pg-10k with `algorithm = "sliding"` (contract §3a); not in the default
 #               MODES (issue 18: what a sliding row costs the database per request)
+#   nolimit-hyper, memory-hyper
+#               nolimit and memory served by hyper's HTTP/1.1 server and client alone
+#               (`tollgate run --http1 hyper`); not in the default MODES
 #
 # Usage: [KNOB=value ...] bench/cpu_split.sh
 # Knobs: MODES ["nginx nolimit memory pg-hot memory-10k pg-10k"] ROUNDS [2] (the modes in turn,
@@ -87,7 +90,7 @@ echo "(stmt/req: statements sent to the store per request; a hot bucket's statem
 printf '%-5s %-11s %9s %11s %11s %9s %9s %9s %12s %9s %9s\n' round mode "req/s" "proxy user" "proxy sys" postgres upstream wrk "cpu$CPU_LOAD total" "cpu$CPU_LOAD busy" "stmt/req"
 for round in $(seq "$ROUNDS"); do
 for mode in $MODES; do
-  case $mode in
+  case ${mode%-hyper} in
     nginx | nolimit) key=""; script=() ;;
     memory | pg-hot | pg-hot-sliding) key=ip; script=() ;;
     memory-10k | pg-10k | pg-10k-sliding) key=header:authorization; script=(-s "$HERE/lua/tokens.lua") ;;
@@ -110,7 +113,10 @@ for mode in $MODES; do
   if [[ $mode == nginx ]]; then
     taskset -c "$CPU_PROXY" nginx -p "$RUN/" -c "$RUN/nginx.conf" >"$RUN/$mode.log" 2>&1 &
   else
-    taskset -c "$CPU_PROXY" "$TOLLGATE_BIN" --config "$RUN/$mode.toml" run >"$RUN/$mode.log" 2>&1 &
+    # A *-hyper mode is served by hyper's HTTP/1.1 code alone (`run --http1 hyper`).
+    http1=()
+    [[ $mode == *-hyper ]] && http1=(--http1 hyper)
+    taskset -c "$CPU_PROXY" "$TOLLGATE_BIN" --config "$RUN/$mode.toml" run "${http1[@]}" >"$RUN/$mode.log" 2>&1 &
   fi
   started=$!
   PIDS+=("$started")
