@@ -23,7 +23,6 @@ use http::HeaderMap;
 
 use crate::headers::ResponseFields;
 use crate::http1::client::DirectBody;
-use crate::http1::lines::AddTo;
 
 pub enum ProxyBody {
     Upstream(UpstreamBody),
@@ -51,17 +50,11 @@ impl UpstreamBody {
     /// fields): the field lines of a response tollgate's own client read for tollgate's own
     /// server, else `map`, the response's own, with room made for them.
     pub fn fields_to<'a>(&'a mut self, map: &'a mut HeaderMap) -> impl ResponseFields + 'a {
-        let mut to = match self {
-            UpstreamBody::Direct(body) => body.fields_to(map),
-            UpstreamBody::Hyper(_) => AddTo::Map(map),
+        let direct = match self {
+            UpstreamBody::Direct(body) => Some(body),
+            UpstreamBody::Hyper(_) => None,
         };
-        if let AddTo::Map(headers) = &mut to {
-            // Room for the rate-limit fields (up to four, with `both`) and `X-Request-Id` in
-            // one growth of the map sized for the upstream's fields, instead of a growth (a
-            // rehash) on the way.
-            headers.reserve(5);
-        }
-        to
+        crate::http1::client::response_fields(direct, map)
     }
 }
 

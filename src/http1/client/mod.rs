@@ -38,7 +38,7 @@ use tokio::net::TcpStream;
 use super::lines::{field_line, AddTo, ResponseLines};
 use super::rules::HYPER_MAX_RESPONSE_HEAD;
 use crate::error::RequestError;
-use crate::headers::Added;
+use crate::headers::{Added, ResponseFields};
 
 mod chunked;
 mod compare;
@@ -48,6 +48,27 @@ mod tests;
 
 use chunked::{chunk_step, Chunked};
 pub use compare::{lines_against_the_map, read_response};
+
+/// Where the fields tollgate sets on a response go (`X-Request-Id`, the rate-limit fields):
+/// the field lines of `body` when tollgate's own client read it for tollgate's own server,
+/// else `map`, the response's own, with room made for them. `body`: the response's, when
+/// tollgate's own client read it.
+pub fn response_fields<'a>(
+    body: Option<&'a mut DirectBody>,
+    map: &'a mut HeaderMap,
+) -> impl ResponseFields + 'a {
+    let mut to = match body {
+        Some(body) => body.fields_to(map),
+        None => AddTo::Map(map),
+    };
+    if let AddTo::Map(headers) = &mut to {
+        // Room for the rate-limit fields (up to four, with `both`) and `X-Request-Id` in one
+        // growth of the map sized for the upstream's fields, instead of a growth (a rehash) on
+        // the way.
+        headers.reserve(5);
+    }
+    to
+}
 
 /// What a connection's read buffer grows by.
 const READ_CHUNK: usize = 8 * 1024;
@@ -405,7 +426,7 @@ impl DirectBody {
 
     /// Where the fields tollgate sets on this response go: its lines when it carries them,
     /// else `map`, the response's.
-    pub fn fields_to<'a>(&'a mut self, map: &'a mut HeaderMap) -> AddTo<'a> {
+    fn fields_to<'a>(&'a mut self, map: &'a mut HeaderMap) -> AddTo<'a> {
         match &mut self.conn {
             Some(conn) if self.as_lines => AddTo::Lines(&mut conn.lines),
             _ => AddTo::Map(map),
