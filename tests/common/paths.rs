@@ -83,3 +83,22 @@ where
         failed.join("\n")
     );
 }
+
+/// For each test body named (`async fn name(paths: Paths)`), a `#[tokio::test]` of the same
+/// name, in a module `every_path`, that runs it on every pairing ([`on_every_path`]). (Not
+/// every test binary that includes `tests/common` uses it.)
+#[allow(unused_macros)]
+macro_rules! every_path_tests {
+    ($($body:ident),+ $(,)?) => {
+        mod every_path {
+            $(
+                #[tokio::test]
+                async fn $body() {
+                    $crate::common::paths::on_every_path(super::$body).await;
+                }
+            )+
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use every_path_tests;

@@ -62,13 +62,6 @@ async fn get_is_answered_with_date_and_content_length_and_the_connection_is_kept
         .await;
 }
 
-#[tokio::test]
-async fn get_is_answered_with_date_and_content_length_and_the_connection_is_kept_alive_on_every_path(
-) {
-    on_every_path(get_is_answered_with_date_and_content_length_and_the_connection_is_kept_alive)
-        .await;
-}
-
 // 2. Pipelining.
 
 async fn three_pipelined_gets_in_one_write_get_three_responses_in_order(paths: Paths) {
@@ -101,11 +94,6 @@ async fn three_pipelined_gets_in_one_write_get_three_responses_in_order(paths: P
     assert_eq!(targets, ["/one", "/two?x=2", "/three"]);
     wire.assert_open(Duration::from_millis(100), "after the pipelined batch")
         .await;
-}
-
-#[tokio::test]
-async fn three_pipelined_gets_in_one_write_get_three_responses_in_order_on_every_path() {
-    on_every_path(three_pipelined_gets_in_one_write_get_three_responses_in_order).await;
 }
 
 // 3. HEAD.
@@ -149,15 +137,6 @@ async fn head_gets_the_upstream_length_and_no_body_and_a_pipelined_get_after_it_
         .await;
 }
 
-#[tokio::test]
-async fn head_gets_the_upstream_length_and_no_body_and_a_pipelined_get_after_it_is_answered_on_every_path(
-) {
-    on_every_path(
-        head_gets_the_upstream_length_and_no_body_and_a_pipelined_get_after_it_is_answered,
-    )
-    .await;
-}
-
 async fn head_with_a_chunked_upstream_answer_has_no_length_and_no_body(paths: Paths) {
     // The upstream answers HEAD as it would GET with a chunked body, but sends no body.
     let upstream = RawUpstream::answering(|method, target| {
@@ -180,11 +159,6 @@ async fn head_with_a_chunked_upstream_answer_has_no_length_and_no_body(paths: Pa
     assert_eq!(get.text(), "/after");
 }
 
-#[tokio::test]
-async fn head_with_a_chunked_upstream_answer_has_no_length_and_no_body_on_every_path() {
-    on_every_path(head_with_a_chunked_upstream_answer_has_no_length_and_no_body).await;
-}
-
 // 4. `Connection: close` from the client.
 
 async fn connection_close_request_gets_connection_close_and_the_socket_is_closed(paths: Paths) {
@@ -205,11 +179,6 @@ async fn connection_close_request_gets_connection_close_and_the_socket_is_closed
     assert!(upstream.last().headers.get("connection").is_none());
 }
 
-#[tokio::test]
-async fn connection_close_request_gets_connection_close_and_the_socket_is_closed_on_every_path() {
-    on_every_path(connection_close_request_gets_connection_close_and_the_socket_is_closed).await;
-}
-
 async fn a_request_pipelined_behind_connection_close_is_not_answered_nor_forwarded(paths: Paths) {
     let upstream = Upstream::start().await;
     let (_proxy, mut wire) = client_of(paths, upstream.addr).await;
@@ -225,11 +194,6 @@ async fn a_request_pipelined_behind_connection_close_is_not_answered_nor_forward
         .await;
     let uris: Vec<String> = upstream.requests().into_iter().map(|r| r.uri).collect();
     assert_eq!(uris, ["/last"]);
-}
-
-#[tokio::test]
-async fn a_request_pipelined_behind_connection_close_is_not_answered_nor_forwarded_on_every_path() {
-    on_every_path(a_request_pipelined_behind_connection_close_is_not_answered_nor_forwarded).await;
 }
 
 // 5. HTTP/1.0 clients.
@@ -253,11 +217,6 @@ async fn http10_request_without_keep_alive_is_answered_then_closed(paths: Paths)
     assert_eq!(upstream.last().version, http::Version::HTTP_11);
 }
 
-#[tokio::test]
-async fn http10_request_without_keep_alive_is_answered_then_closed_on_every_path() {
-    on_every_path(http10_request_without_keep_alive_is_answered_then_closed).await;
-}
-
 async fn http10_request_with_connection_keep_alive_is_answered_then_closed(paths: Paths) {
     let upstream = Upstream::start().await;
     let (_proxy, mut wire) = client_of(paths, upstream.addr).await;
@@ -275,11 +234,6 @@ async fn http10_request_with_connection_keep_alive_is_answered_then_closed(paths
     wire.assert_closed(Duration::from_secs(2), "after HTTP/1.0 keep-alive")
         .await;
     assert_eq!(upstream.count(), 1);
-}
-
-#[tokio::test]
-async fn http10_request_with_connection_keep_alive_is_answered_then_closed_on_every_path() {
-    on_every_path(http10_request_with_connection_keep_alive_is_answered_then_closed).await;
 }
 
 async fn http10_keep_alive_with_an_unknown_length_is_close_delimited_then_closed(paths: Paths) {
@@ -301,11 +255,6 @@ async fn http10_keep_alive_with_an_unknown_length_is_close_delimited_then_closed
         "HTTP/1.0 200 OK\r\nx-request-id: <id>\r\ndate: <date>\r\n\r\n"
     );
     assert_eq!(resp.text(), "old!");
-}
-
-#[tokio::test]
-async fn http10_keep_alive_with_an_unknown_length_is_close_delimited_then_closed_on_every_path() {
-    on_every_path(http10_keep_alive_with_an_unknown_length_is_close_delimited_then_closed).await;
 }
 
 // 6. A chunked upstream answer with a trailer.
@@ -356,13 +305,6 @@ async fn chunked_upstream_answer_reaches_the_client_chunked_and_its_trailer_only
         .await;
 }
 
-#[tokio::test]
-async fn chunked_upstream_answer_reaches_the_client_chunked_and_its_trailer_only_with_te_on_every_path(
-) {
-    on_every_path(chunked_upstream_answer_reaches_the_client_chunked_and_its_trailer_only_with_te)
-        .await;
-}
-
 // 7. A close-delimited upstream body.
 
 /// An upstream that answers every request with `status_line`, `Content-Type: text/plain` and
@@ -407,15 +349,6 @@ async fn close_delimited_http11_upstream_body_is_sent_chunked_and_the_connection
     .await;
 }
 
-#[tokio::test]
-async fn close_delimited_http11_upstream_body_is_sent_chunked_and_the_connection_stays_usable_on_every_path(
-) {
-    on_every_path(
-        close_delimited_http11_upstream_body_is_sent_chunked_and_the_connection_stays_usable,
-    )
-    .await;
-}
-
 async fn close_delimited_http10_upstream_body_is_sent_as_http11_chunked_to_an_http11_client(
     paths: Paths,
 ) {
@@ -423,15 +356,6 @@ async fn close_delimited_http10_upstream_body_is_sent_as_http11_chunked_to_an_ht
         after_a_close_delimited_answer(paths, "HTTP/1.0 200 OK", "old upstream: ").await;
     let again = wire.exchange(wire_get("/again")).await;
     assert_eq!(again.text(), "old upstream: /again");
-}
-
-#[tokio::test]
-async fn close_delimited_http10_upstream_body_is_sent_as_http11_chunked_to_an_http11_client_on_every_path(
-) {
-    on_every_path(
-        close_delimited_http10_upstream_body_is_sent_as_http11_chunked_to_an_http11_client,
-    )
-    .await;
 }
 
 // 8. 204 and 304.
@@ -477,13 +401,6 @@ async fn no_content_and_not_modified_carry_no_body_and_the_next_pipelined_reques
         .await;
 }
 
-#[tokio::test]
-async fn no_content_and_not_modified_carry_no_body_and_the_next_pipelined_request_works_on_every_path(
-) {
-    on_every_path(no_content_and_not_modified_carry_no_body_and_the_next_pipelined_request_works)
-        .await;
-}
-
 async fn not_modified_with_a_content_length_arrives_without_it_and_without_a_body(paths: Paths) {
     let upstream = RawUpstream::answering(|_, target| match target {
         "/304" => {
@@ -505,11 +422,6 @@ async fn not_modified_with_a_content_length_arrives_without_it_and_without_a_bod
     let after = wire.response().await;
     assert_eq!(after.status, 200);
     assert_eq!(after.text(), "/after");
-}
-
-#[tokio::test]
-async fn not_modified_with_a_content_length_arrives_without_it_and_without_a_body_on_every_path() {
-    on_every_path(not_modified_with_a_content_length_arrives_without_it_and_without_a_body).await;
 }
 
 // 9. A large body to a slow reader.
@@ -545,11 +457,6 @@ async fn one_mebibyte_body_reaches_a_slow_reader_whole_and_byte_exact(paths: Pat
     assert!(wire.exchange(wire_get("/again")).await.body == body);
 }
 
-#[tokio::test]
-async fn one_mebibyte_body_reaches_a_slow_reader_whole_and_byte_exact_on_every_path() {
-    on_every_path(one_mebibyte_body_reaches_a_slow_reader_whole_and_byte_exact).await;
-}
-
 // 10. A client that half-closes after its request.
 
 async fn get_then_write_shutdown_is_not_answered_and_the_connection_closes(paths: Paths) {
@@ -562,11 +469,6 @@ async fn get_then_write_shutdown_is_not_answered_and_the_connection_closes(paths
     // Today: the FIN is taken for the client going away; the request is dropped and the
     // connection closed without an answer.
     wire.assert_closed(WAIT, "after the client's FIN").await;
-}
-
-#[tokio::test]
-async fn get_then_write_shutdown_is_not_answered_and_the_connection_closes_on_every_path() {
-    on_every_path(get_then_write_shutdown_is_not_answered_and_the_connection_closes).await;
 }
 
 async fn pipelined_gets_then_write_shutdown_get_only_the_first_answer(paths: Paths) {
@@ -584,11 +486,6 @@ async fn pipelined_gets_then_write_shutdown_get_only_the_first_answer(paths: Pat
     wire.assert_closed(WAIT, "after the first of a half-closed pipelined pair")
         .await;
     assert_eq!(upstream.requests()[0].uri, "/p1");
-}
-
-#[tokio::test]
-async fn pipelined_gets_then_write_shutdown_get_only_the_first_answer_on_every_path() {
-    on_every_path(pipelined_gets_then_write_shutdown_get_only_the_first_answer).await;
 }
 
 // 11. The graceful stop.
@@ -638,13 +535,6 @@ async fn drain_finishes_the_in_flight_request_with_connection_close_and_closes_i
     );
 }
 
-#[tokio::test]
-async fn drain_finishes_the_in_flight_request_with_connection_close_and_closes_idle_ones_on_every_path(
-) {
-    on_every_path(drain_finishes_the_in_flight_request_with_connection_close_and_closes_idle_ones)
-        .await;
-}
-
 // The hand-over from tollgate's own path for simple requests to hyper's, mid-connection.
 
 async fn simple_requests_around_a_post_with_a_body_in_one_write_are_all_answered_in_order(
@@ -692,13 +582,6 @@ async fn simple_requests_around_a_post_with_a_body_in_one_write_are_all_answered
         .await;
 }
 
-#[tokio::test]
-async fn simple_requests_around_a_post_with_a_body_in_one_write_are_all_answered_in_order_on_every_path(
-) {
-    on_every_path(simple_requests_around_a_post_with_a_body_in_one_write_are_all_answered_in_order)
-        .await;
-}
-
 async fn a_head_split_over_many_writes_is_answered_once(paths: Paths) {
     let upstream = RawUpstream::start(echo_target).await;
     let (_proxy, mut wire) = client_of(paths, upstream.addr).await;
@@ -715,7 +598,25 @@ async fn a_head_split_over_many_writes_is_answered_once(paths: Paths) {
     assert_eq!(upstream.heads().len(), 2, "{:?}", upstream.heads());
 }
 
-#[tokio::test]
-async fn a_head_split_over_many_writes_is_answered_once_on_every_path() {
-    on_every_path(a_head_split_over_many_writes_is_answered_once).await;
-}
+every_path_tests!(
+    get_is_answered_with_date_and_content_length_and_the_connection_is_kept_alive,
+    three_pipelined_gets_in_one_write_get_three_responses_in_order,
+    head_gets_the_upstream_length_and_no_body_and_a_pipelined_get_after_it_is_answered,
+    head_with_a_chunked_upstream_answer_has_no_length_and_no_body,
+    connection_close_request_gets_connection_close_and_the_socket_is_closed,
+    a_request_pipelined_behind_connection_close_is_not_answered_nor_forwarded,
+    http10_request_without_keep_alive_is_answered_then_closed,
+    http10_request_with_connection_keep_alive_is_answered_then_closed,
+    http10_keep_alive_with_an_unknown_length_is_close_delimited_then_closed,
+    chunked_upstream_answer_reaches_the_client_chunked_and_its_trailer_only_with_te,
+    close_delimited_http11_upstream_body_is_sent_chunked_and_the_connection_stays_usable,
+    close_delimited_http10_upstream_body_is_sent_as_http11_chunked_to_an_http11_client,
+    no_content_and_not_modified_carry_no_body_and_the_next_pipelined_request_works,
+    not_modified_with_a_content_length_arrives_without_it_and_without_a_body,
+    one_mebibyte_body_reaches_a_slow_reader_whole_and_byte_exact,
+    get_then_write_shutdown_is_not_answered_and_the_connection_closes,
+    pipelined_gets_then_write_shutdown_get_only_the_first_answer,
+    drain_finishes_the_in_flight_request_with_connection_close_and_closes_idle_ones,
+    simple_requests_around_a_post_with_a_body_in_one_write_are_all_answered_in_order,
+    a_head_split_over_many_writes_is_answered_once,
+);

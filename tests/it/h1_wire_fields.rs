@@ -56,15 +56,6 @@ async fn third_request_on_a_two_per_minute_route_gets_a_framed_429_and_the_conne
     assert_eq!(next.text(), "upstream ok");
 }
 
-#[tokio::test]
-async fn third_request_on_a_two_per_minute_route_gets_a_framed_429_and_the_connection_goes_on_on_every_path(
-) {
-    on_every_path(
-        third_request_on_a_two_per_minute_route_gets_a_framed_429_and_the_connection_goes_on,
-    )
-    .await;
-}
-
 // 2. tollgate's own 404.
 
 async fn no_route_404_is_framed_and_the_connection_stays_usable(paths: Paths) {
@@ -87,11 +78,6 @@ async fn no_route_404_is_framed_and_the_connection_stays_usable(paths: Paths) {
         .await;
 }
 
-#[tokio::test]
-async fn no_route_404_is_framed_and_the_connection_stays_usable_on_every_path() {
-    on_every_path(no_route_404_is_framed_and_the_connection_stays_usable).await;
-}
-
 async fn http11_request_without_host_gets_400_and_the_connection_closes(paths: Paths) {
     let upstream = Upstream::start().await;
     let (_proxy, mut wire) = client_of(paths, upstream.addr).await;
@@ -107,11 +93,6 @@ async fn http11_request_without_host_gets_400_and_the_connection_closes(paths: P
     assert_eq!(upstream.count(), 0);
 }
 
-#[tokio::test]
-async fn http11_request_without_host_gets_400_and_the_connection_closes_on_every_path() {
-    on_every_path(http11_request_without_host_gets_400_and_the_connection_closes).await;
-}
-
 async fn absolute_form_target_is_forwarded_in_origin_form(paths: Paths) {
     let upstream = RawUpstream::start(echo_target).await;
     let (_proxy, mut wire) = client_of(paths, upstream.addr).await;
@@ -124,11 +105,6 @@ async fn absolute_form_target_is_forwarded_in_origin_form(paths: Paths) {
     assert!(head.contains("\r\nhost: wire.test\r\n"), "{head}");
     wire.assert_open(Duration::from_millis(100), "after an absolute-form target")
         .await;
-}
-
-#[tokio::test]
-async fn absolute_form_target_is_forwarded_in_origin_form_on_every_path() {
-    on_every_path(absolute_form_target_is_forwarded_in_origin_form).await;
 }
 
 // 3. Response header fields.
@@ -159,11 +135,6 @@ async fn upstream_response_fields_arrive_unchanged_in_order_with_lowercase_names
     );
 }
 
-#[tokio::test]
-async fn upstream_response_fields_arrive_unchanged_in_order_with_lowercase_names_on_every_path() {
-    on_every_path(upstream_response_fields_arrive_unchanged_in_order_with_lowercase_names).await;
-}
-
 async fn upstream_connection_close_does_not_close_the_client_connection(paths: Paths) {
     let upstream = Upstream::start().await;
     let (_proxy, mut wire) = client_of(paths, upstream.addr).await;
@@ -180,11 +151,6 @@ async fn upstream_connection_close_does_not_close_the_client_connection(paths: P
     wire.assert_open(Duration::from_millis(100), "after an upstream close")
         .await;
     assert_eq!(wire.exchange(wire_get("/close")).await.text(), "closing");
-}
-
-#[tokio::test]
-async fn upstream_connection_close_does_not_close_the_client_connection_on_every_path() {
-    on_every_path(upstream_connection_close_does_not_close_the_client_connection).await;
 }
 
 // 4. The request the upstream receives.
@@ -237,11 +203,6 @@ async fn upstream_receives_a_plain_get_with_exactly_these_fields(paths: Paths) {
     );
 }
 
-#[tokio::test]
-async fn upstream_receives_a_plain_get_with_exactly_these_fields_on_every_path() {
-    on_every_path(upstream_receives_a_plain_get_with_exactly_these_fields).await;
-}
-
 async fn the_request_head_on_the_upstream_wire_has_this_order(paths: Paths) {
     let upstream = RawUpstream::start(echo_target).await;
     let (_proxy, mut wire) = client_of(paths, upstream.addr).await;
@@ -261,11 +222,6 @@ async fn the_request_head_on_the_upstream_wire_has_this_order(paths: Paths) {
          x-custom-in: kept\r\nx-request-id: <id>\r\nx-forwarded-for: 127.0.0.1\r\n\
          x-forwarded-proto: http\r\nx-forwarded-host: wire.test\r\nx-real-ip: 127.0.0.1\r\n\r\n"
     );
-}
-
-#[tokio::test]
-async fn the_request_head_on_the_upstream_wire_has_this_order_on_every_path() {
-    on_every_path(the_request_head_on_the_upstream_wire_has_this_order).await;
 }
 
 /// A GET for `/many` with `Host` and `n` more fields, `X-Field-{i}: value-{i}`.
@@ -302,11 +258,6 @@ async fn a_request_with_a_hundred_header_fields_reaches_the_upstream_whole(paths
         .await;
 }
 
-#[tokio::test]
-async fn a_request_with_a_hundred_header_fields_reaches_the_upstream_whole_on_every_path() {
-    on_every_path(a_request_with_a_hundred_header_fields_reaches_the_upstream_whole).await;
-}
-
 async fn a_request_with_more_than_a_hundred_header_fields_gets_431(paths: Paths) {
     let upstream = Upstream::start().await;
     let (_proxy, mut wire) = client_of(paths, upstream.addr).await;
@@ -322,7 +273,15 @@ async fn a_request_with_more_than_a_hundred_header_fields_gets_431(paths: Paths)
     assert_eq!(upstream.count(), 0);
 }
 
-#[tokio::test]
-async fn a_request_with_more_than_a_hundred_header_fields_gets_431_on_every_path() {
-    on_every_path(a_request_with_more_than_a_hundred_header_fields_gets_431).await;
-}
+every_path_tests!(
+    third_request_on_a_two_per_minute_route_gets_a_framed_429_and_the_connection_goes_on,
+    no_route_404_is_framed_and_the_connection_stays_usable,
+    http11_request_without_host_gets_400_and_the_connection_closes,
+    absolute_form_target_is_forwarded_in_origin_form,
+    upstream_response_fields_arrive_unchanged_in_order_with_lowercase_names,
+    upstream_connection_close_does_not_close_the_client_connection,
+    upstream_receives_a_plain_get_with_exactly_these_fields,
+    the_request_head_on_the_upstream_wire_has_this_order,
+    a_request_with_a_hundred_header_fields_reaches_the_upstream_whole,
+    a_request_with_more_than_a_hundred_header_fields_gets_431,
+);

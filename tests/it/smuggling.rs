@@ -576,11 +576,6 @@ async fn bare_lf_head_in_its_own_segment_is_refused(paths: Paths) {
 }
 
 #[tokio::test]
-async fn bare_lf_head_in_its_own_segment_is_refused_on_every_path() {
-    on_every_path(bare_lf_head_in_its_own_segment_is_refused).await;
-}
-
-#[tokio::test]
 async fn head_ending_in_crlf_lf_is_refused() {
     let payload = format!("GET /first HTTP/1.1\r\nHost: t\r\n\n{SMUGGLED}");
     assert_refused(payload.as_bytes(), Expect::BadRequest, &[]).await;
@@ -655,11 +650,6 @@ async fn guard_stays_on_after_an_upgrade_the_upstream_declined(paths: Paths) {
     );
 }
 
-#[tokio::test]
-async fn guard_stays_on_after_an_upgrade_the_upstream_declined_on_every_path() {
-    on_every_path(guard_stays_on_after_an_upgrade_the_upstream_declined).await;
-}
-
 async fn guard_stays_on_after_an_upgrade_the_upstream_declined_bare_lf(paths: Paths) {
     let payload = format!(
         "GET /first HTTP/1.1\r\nHost: t\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n\
@@ -675,11 +665,6 @@ async fn guard_stays_on_after_an_upgrade_the_upstream_declined_bare_lf(paths: Pa
         wire.text()
     );
     assert!(wire.closed, "connection left open: {:?}", wire.text());
-}
-
-#[tokio::test]
-async fn guard_stays_on_after_an_upgrade_the_upstream_declined_bare_lf_on_every_path() {
-    on_every_path(guard_stays_on_after_an_upgrade_the_upstream_declined_bare_lf).await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -704,11 +689,6 @@ async fn body_of_a_denied_request_is_not_read_as_a_request(paths: Paths) {
     assert_eq!(seen, vec!["/oauth/register".to_string()]);
 }
 
-#[tokio::test]
-async fn body_of_a_denied_request_is_not_read_as_a_request_on_every_path() {
-    on_every_path(body_of_a_denied_request_is_not_read_as_a_request).await;
-}
-
 // ---------------------------------------------------------------------------------------------
 // Positive controls: legitimate framing works
 
@@ -724,11 +704,6 @@ async fn pipelined_pair_both_reach_the_upstream(paths: Paths) {
     assert_eq!(upstream_paths(&upstream).await, vec!["/a", "/b"]);
 }
 
-#[tokio::test]
-async fn pipelined_pair_both_reach_the_upstream_on_every_path() {
-    on_every_path(pipelined_pair_both_reach_the_upstream).await;
-}
-
 async fn pipelined_after_a_length_body_reaches_the_upstream(paths: Paths) {
     let (upstream, proxy) = setup(paths).await;
     let wire = exchange(
@@ -739,11 +714,6 @@ async fn pipelined_after_a_length_body_reaches_the_upstream(paths: Paths) {
     assert_eq!(wire.statuses(), vec![200, 200], "{}", wire.text());
     assert_eq!(upstream_paths(&upstream).await, vec!["/echo", "/b"]);
     assert_eq!(&upstream.requests()[0].body[..], b"hello");
-}
-
-#[tokio::test]
-async fn pipelined_after_a_length_body_reaches_the_upstream_on_every_path() {
-    on_every_path(pipelined_after_a_length_body_reaches_the_upstream).await;
 }
 
 /// A chunked body whose data looks like a request, then a pipelined request, on `paths`; `te`
@@ -799,11 +769,6 @@ async fn one_clean_content_length_is_one_body(paths: Paths) {
     assert_eq!(&upstream.requests()[0].body[..], SMUGGLED.as_bytes());
 }
 
-#[tokio::test]
-async fn one_clean_content_length_is_one_body_on_every_path() {
-    on_every_path(one_clean_content_length_is_one_body).await;
-}
-
 // ---------------------------------------------------------------------------------------------
 // contract §4a: a limited path cannot be reached under another spelling
 
@@ -856,11 +821,6 @@ async fn other_spellings_of_a_limited_path_are_limited(paths: Paths) {
     assert_eq!(seen, vec!["/oauth/register"]);
 }
 
-#[tokio::test]
-async fn other_spellings_of_a_limited_path_are_limited_on_every_path() {
-    on_every_path(other_spellings_of_a_limited_path_are_limited).await;
-}
-
 async fn a_different_case_is_a_different_path(paths: Paths) {
     // RFC 3986 6.2.2.1: only the scheme and host are case-insensitive. contract §4a normalises
     // escapes and dot segments, not case, so `/OAUTH/register` is another path: it falls to
@@ -872,11 +832,6 @@ async fn a_different_case_is_a_different_path(paths: Paths) {
         upstream_paths(&upstream).await,
         vec!["/oauth/register", "/OAUTH/register"]
     );
-}
-
-#[tokio::test]
-async fn a_different_case_is_a_different_path_on_every_path() {
-    on_every_path(a_different_case_is_a_different_path).await;
 }
 
 async fn dangerous_spellings_get_400_and_never_reach_the_upstream(paths: Paths) {
@@ -911,11 +866,6 @@ async fn dangerous_spellings_get_400_and_never_reach_the_upstream(paths: Paths) 
     assert_eq!(seen, vec!["/oauth/register"]);
 }
 
-#[tokio::test]
-async fn dangerous_spellings_get_400_and_never_reach_the_upstream_on_every_path() {
-    on_every_path(dangerous_spellings_get_400_and_never_reach_the_upstream).await;
-}
-
 async fn the_normalised_path_is_what_goes_upstream(paths: Paths) {
     let (upstream, proxy) = setup(paths).await;
     assert_eq!(
@@ -928,7 +878,16 @@ async fn the_normalised_path_is_what_goes_upstream(paths: Paths) {
     );
 }
 
-#[tokio::test]
-async fn the_normalised_path_is_what_goes_upstream_on_every_path() {
-    on_every_path(the_normalised_path_is_what_goes_upstream).await;
-}
+every_path_tests!(
+    bare_lf_head_in_its_own_segment_is_refused,
+    guard_stays_on_after_an_upgrade_the_upstream_declined,
+    guard_stays_on_after_an_upgrade_the_upstream_declined_bare_lf,
+    body_of_a_denied_request_is_not_read_as_a_request,
+    pipelined_pair_both_reach_the_upstream,
+    pipelined_after_a_length_body_reaches_the_upstream,
+    one_clean_content_length_is_one_body,
+    other_spellings_of_a_limited_path_are_limited,
+    a_different_case_is_a_different_path,
+    dangerous_spellings_get_400_and_never_reach_the_upstream,
+    the_normalised_path_is_what_goes_upstream,
+);
