@@ -10,7 +10,9 @@ pub mod config {
 }
 
 pub mod store {
-    pub use crate::store::{Clock, Increment, ManualClock, ResetEvent, Store, StoreError};
+    pub use crate::store::{
+        Clock, Increment, InstanceRegistry, ManualClock, ResetEvent, Store, StoreError,
+    };
 
     pub mod memory {
         pub use crate::store::memory::MemoryStore;

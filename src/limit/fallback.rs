@@ -33,7 +33,7 @@ use tokio::task::JoinHandle;
 use crate::limit::{increments, judge, LimitOutcome, Outcomes, PlannedLimit, Plans, Verdict};
 use crate::metrics::MemoryStoreMetrics;
 use crate::store::memory::MemoryStore;
-use crate::store::postgres::PostgresStore;
+use crate::store::InstanceRegistry;
 use crate::store::Store;
 
 /// How often an instance refreshes its registry row. Well inside the 30 s liveness bound, so
@@ -77,14 +77,14 @@ pub const DEREGISTER_WITHIN: Duration = Duration::from_secs(1);
 /// [`Registration::end`]. Dropped without `end`, it stops refreshing and leaves the row to
 /// age out, as a crashed instance's does.
 pub struct Registration {
-    pg: Arc<PostgresStore>,
+    pg: Arc<dyn InstanceRegistry>,
     stop: watch::Sender<bool>,
     task: JoinHandle<()>,
 }
 
 impl Registration {
     /// Starts [`keep_registered`] on the current runtime.
-    pub fn start(pg: Arc<PostgresStore>, instances: Arc<Instances>) -> Self {
+    pub fn start(pg: Arc<dyn InstanceRegistry>, instances: Arc<Instances>) -> Self {
         let (stop, stopped) = watch::channel(false);
         let task = tokio::spawn(keep_registered(pg.clone(), instances, stopped));
         Registration { pg, stop, task }
@@ -105,7 +105,7 @@ impl Registration {
         {
             self.task.abort();
         }
-        if !self.pg.is_initialized() {
+        if !self.pg.registry_ready() {
             // Never initialized, so never registered: nothing to delete.
             return;
         }
@@ -130,7 +130,7 @@ impl Registration {
 /// refresh keeps the last count; the first failure after a success is logged as a warning.
 /// A refresh under way when `stop` turns is finished, never cut (see [`Registration::end`]).
 pub async fn keep_registered(
-    pg: Arc<PostgresStore>,
+    pg: Arc<dyn InstanceRegistry>,
     instances: Arc<Instances>,
     mut stop: watch::Receiver<bool>,
 ) {
@@ -143,7 +143,7 @@ pub async fn keep_registered(
             // Stopped, or the sender is gone: either way, no more refreshes.
             _ = stop.wait_for(|stopped| *stopped) => return,
         }
-        if !pg.is_initialized() {
+        if !pg.registry_ready() {
             continue;
         }
         match pg.refresh_instance().await {

@@ -113,6 +113,20 @@ pub fn unix_now_ms() -> i64 {
 
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
 
+/// The registry of live instances (contract §5b), as the local fallback uses it: a store
+/// shared by several instances keeps one, the PostgreSQL store in `tollgate_instances`.
+pub trait InstanceRegistry: Send + Sync {
+    /// Whether the store can be asked yet (migrated, fingerprint checked).
+    fn registry_ready(&self) -> bool;
+
+    /// Refreshes this instance's entry and answers how many instances are live (this one
+    /// included).
+    fn refresh_instance(&self) -> StoreFuture<'_, u32>;
+
+    /// Removes this instance's entry (a clean stop); answers whether there was one.
+    fn deregister_instance(&self) -> StoreFuture<'_, bool>;
+}
+
 /// A place that counts. Implementations must be exact under concurrency: two increments of
 /// one bucket never both see the same count.
 pub trait Store: Send + Sync + 'static {

@@ -18,6 +18,7 @@ use crate::common::faulty::FaultyTcp;
 use crate::common::log::CapturedLog;
 use crate::common::*;
 use tollgate::testing::store::postgres::PostgresStore;
+use tollgate::testing::store::InstanceRegistry;
 
 /// Route `api` (`/api`): 5 requests per hour per `X-Api-Key`, `local` when the store fails.
 const API_ROUTE: &str = r#"

@@ -28,10 +28,11 @@
 //!   replaces it.
 //! - **The sweep** (contract §6): expired rows deleted in bounded batches through
 //!   `rate_limits_expires_idx`, by one instance at a time.
-//! - **The instance registry** (contract §5b, [`registry`]): [`PostgresStore::refresh_instance`] keeps
-//!   this instance's row in `public.tollgate_instances` fresh and counts the live ones, in one
-//!   statement on the database clock (pooler-safe: no session state);
-//!   [`PostgresStore::deregister_instance`] deletes it on a clean stop.
+//! - **The instance registry** (contract §5b, [`registry`], the store's
+//!   [`crate::store::InstanceRegistry`]): `refresh_instance` keeps this instance's row in
+//!   `public.tollgate_instances` fresh and counts the live ones, in one statement on the
+//!   database clock (pooler-safe: no session state); `deregister_instance` deletes it on a
+//!   clean stop.
 //! - **Reset** (contract §3b, [`reset`]): [`PostgresStore::reset`] deletes buckets' current and previous
 //!   windows and `NOTIFY`s every instance; [`PostgresStore::listen_for_resets`] is the one
 //!   `LISTEN` session per instance, on a connection of its own outside the pool, that

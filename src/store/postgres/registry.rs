@@ -10,7 +10,7 @@ use tokio_postgres::types::{ToSql, Type};
 
 use super::errors::query_error;
 use super::PostgresStore;
-use crate::store::StoreError;
+use crate::store::{InstanceRegistry, StoreError, StoreFuture};
 
 /// How long a row of `tollgate_instances` counts as live without a refresh (contract §5b).
 pub const INSTANCE_LIVE_FOR: Duration = Duration::from_secs(30);
@@ -58,7 +58,7 @@ impl PostgresStore {
 
     /// Refreshes this instance's row in `tollgate_instances` and answers how many instances
     /// are live (this one included), within `store.timeout` (contract §5b).
-    pub async fn refresh_instance(&self) -> Result<u32, StoreError> {
+    async fn refresh_row(&self) -> Result<u32, StoreError> {
         self.require_initialized()?;
         let live = INSTANCE_LIVE_FOR.as_secs_f64();
         let expires = INSTANCE_EXPIRES_AFTER.as_secs_f64();
@@ -82,7 +82,7 @@ impl PostgresStore {
 
     /// Deletes this instance's row from `tollgate_instances` (a clean stop, contract §5b), within
     /// `store.timeout`. Answers whether there was a row to delete.
-    pub async fn deregister_instance(&self) -> Result<bool, StoreError> {
+    async fn delete_row(&self) -> Result<bool, StoreError> {
         self.require_initialized()?;
         let id = self.instance_id.as_str();
         let params: [(&(dyn ToSql + Sync), Type); 1] = [(&id, Type::TEXT)];
@@ -95,5 +95,19 @@ impl PostgresStore {
             })
             .await?;
         Ok(deleted > 0)
+    }
+}
+
+impl InstanceRegistry for PostgresStore {
+    fn registry_ready(&self) -> bool {
+        self.is_initialized()
+    }
+
+    fn refresh_instance(&self) -> StoreFuture<'_, u32> {
+        Box::pin(self.refresh_row())
+    }
+
+    fn deregister_instance(&self) -> StoreFuture<'_, bool> {
+        Box::pin(self.delete_row())
     }
 }
