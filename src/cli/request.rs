@@ -195,11 +195,14 @@ pub fn plan_and_say_route(
     let plan = match plan::plan(&rules, hasher, &mut req, asker, &mut limits) {
         Ok(plan) => plan,
         Err(refusal) => {
+            // As given, but without the query, as every other request line (it may carry
+            // credentials).
+            let authority = request.uri.authority().map_or("", |a| a.as_str());
             say!(
                 out,
-                "request     {} {} from {ip}",
+                "request     {} {authority}{} from {ip}",
                 request.method,
-                request.uri
+                request.uri.path()
             );
             say!(
                 out,

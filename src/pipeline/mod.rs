@@ -324,6 +324,10 @@ impl Proxy {
             // Step 5: forward, and the fields tollgate adds to the upstream's answer. Not an
             // `async fn` of its own: that would copy the request into one more future.
             let route = &rt.routes[index];
+            let client_value = client_value(plan.client, &conn);
+            let mut fwd =
+                self.forward_request(rt, index, &mut plan, &client_value, &mut req, &conn);
+            fwd.request_id = request_id;
             let sent = Sent {
                 index,
                 decision,
@@ -336,9 +340,6 @@ impl Proxy {
                 grpc: headers::is_grpc(req.headers()),
                 started: Instant::now(),
             };
-            let client_value = client_value(plan.client, &conn);
-            let fwd = self.forward_request(rt, index, &mut plan, &client_value, &mut req, &conn);
-            let fwd = ForwardRequest { request_id, ..fwd };
             let result = route.upstream.forward(req, fwd).await;
             self.answer(rt, result, &sent, &outcomes, id)
         }
