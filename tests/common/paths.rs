@@ -56,17 +56,23 @@ impl Paths {
     }
 }
 
-/// Runs `test` on every pairing of [`EVERY_PATH`], one after the other, and fails naming every
-/// pairing it failed on (not only the first) with that pairing's failure. A pairing's panic is
-/// caught where it happens, so the test may borrow from its caller.
+/// Runs `test` on every pairing of [`EVERY_PATH`], the four at once (each starts servers of
+/// its own; most of a wire test's time is waiting), and fails naming every pairing it failed
+/// on (not only the first) with that pairing's failure. A pairing's panic is caught where it
+/// happens, so the test may borrow from its caller.
 pub async fn on_every_path<F, Fut>(test: F)
 where
     F: Fn(Paths) -> Fut,
     Fut: Future<Output = ()>,
 {
+    let test = &test;
+    let runs = EVERY_PATH.map(|paths| async move {
+        let outcome = AssertUnwindSafe(test(paths)).catch_unwind().await;
+        (paths, outcome)
+    });
     let mut failed = Vec::new();
-    for paths in EVERY_PATH {
-        if let Err(panic) = AssertUnwindSafe(test(paths)).catch_unwind().await {
+    for (paths, outcome) in futures_util::future::join_all(runs).await {
+        if let Err(panic) = outcome {
             let why = panic
                 .downcast_ref::<String>()
                 .cloned()
