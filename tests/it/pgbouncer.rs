@@ -642,8 +642,8 @@ async fn the_plain_sliding_statement_is_exact_under_concurrent_increments() {
 }
 
 /// The increment is prepared once on a connection that reaches its backend directly (the
-/// server's parse and plan of every call spared: docs/performance.md, "Sixth December
-/// session"): the plain upsert for fixed windows, the plain sliding statement for a batch
+/// server's parse and plan of every call spared: docs/performance.md, row "Prepared on
+/// direct connections"): the plain upsert for fixed windows, the plain sliding statement for a batch
 /// with a sliding limit, and the function's call for its rows at their limit; the session
 /// carries `synchronous_commit = off` for the plain statements, and stays at the server's
 /// default with `store.synchronous_commit = "on"`. Never through

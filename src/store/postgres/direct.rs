@@ -2,8 +2,8 @@
 //! that could hand the next statement to another server session (a transaction-mode pooler).
 //!
 //! Why: a statement prepared once per connection spares the server the parse, analysis and
-//! plan of every call (docs/performance.md, "Sixth December session": 50-300 µs of database
-//! CPU per call). Behind a transaction pooler it must not be used (contract §6: no named prepared
+//! plan of every call (docs/performance.md, row "Prepared on direct connections": 50-300 µs
+//! of database CPU per call). Behind a transaction pooler it must not be used (contract §6: no named prepared
 //! statement kept across transactions). The operator is not asked which case applies (issue
 //! 15: prefer what is correct with or without a pooler); the connection is checked.
 //!

@@ -39,8 +39,8 @@ const PROBE_BUCKET: &str = "tollgate readiness probe";
 /// behind a transaction-mode pooler the next statement may run on another server connection,
 /// where a named statement does not exist, or another client's of the same name does (issue
 /// 15). PL/pgSQL plans the upsert inside once per server session; the call itself still costs
-/// the server a parse and plan each time it is sent unnamed (docs/performance.md, "Sixth
-/// December session"). `synchronous_commit` is set inside with `set_config(..., true)`, i.e.
+/// the server a parse and plan each time it is sent unnamed (docs/performance.md, row "Prepared
+/// on direct connections"). `synchronous_commit` is set inside with `set_config(..., true)`, i.e.
 /// `SET LOCAL` for the call's own implicit transaction: PostgreSQL reads it when it writes the
 /// commit record and only then resets transaction-local settings, so the commit of this very
 /// statement is asynchronous, and nothing outlives it (the test
@@ -63,10 +63,9 @@ pub fn increment_sql() -> &'static str {
 ///
 /// Why a second text: prepared once, the plain upsert costs the server less than the prepared
 /// call of the function (PL/pgSQL's call and the tuplestore that `RETURN QUERY` fills; about
-/// 25 % of the database's CPU per request on a hot bucket, docs/performance.md, "Seventh
-/// December session"). It is what `f1d8ece` had before issue 15, and nothing more: every
-/// extra in it costs each execution (counted by `bench/pg_instructions.sh`, "Eighth December
-/// session"). A `set_config` in the input kept PostgreSQL from inlining the CTE (a volatile
+/// 25 % of the database's CPU per request on a hot bucket, docs/performance.md, row "The
+/// plain fixed-window upsert"). It is what `f1d8ece` had before issue 15, and nothing more:
+/// every extra in it costs each execution (counted by `bench/pg_instructions.sh`). A `set_config` in the input kept PostgreSQL from inlining the CTE (a volatile
 /// function) and added a CTE scan and an InitPlan; a `$4 IS NULL` guard added a gating
 /// `Result` node; the two constant columns a wider projection.
 ///
@@ -120,8 +119,8 @@ RETURNING r.bucket,
 /// `expires_at = window_start + 2 * window` for sliding rows (contract §3a), `+ window` for fixed
 /// ones; rows in bucket order (lock order, as everywhere). On a direct connection only, for
 /// the same reason as [`FIXED_UPSERT_SQL`]: `synchronous_commit` comes from the session.
-/// Measured against the function and the fixed upsert in docs/performance.md ("Ninth
-/// December session").
+/// Measured against the function and the fixed upsert in docs/performance.md (row "The
+/// plain sliding upsert").
 pub(super) const SLIDING_UPSERT_SQL: &str = "\
 WITH input AS (
     SELECT b.bucket,
@@ -178,8 +177,8 @@ JOIN caps c ON c.bucket = k.bucket";
 /// uncorrelated sub-select, evaluated once. Parameters: `$1 text` bucket, `$2 int8` window
 /// length (s), `$3 int8` amount, `$4 int8` sliding limit. Columns as [`SLIDING_UPSERT_SQL`]'s,
 /// one row when it counted, none when it did not. About 1.15 × the fixed upsert's database CPU
-/// on a hot bucket against 1.27 × for the batch statement (docs/performance.md, "Ninth
-/// December session").
+/// on a hot bucket against 1.27 × for the batch statement (docs/performance.md, row "A
+/// single-row sliding statement").
 pub(super) const SLIDING_ONE_SQL: &str = "\
 WITH c AS (
     SELECT w.start_secs,
