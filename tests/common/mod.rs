@@ -375,6 +375,22 @@ impl std::fmt::Display for RefusedPort {
 
 /// Loads a configuration from text. `@UPSTREAM@` becomes the upstream's `host:port`; the
 /// environment is the given map (tests never touch the process environment).
+/// A file of the repository, by its path from the top.
+pub fn repo(path: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+/// `tollgate check --config path`, without the process's `TOLLGATE_DATABASE_URL` (which would
+/// change the store it prints).
+pub fn tollgate_check(path: &std::path::Path) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["check", "--config"])
+        .arg(path)
+        .env_remove("TOLLGATE_DATABASE_URL")
+        .output()
+        .expect("run tollgate check")
+}
+
 pub fn config_from(text: &str, upstream: SocketAddr, env: &[(&str, &str)]) -> Config {
     let text = text.replace("@UPSTREAM@", &upstream.to_string());
     let map: HashMap<String, String> = env

@@ -2,7 +2,7 @@
 //! problem's place; the example configuration passes; `--version` works; `run` with a broken
 //! file exits 2 and with a taken port exits 1.
 
-use std::path::{Path, PathBuf};
+use crate::common::repo;
 use std::process::{Command, Output};
 
 fn tollgate(args: &[&str]) -> Output {
@@ -13,10 +13,6 @@ fn tollgate(args: &[&str]) -> Output {
         .env_remove("TOLLGATE_KEY_SECRET")
         .output()
         .expect("run tollgate")
-}
-
-fn repo(path: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
 }
 
 #[test]

@@ -6,12 +6,8 @@
 //! Docker engine, so these are checked by reading the files; deploy/smoke.sh runs the stack
 //! for real where dockerd runs.)
 
-use std::path::Path;
+use crate::common::repo;
 use std::process::Command;
-
-fn repo(path: &str) -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
-}
 
 #[test]
 fn compose_file_is_valid_and_complete() {

@@ -3,14 +3,11 @@
 //! reject a broken manifest, the ConfigMap's TOML passes `tollgate check`, and the manifests
 //! agree with that configuration (ports, probes, grace period, migrations, secrets).
 
-use std::path::{Path, PathBuf};
+use crate::common::repo;
+use std::path::PathBuf;
 use std::process::{Command, Output};
 
 use serde_yaml::Value;
-
-fn repo(path: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
-}
 
 fn manifests() -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(repo("deploy/kubernetes"))

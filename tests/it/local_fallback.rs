@@ -317,12 +317,7 @@ fn check_accepts_and_prints_the_local_policy() {
         ),
     )
     .expect("config");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .args(["check", "--config"])
-        .arg(&path)
-        .env_remove("TOLLGATE_DATABASE_URL")
-        .output()
-        .expect("run check");
+    let out = tollgate_check(&path);
     let _ = std::fs::remove_dir_all(&dir);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(

@@ -2,12 +2,9 @@
 //! really fails when one needs more (fed crafted `cargo metadata` JSON), so CI cannot pass by a
 //! script that never says no.
 
-use std::path::{Path, PathBuf};
+use crate::common::repo;
+use std::path::PathBuf;
 use std::process::{Command, Output};
-
-fn repo(path: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
-}
 
 fn msrv_check(args: &[&str]) -> Output {
     Command::new("python3")

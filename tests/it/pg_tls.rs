@@ -444,12 +444,7 @@ fn tollgate_check_exits_2_on_verify_full_over_a_unix_socket() {
             ),
         )
         .expect("write");
-        std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
-            .args(["check", "--config"])
-            .arg(&path)
-            .env_remove("TOLLGATE_DATABASE_URL")
-            .output()
-            .expect("run tollgate check")
+        tollgate_check(&path)
     };
     let out = run("host=/var/run/postgresql dbname=x sslmode=verify-full");
     let stderr = String::from_utf8_lossy(&out.stderr);

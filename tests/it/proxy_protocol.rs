@@ -439,12 +439,7 @@ fn check_prints_the_listed_peers() {
          [[routes]]\nname = \"all\"\nupstream = \"api\"\n",
     )
     .expect("write config");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .args(["check", "--config"])
-        .arg(&path)
-        .env_remove("TOLLGATE_DATABASE_URL")
-        .output()
-        .expect("run tollgate check");
+    let out = tollgate_check(&path);
     let _ = std::fs::remove_dir_all(&dir);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(

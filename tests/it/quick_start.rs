@@ -4,19 +4,15 @@
 //! to suggest, the five were 501s. The demo backend also answers PUT, DELETE and PATCH with
 //! their bodies read, chunked or not.
 
+use crate::common::repo;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use crate::common::{config_from, h1_client, send, Proxy};
 use bytes::Bytes;
 use http::{Method, Request, StatusCode};
 use http_body_util::Full;
-
-fn repo(path: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
-}
 
 /// examples/demo_backend.py on a free port, killed on drop.
 struct DemoBackend {

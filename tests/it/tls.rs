@@ -394,11 +394,7 @@ fn check_refuses_a_key_that_does_not_match_its_certificate() {
         ),
     )
     .expect("write config");
-    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
-        .args(["check", "--config"])
-        .arg(&path)
-        .output()
-        .expect("run check");
+    let out = tollgate_check(&path);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(
