@@ -75,8 +75,7 @@ impl CompiledRoute {
 
 /// Everything a reload replaces at once.
 pub struct Runtime {
-    pub config: Arc<Config>,
-    /// What [`plan::plan`] reads, per route.
+    /// The configuration, and what [`plan::plan`] reads of each route.
     pub rules: Rules,
     /// What serving needs, per route, in the same order.
     pub routes: Vec<CompiledRoute>,
@@ -89,7 +88,7 @@ impl Runtime {
             .iter()
             .map(|u| UpstreamPool::new(u.clone(), config.server.worker_count()).map(Arc::new))
             .collect::<Result<_, _>>()?;
-        let rules = Rules::compile(config.clone());
+        let rules = Rules::compile(config);
         let routes = rules
             .routes
             .iter()
@@ -116,15 +115,14 @@ impl Runtime {
                     name,
                     rate_limit_policy: headers::rate_limit_policy_value(&all_limits),
                     upstream: pools[r.config.upstream].clone(),
-                    on_store_error: r.config.on_store_error.unwrap_or(config.store.on_error),
+                    on_store_error: r
+                        .config
+                        .on_store_error
+                        .unwrap_or(rules.config.store.on_error),
                 }
             })
             .collect();
-        Ok(Runtime {
-            config,
-            rules,
-            routes,
-        })
+        Ok(Runtime { rules, routes })
     }
 }
 
@@ -217,7 +215,7 @@ impl Proxy {
             let started = Instant::now();
             let runtime = self.runtime.load_full();
             // Decided first, so that every answer (tollgate's own included) and the log carry it.
-            let trusted_proxies = &runtime.config.server.trusted_proxies;
+            let trusted_proxies = &runtime.rules.config.server.trusted_proxies;
             let (request_id, id_to_add) = headers::request_id(req.headers_mut(), || {
                 key::is_trusted(key::canonical(conn.peer.ip()), trusted_proxies)
             });
@@ -412,7 +410,7 @@ impl Proxy {
         conn: &'r ConnInfo,
     ) -> ForwardRequest<'r> {
         let rules = &rt.rules.routes[index];
-        let server = &rt.config.server;
+        let server = &rt.rules.config.server;
         let peer = key::canonical(conn.peer.ip());
         let peer_trusted = key::is_trusted(peer, &server.trusted_proxies);
         let path = std::mem::take(&mut plan.path);
@@ -477,7 +475,7 @@ impl Proxy {
         };
         let (mut parts, mut body) = response.into_parts();
         parts.version = sent.client_version;
-        let mode = rt.config.server.rate_limit_headers;
+        let mode = rt.rules.config.server.rate_limit_headers;
         headers::remove_replaced(&mut parts.headers, &names, mode, outcomes);
         {
             let mut to = body.fields_to(&mut parts.headers);
@@ -688,7 +686,7 @@ fn finish_rejection(
     headers::set_retry_after(headers, retry_after, grpc);
     headers::add_rate_limit_headers(
         headers,
-        rt.config.server.rate_limit_headers,
+        rt.rules.config.server.rate_limit_headers,
         outcomes,
         rt.routes[index].ready_policy(&rt.rules.routes[index], outcomes),
     );
