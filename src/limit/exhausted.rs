@@ -184,11 +184,13 @@ impl Exhausted {
         }
     }
 
-    /// What the store's `LISTEN` session heard (contract §3b): a reset bucket is forgotten; after
-    /// a (re)connect, or while notifications do not arrive, nothing cached can be trusted.
+    /// What the store's `LISTEN` session heard (contract §3b): a reset bucket is forgotten, and so
+    /// is one whose row got reserved units back (contract §3c); after a (re)connect, or while
+    /// notifications do not arrive, nothing cached can be trusted.
     pub fn on_reset(&self, event: ResetEvent<'_>) {
         match event {
-            ResetEvent::Bucket(bucket) => self.forget(bucket),
+            ResetEvent::Bucket(bucket) | ResetEvent::Returned(bucket) => self.forget(bucket),
+            ResetEvent::Reclaim(_) => {}
             ResetEvent::Missed => self.clear(),
             ResetEvent::Hearing(hearing) => {
                 self.enabled.store(hearing, Ordering::Release);
@@ -297,6 +299,13 @@ impl Exhausted {
             });
         outcomes.extend(cached);
         Some(judge(outcomes))
+    }
+
+    /// Where `plan` stands at `now_ms` by what is remembered of its bucket, as a cached denial
+    /// reports a limit it did not count: for a request that another limit denied without
+    /// asking the store about this one.
+    pub(super) fn remembered(&self, plan: &PlannedLimit, now_ms: i64) -> LimitOutcome {
+        Denial::outcome(self.known(plan, now_ms), plan, now_ms)
     }
 
     /// What is remembered of `plan`'s bucket at `now_ms`. An entry that no longer holds (its

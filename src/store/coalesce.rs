@@ -27,7 +27,9 @@ use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Counted, Increment, Peeked, Store, StoreError, StoreFuture};
+use super::{
+    Counted, GiveBack, Increment, Peeked, ShareGrant, ShareWant, Store, StoreError, StoreFuture,
+};
 
 /// Queued requests at most (in the channel, and again waiting for their bucket); beyond it
 /// callers wait for room, within their decision timeout.
@@ -44,6 +46,9 @@ struct Job {
 pub struct CoalescingStore {
     inner: Arc<dyn Store>,
     queue: mpsc::Sender<Job>,
+    /// Share grants and give-backs go straight to the store (one per share, not per
+    /// request), counted here.
+    on_statement: OnStatement,
 }
 
 /// Called once per statement sent (for `tollgate_store_round_trips_total`).
@@ -54,8 +59,17 @@ impl CoalescingStore {
     /// called inside a tokio runtime: it starts the dispatcher.
     pub fn new(inner: Arc<dyn Store>, statements: usize, on_statement: OnStatement) -> Self {
         let (queue, jobs) = mpsc::channel(QUEUE);
-        tokio::spawn(dispatch(inner.clone(), jobs, statements, on_statement));
-        CoalescingStore { inner, queue }
+        tokio::spawn(dispatch(
+            inner.clone(),
+            jobs,
+            statements,
+            on_statement.clone(),
+        ));
+        CoalescingStore {
+            inner,
+            queue,
+            on_statement,
+        }
     }
 }
 
@@ -79,6 +93,24 @@ impl Store for CoalescingStore {
 
     fn peek<'a>(&'a self, batch: &'a [Increment]) -> StoreFuture<'a, Vec<Peeked>> {
         self.inner.peek(batch)
+    }
+
+    fn reserves(&self) -> bool {
+        self.inner.reserves()
+    }
+
+    fn reserve<'a>(
+        &'a self,
+        wants: &'a [ShareWant],
+        instances: u32,
+    ) -> StoreFuture<'a, Vec<ShareGrant>> {
+        (self.on_statement)();
+        self.inner.reserve(wants, instances)
+    }
+
+    fn give_back<'a>(&'a self, back: &'a [GiveBack]) -> StoreFuture<'a, Vec<u32>> {
+        (self.on_statement)();
+        self.inner.give_back(back)
     }
 
     fn ready(&self) -> bool {

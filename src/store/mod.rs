@@ -75,6 +75,45 @@ pub struct Peeked {
     pub previous: u32,
 }
 
+/// A reserved share this instance would like of one bucket (contract §3c). Buckets in one call
+/// are distinct.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShareWant {
+    pub bucket: Arc<str>,
+    pub window_secs: u32,
+    /// The limit's `requests`: the share never takes the row past it.
+    pub requests: u32,
+    /// `algorithm = "sliding"`: what is left is `requests` minus the estimate of contract §3a.
+    pub sliding: bool,
+    /// Units asked for (at least 1); the store grants at most what is left divided among
+    /// twice the live instances, and at least 1 while anything is left.
+    pub want: u32,
+}
+
+/// What the store granted of one [`ShareWant`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShareGrant {
+    /// Units granted, already counted in the row; 0 when nothing is left.
+    pub granted: u32,
+    /// The row's count after the grant.
+    pub count: u32,
+    /// Sliding: the previous window's count (0 without a row; 0 for fixed).
+    pub previous: u32,
+    /// Unix milliseconds at which the share's window ends (the store's clock).
+    pub window_end_ms: i64,
+    /// The store's clock when it granted, unix milliseconds.
+    pub now_ms: i64,
+}
+
+/// Unused units of a share, going back to their row (contract §3c).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GiveBack {
+    pub bucket: Arc<str>,
+    /// The share's window start, unix seconds: a share goes back to the row it came from.
+    pub window_start_secs: i64,
+    pub unused: u32,
+}
+
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     #[error("store timed out")]
@@ -95,6 +134,12 @@ pub enum ResetEvent<'a> {
     /// The session (re)started listening, or dropped notifications: any reset since the last
     /// one may have been missed, so forget everything cached.
     Missed,
+    /// Another instance found this bucket exhausted and asks for its unused reserved units
+    /// (contract §3c).
+    Reclaim(&'a str),
+    /// Reserved units of this bucket went back to its row: a denial cached from the exhausted
+    /// row no longer holds.
+    Returned(&'a str),
     /// Whether notifications reach this session. `false`: they are not delivered (a pooler in
     /// transaction mode hands the `LISTEN` to a server connection this session does not
     /// keep), so nothing cached can be trusted to be forgotten by a reset.
@@ -166,6 +211,28 @@ pub trait Store: Send + Sync + 'static {
     /// How a decision that used this store ended, as the limiter saw it (its own timeout and
     /// the breaker included), so that [`Store::probe`] can follow real decisions.
     fn decision_outcome(&self, _succeeded: bool) {}
+
+    /// Whether this store grants reserved shares (contract §3c): a store shared by several
+    /// instances. The memory store decides `reserve` limits in memory, as any other.
+    fn reserves(&self) -> bool {
+        false
+    }
+
+    /// Grants shares of several buckets in one round trip, in `wants` order; `instances` is
+    /// the count of live instances the share size divides by.
+    fn reserve<'a>(
+        &'a self,
+        _wants: &'a [ShareWant],
+        _instances: u32,
+    ) -> StoreFuture<'a, Vec<ShareGrant>> {
+        Box::pin(async { Err(StoreError::Query("this store keeps no shares".into())) })
+    }
+
+    /// Gives unused units back in one round trip; answers, in `back` order, how many each
+    /// row took back (0 when the row or this instance's share of it is gone, after a reset).
+    fn give_back<'a>(&'a self, back: &'a [GiveBack]) -> StoreFuture<'a, Vec<u32>> {
+        Box::pin(async move { Ok(vec![0; back.len()]) })
+    }
 
     /// A short name for logs: `memory` or `postgres`.
     fn kind(&self) -> &'static str;

@@ -287,7 +287,8 @@ async fn pg_concurrent_initialize_applies_each_migration_once() {
             (2, "0002_tollgate_settings".to_owned()),
             (3, "0003_increment_function".to_owned()),
             (4, "0004_instances".to_owned()),
-            (5, "0005_joint_decision".to_owned())
+            (5, "0005_joint_decision".to_owned()),
+            (6, "0006_reserved_shares".to_owned())
         ]
     );
     // The seed's schema, in schema public.
@@ -315,7 +316,8 @@ async fn pg_migrate_twice_applies_nothing_the_second_time() {
             "0002_tollgate_settings",
             "0003_increment_function",
             "0004_instances",
-            "0005_joint_decision"
+            "0005_joint_decision",
+            "0006_reserved_shares"
         ]
     );
     assert_eq!(first.fingerprint, FingerprintChange::Written);

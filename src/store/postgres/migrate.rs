@@ -68,6 +68,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "0005_joint_decision",
         sql: include_str!("../../../migrations/0005_joint_decision.sql"),
     },
+    Migration {
+        version: 6,
+        name: "0006_reserved_shares",
+        sql: include_str!("../../../migrations/0006_reserved_shares.sql"),
+    },
 ];
 
 /// What happened to the stored key fingerprint.

@@ -73,6 +73,7 @@ mod pool;
 mod registry;
 mod reset;
 mod session;
+mod shares;
 mod statements;
 #[cfg(test)]
 mod tests;
@@ -100,7 +101,9 @@ use self::statements::{
 use self::tls::MakeRustls;
 use super::coalesce::Folded;
 use super::settings::StoreConfig;
-use super::{Counted, Increment, Peeked, Store, StoreError, StoreFuture};
+use super::{
+    Counted, GiveBack, Increment, Peeked, ShareGrant, ShareWant, Store, StoreError, StoreFuture,
+};
 use crate::error::Detail;
 
 /// Advisory lock electing the one instance that sweeps.
@@ -655,6 +658,22 @@ impl Store for PostgresStore {
         requests: &'a [&'a [Increment]],
     ) -> StoreFuture<'a, Vec<Vec<Counted>>> {
         Box::pin(self.run_requests(requests))
+    }
+
+    fn reserves(&self) -> bool {
+        true
+    }
+
+    fn reserve<'a>(
+        &'a self,
+        wants: &'a [ShareWant],
+        instances: u32,
+    ) -> StoreFuture<'a, Vec<ShareGrant>> {
+        Box::pin(self.run_reserve(wants, instances))
+    }
+
+    fn give_back<'a>(&'a self, back: &'a [GiveBack]) -> StoreFuture<'a, Vec<u32>> {
+        Box::pin(self.run_give_back(back))
     }
 
     fn peek<'a>(&'a self, batch: &'a [Increment]) -> StoreFuture<'a, Vec<Peeked>> {

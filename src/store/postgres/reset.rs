@@ -21,6 +21,10 @@ use crate::store::{Increment, ResetEvent, StoreError};
 /// The `NOTIFY` channel of `tollgate reset` (contract §3b). Payload: one bucket name, which is
 /// `<scope>:<label>:<digest>` or `<scope>:global`, never a raw subject.
 pub const RESET_CHANNEL: &str = "tollgate_reset";
+/// The `NOTIFY` channel of reserved shares (contract §3c), sent by the functions of
+/// `migrations/0006_reserved_shares.sql`. Payload: `reclaim <bucket>` (an instance found the
+/// bucket exhausted: give its unused units back) or `returned <bucket>` (units went back).
+pub const SHARES_CHANNEL: &str = "tollgate_shares";
 /// The listen session's own statements (`LISTEN`, the liveness check) get this long.
 const LISTEN_STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often the listen session checks that a notification sent through the pool reaches
@@ -214,14 +218,18 @@ impl PostgresStore {
         // The connection is driven here rather than by a spawned task of tokio-postgres', so
         // that its notifications come out. Bounded: past LISTEN_QUEUE waiting, the rest are
         // dropped and the owner forgets everything instead.
-        let (tx, mut notified) = tokio::sync::mpsc::channel::<String>(LISTEN_QUEUE);
+        let (tx, mut notified) = tokio::sync::mpsc::channel::<Heard>(LISTEN_QUEUE);
         let overflowed = Arc::new(AtomicBool::new(false));
         let dropped = overflowed.clone();
         let driver = tokio::spawn(async move {
             loop {
                 match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
                     Some(Ok(tokio_postgres::AsyncMessage::Notification(n))) => {
-                        if tx.try_send(n.payload().to_owned()).is_err() {
+                        let heard = Heard {
+                            shares: n.channel() == SHARES_CHANNEL,
+                            payload: n.payload().to_owned(),
+                        };
+                        if tx.try_send(heard).is_err() {
                             dropped.store(true, Ordering::Release);
                         }
                     }
@@ -243,12 +251,13 @@ impl PostgresStore {
         }
         // A statement of its own, after the check: the session is its backend's for good, and
         // `pg_stat_activity.query` shows `LISTEN tollgate_reset` (docs/operations.md).
+        let listen_shares = format!("LISTEN {SHARES_CHANNEL}");
         let listen = format!("LISTEN {RESET_CHANNEL}");
         let name = self
             .listen_name
             .map(|name| format!("SET application_name = '{name}'"))
             .unwrap_or_default();
-        // Pipelined, the `LISTEN` last: one round trip.
+        // Pipelined, the reset channel's `LISTEN` last: one round trip.
         let named_and_listening = async {
             let named = async {
                 if name.is_empty() {
@@ -257,8 +266,12 @@ impl PostgresStore {
                     client.batch_execute(&name).await
                 }
             };
-            let (named, listened) = tokio::join!(named, client.batch_execute(&listen));
-            named.and(listened)
+            let (named, shares, listened) = tokio::join!(
+                named,
+                client.batch_execute(&listen_shares),
+                client.batch_execute(&listen)
+            );
+            named.and(shares).and(listened)
         };
         match tokio::time::timeout(LISTEN_STATEMENT_TIMEOUT, named_and_listening).await {
             Ok(Ok(())) => {}
@@ -282,8 +295,13 @@ impl PostgresStore {
             let wait_until =
                 awaiting.unwrap_or_else(|| tokio::time::Instant::now() + LISTEN_CHECK_EVERY * 4);
             tokio::select! {
-                payload = notified.recv() => match payload {
-                    Some(payload) if payload == token => {
+                heard = notified.recv() => match heard {
+                    Some(Heard { shares: true, payload }) => {
+                        if let Some(event) = share_event(&payload) {
+                            on(event);
+                        }
+                    }
+                    Some(Heard { payload, .. }) if payload == token => {
                         awaiting = None;
                         missed = 0;
                         if *hearing != Some(true) {
@@ -296,8 +314,8 @@ impl PostgresStore {
                             on(ResetEvent::Missed);
                         }
                     }
-                    Some(payload) if payload.starts_with(LISTEN_CHECK_PREFIX) => {}
-                    Some(bucket) => on(ResetEvent::Bucket(&bucket)),
+                    Some(Heard { payload, .. }) if payload.starts_with(LISTEN_CHECK_PREFIX) => {}
+                    Some(Heard { payload: bucket, .. }) => on(ResetEvent::Bucket(&bucket)),
                     None => {
                         return ListenEnd::Lost(match driver_result(&client) {
                             Some(why) => why,
@@ -356,6 +374,22 @@ impl PostgresStore {
             })
             .await;
         sent.is_ok()
+    }
+}
+
+/// One notification as the listen session's driver hands it on.
+struct Heard {
+    /// On [`SHARES_CHANNEL`]; otherwise on [`RESET_CHANNEL`].
+    shares: bool,
+    payload: String,
+}
+
+/// What a notification on [`SHARES_CHANNEL`] asks; `None` for a payload no release sends.
+fn share_event(payload: &str) -> Option<ResetEvent<'_>> {
+    if let Some(bucket) = payload.strip_prefix("reclaim ") {
+        Some(ResetEvent::Reclaim(bucket))
+    } else {
+        payload.strip_prefix("returned ").map(ResetEvent::Returned)
     }
 }
 
