@@ -126,6 +126,8 @@ pub struct Metrics {
     pub instances: Gauge,
     /// 1 while this instance hears the database's reset notifications (contract §3b).
     pub reset_listener_up: Gauge,
+    /// Units of reserved shares this instance holds and has not used (contract §3c).
+    pub reserved_units: Gauge,
     pub upstream_connect_failures: Family<UpstreamLabels, Counter>,
     pub policy_decisions: Family<PolicyDecisionLabels, Counter>,
     /// 1 while decisions succeed (what `/readyz` answers), else 0; set on each scrape.
@@ -169,6 +171,7 @@ impl Metrics {
         let policy_decisions = Family::<PolicyDecisionLabels, Counter>::default();
         let ready = Gauge::default();
         let reset_listener_up = Gauge::default();
+        let reserved_units = Gauge::default();
         let sweep_last_success = Gauge::<f64, AtomicU64>::default();
         let config_last_reload_successful = Gauge::default();
         config_last_reload_successful.set(1);
@@ -258,6 +261,11 @@ impl Metrics {
             reset_listener_up.clone(),
         );
         registry.register(
+            "reserved_units",
+            "Units of reserved shares (reserve = true) this instance holds and has not used (always 0 on the memory store)",
+            reserved_units.clone(),
+        );
+        registry.register(
             "sweep_last_success_timestamp_seconds",
             "Unix time of the last sweep round that ended without an error (0 = none yet)",
             sweep_last_success.clone(),
@@ -290,6 +298,7 @@ impl Metrics {
             policy_decisions,
             ready,
             reset_listener_up,
+            reserved_units,
             sweep_last_success,
             config_last_reload_successful,
         }

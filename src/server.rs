@@ -65,6 +65,7 @@ use crate::config::Config;
 use crate::error::StartupError;
 use crate::key::BucketHasher;
 use crate::limit::fallback::{self, Instances, LocalFallback};
+use crate::limit::reserve::{self, Shares};
 use crate::limit::Limiter;
 use crate::metrics::Metrics;
 use crate::pipeline::{ConnInfo, Proxy, Runtime};
@@ -193,6 +194,8 @@ pub struct RunningServer {
     background: Vec<JoinHandle<()>>,
     /// This instance's row in the registry of live instances (contract §5b), deleted on shutdown.
     registration: Option<fallback::Registration>,
+    /// Reserved shares and their store, given back on shutdown (contract §3c).
+    give_back: Option<(Arc<Shares>, Arc<dyn Store>)>,
     /// The threads of connection workers 1..; they end once the phase is `Stopped`.
     workers: Vec<std::thread::JoinHandle<()>>,
     /// What each worker keeps for its requests, by worker index.
@@ -271,20 +274,37 @@ impl Server {
         .with_local_fallback(LocalFallback::new(
             config.store.memory_buckets,
             instances.clone(),
-        ));
+        ))
+        .with_shares(Arc::new(Shares::new(
+            config.server.worker_count(),
+            instances.clone(),
+            metrics.reserved_units.clone(),
+        )));
+        let shares = limiter.shares();
+        if let Some(shares) = &shares {
+            background.push(tokio::spawn(reserve::give_back_when_due(
+                shares.clone(),
+                limiter.store().clone(),
+            )));
+        }
         let mut registration = None;
         if let Some(pg) = pg {
             // The registry of live instances (contract §5b) and the reset listener (contract §3b).
             registration = Some(fallback::Registration::start(pg.clone(), instances));
             let denials = limiter.denials();
             let listener_up = metrics.reset_listener_up.clone();
+            let shares = shares.clone();
             background.push(tokio::spawn(pg.listen_for_resets(move |event| {
                 if let ResetEvent::Hearing(hearing) = event {
                     listener_up.set(i64::from(hearing));
                 }
                 denials.on_reset(event);
+                if let Some(shares) = &shares {
+                    shares.on_event(event);
+                }
             })));
         }
+        let give_back = shares.map(|shares| (shares, limiter.store().clone()));
         let proxy = Proxy::new(runtime, limiter, hasher, metrics.clone());
         let proxy = Arc::new(proxy.with_direct_client(paths.direct_client));
 
@@ -361,6 +381,7 @@ impl Server {
             fatal,
             background,
             registration,
+            give_back,
             workers,
             worker_state,
             clock,
@@ -485,6 +506,17 @@ impl RunningServer {
             .await;
         }
         let _ = deregistering.await;
+        // Every request has finished: what this instance holds of shares goes back, so that
+        // the other instances can use it (contract §3c). Bounded like the deregistration.
+        if let Some((shares, store)) = self.give_back.take() {
+            let given = tokio::time::timeout(
+                fallback::DEREGISTER_WITHIN * 2,
+                shares.give_back_all(&*store),
+            );
+            if given.await.is_err() {
+                tracing::warn!("shutdown: reserved units not given back in time; they stay counted until their window ends");
+            }
+        }
         for task in &self.background {
             task.abort();
         }

@@ -300,6 +300,7 @@ async fn exhausted_cache_stays_bounded_and_denials_stay_exact_when_it_is_full() 
             window_secs: 3600,
             shadow: false,
             sliding: false,
+            reserve: false,
         }]
     };
     let mut outcomes = Outcomes::new();

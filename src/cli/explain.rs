@@ -177,6 +177,7 @@ mod tests {
             window_secs: 60,
             shadow: false,
             sliding,
+            reserve: false,
         }
     }
 

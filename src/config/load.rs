@@ -438,6 +438,7 @@ struct BucketOwner {
     requests: u32,
     window_secs: u32,
     algorithm: Algorithm,
+    reserve: bool,
 }
 
 /// What the routes read so far have claimed: route names (with the route's path) and bucket
@@ -587,6 +588,10 @@ fn read_limits(
                 owner.algorithm.as_str(),
                 limit.algorithm.as_str(),
             )),
+            Some(owner) if owner.reserve != limit.reserve => Some(format!(
+                "conflicts with {} (route {:?}): both write bucket prefix {policy:?}, there with reserve = {}, here with reserve = {}; a row whose budget is taken in shares must be counted only in shares: use the same value, or a different scope",
+                owner.path, owner.route, owner.reserve, limit.reserve,
+            )),
             Some(owner)
                 if owner.requests != limit.requests || owner.window_secs != limit.window_secs =>
             {
@@ -608,6 +613,7 @@ fn read_limits(
                     requests: limit.requests,
                     window_secs: limit.window_secs,
                     algorithm: limit.algorithm,
+                    reserve: limit.reserve,
                 };
                 buckets.insert(id, owner);
                 None
@@ -638,6 +644,7 @@ fn read_limit(cx: &mut Cx<'_>, node: &Node<'_>, route: Option<&str>) -> Option<L
     let algorithm = t.or(cx, "algorithm", Algorithm::Fixed, |cx, n| {
         cx.parse(n, parse_algorithm)
     });
+    let reserve = t.or(cx, "reserve", false, Cx::boolean);
     let valid = cx.errors.len() == before;
     t.finish(cx);
     let limit = LimitConfig {
@@ -647,6 +654,7 @@ fn read_limit(cx: &mut Cx<'_>, node: &Node<'_>, route: Option<&str>) -> Option<L
         scope: scope?,
         shadow,
         algorithm,
+        reserve,
     };
     valid.then_some(limit)
 }

@@ -173,6 +173,8 @@ pub struct LimitConfig {
     pub shadow: bool,
     /// `algorithm`: fixed (the default) or sliding windows (contract §3a).
     pub algorithm: Algorithm,
+    /// `reserve`: take the budget from the store in shares (contract §3c).
+    pub reserve: bool,
 }
 
 /// How a limit's windows count (contract §2 `algorithm`, 3 and 3a).

@@ -273,6 +273,7 @@ mod tests {
             window_secs: 3600,
             shadow: false,
             sliding,
+            reserve: false,
         }]
     }
 

@@ -46,6 +46,7 @@ type RandomState = foldhash::fast::RandomState;
 mod breaker;
 mod exhausted;
 pub mod fallback;
+pub mod reserve;
 
 pub use breaker::{Attempt, Breaker};
 use exhausted::Denial;
@@ -80,6 +81,8 @@ pub struct PlannedLimit {
     pub shadow: bool,
     /// `algorithm = "sliding"` (contract §3a).
     pub sliding: bool,
+    /// `reserve = true` (contract §3c): decided from this instance's share of the bucket.
+    pub reserve: bool,
 }
 
 /// Where one limit stands after this request.
@@ -225,6 +228,8 @@ pub struct Limiter {
     clock: Clock,
     metrics: Arc<Metrics>,
     local: LocalFallback,
+    /// Reserved shares (contract §3c), with a store that grants them.
+    shares: Option<Arc<reserve::Shares>>,
 }
 
 impl Limiter {
@@ -252,7 +257,25 @@ impl Limiter {
                 Arc::new(Instances::new(metrics.instances.clone())),
             ),
             metrics,
+            shares: None,
         }
+    }
+
+    /// The limiter with these reserved shares (contract §3c), when its store grants them (a
+    /// store that does not decides `reserve` limits as any other).
+    pub fn with_shares(mut self, shares: Arc<reserve::Shares>) -> Self {
+        self.shares = self.store.reserves().then_some(shares);
+        self
+    }
+
+    /// The reserved shares, when the store grants them: for the task that gives them back.
+    pub fn shares(&self) -> Option<Arc<reserve::Shares>> {
+        self.shares.clone()
+    }
+
+    /// The store decisions go to.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
     }
 
     /// The limiter with this local fallback (contract §5b) instead of the default one (which
@@ -289,6 +312,12 @@ impl Limiter {
                 shadow_limited: false,
             };
         }
+        if let Some(shares) = &self.shares {
+            if plans.iter().any(|p| p.reserve) {
+                // Boxed: the reserved path calls this one for the request's other limits.
+                return Box::pin(self.decide_reserved(shares, worker, plans, outcomes)).await;
+            }
+        }
         // Read once per request: the cache's lookup and the deadlines of what it learns below.
         let now_ms = self.clock.now_ms();
         if let Some(denied) = self.exhausted.deny(plans, now_ms, outcomes) {
@@ -305,31 +334,19 @@ impl Limiter {
         let answer = match self.store.increment_now(&batch) {
             Some(answer) => answer,
             None => {
-                let answer = self.store.increment(&batch);
-                match self.deadlines.timeout(worker, self.timeout, answer).await {
-                    Ok(result) => result,
-                    Err(Elapsed) => Err(StoreError::Timeout),
-                }
+                self.within_budget(worker, self.store.increment(&batch))
+                    .await
             }
         };
-        let took = started.elapsed();
-        self.metrics.store_seconds.observe(took.as_secs_f64());
-        let counted = match answer {
-            Ok(counted) if counted.len() == plans.len() => {
-                attempt.succeeded();
-                self.store.decision_outcome(true);
-                self.local.store_answered();
-                counted
+        let answer = answer.and_then(|counted| {
+            if counted.len() == plans.len() {
+                Ok(counted)
+            } else {
+                Err(StoreError::Query("store answered a short batch".into()))
             }
-            Ok(_) => {
-                let err = StoreError::Query("store answered a short batch".into());
-                self.on_store_error(attempt, took, &err);
-                return Verdict::StoreFailed;
-            }
-            Err(err) => {
-                self.on_store_error(attempt, took, &err);
-                return Verdict::StoreFailed;
-            }
+        });
+        let Some(counted) = self.settle(attempt, started.elapsed(), answer) else {
+            return Verdict::StoreFailed;
         };
         outcomes.extend(
             plans
@@ -351,6 +368,41 @@ impl Limiter {
             self.exhausted.insert(&plan.bucket, denial);
         }
         verdict
+    }
+
+    /// A store call under the decision's budget, kept on worker `worker`'s lane.
+    async fn within_budget<T>(
+        &self,
+        worker: usize,
+        call: crate::store::StoreFuture<'_, T>,
+    ) -> Result<T, StoreError> {
+        match self.deadlines.timeout(worker, self.timeout, call).await {
+            Ok(result) => result,
+            Err(Elapsed) => Err(StoreError::Timeout),
+        }
+    }
+
+    /// What a store call that took `took` answered, told to the breaker, the store's readiness
+    /// and the local fallback; `None` when it failed.
+    fn settle<T>(
+        &self,
+        attempt: Attempt<'_>,
+        took: Duration,
+        answer: Result<T, StoreError>,
+    ) -> Option<T> {
+        self.metrics.store_seconds.observe(took.as_secs_f64());
+        match answer {
+            Ok(answer) => {
+                attempt.succeeded();
+                self.store.decision_outcome(true);
+                self.local.store_answered();
+                Some(answer)
+            }
+            Err(err) => {
+                self.on_store_error(attempt, took, &err);
+                None
+            }
+        }
     }
 
     /// The store's own log line names the cause and the database (at most once a second
@@ -454,6 +506,7 @@ mod tests {
             window_secs,
             shadow,
             sliding: false,
+            reserve: false,
         }
     }
 

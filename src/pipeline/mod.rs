@@ -195,6 +195,9 @@ impl Proxy {
 
     /// Swaps in new rules for requests that start from now on.
     pub fn replace_runtime(&self, runtime: Runtime) {
+        if let Some(shares) = self.limiter.shares() {
+            shares.reloaded(crate::limit::reserve::shapes_in(&runtime.rules.config));
+        }
         self.runtime.store(Arc::new(runtime));
     }
 

@@ -214,6 +214,7 @@ fn planned_limit(
         window_secs: limit.window_secs,
         shadow: limit.shadow || route.shadow,
         sliding: limit.algorithm == crate::config::Algorithm::Sliding,
+        reserve: limit.reserve,
     })
 }
 

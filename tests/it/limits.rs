@@ -130,7 +130,11 @@ async fn rejected_upload_is_not_read() {
 }
 
 /// Fires `total` concurrent requests spread over the proxies and returns how many were 200.
-async fn flood(proxies: &[SocketAddr], total: usize, header: Option<(&str, &str)>) -> usize {
+pub(crate) async fn flood(
+    proxies: &[SocketAddr],
+    total: usize,
+    header: Option<(&str, &str)>,
+) -> usize {
     let client = h1_client();
     let mut tasks = Vec::with_capacity(total);
     for i in 0..total {
@@ -649,7 +653,7 @@ async fn concurrent_starts_migrate_once() {
     }
 }
 
-fn metric_value(text: &str, name: &str) -> f64 {
+pub(crate) fn metric_value(text: &str, name: &str) -> f64 {
     text.lines()
         .find(|l| l.starts_with(name))
         .and_then(|l| l.rsplit(' ').next())

@@ -41,6 +41,7 @@ mod proxy;
 mod proxy_protocol;
 mod quick_start;
 mod request_target;
+mod reserve;
 mod reset;
 mod review_bypasses;
 mod server_state;

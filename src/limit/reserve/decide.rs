@@ -1,0 +1,230 @@
+//! A request with `reserve` limits (contract §3c; docs/architecture.md, "Reserved shares").
+//!
+//! 1. Each `reserve` limit takes a unit of this worker's share of its bucket; the limits whose
+//!    share is empty ask the store for shares, all in one statement.
+//! 2. When no `reserve` limit denies, the request's other limits are decided as without
+//!    `reserve` (one more statement, the usual joint decision of those limits).
+//! 3. The outcomes are judged together. A denied request gives the units it took back to the
+//!    shares: it takes nothing from the others' budgets, and is counted nowhere with `reserve`.
+//!
+//! So a request whose shares hold units costs one statement (its other limits) or none, and a
+//! share running out costs one more.
+
+use std::time::Instant;
+
+use smallvec::SmallVec;
+
+use super::{Held, Shares, Take};
+use crate::limit::exhausted::Denial;
+use crate::limit::{
+    judge, seconds_until, LimitOutcome, Limiter, Outcomes, PlannedLimit, Verdict, INLINE_LIMITS,
+};
+use crate::store::{Counted, ShareGrant, ShareWant, StoreError};
+
+/// Where one of the request's limits stands after step 1.
+#[derive(Clone, Copy)]
+enum Slot {
+    /// Not a `reserve` limit: decided in step 2.
+    Other,
+    /// A unit taken from a share.
+    Held(Held),
+    /// Nothing left in the row: the store granted nothing.
+    Exhausted(ShareGrant),
+}
+
+type Slots = SmallVec<[Slot; INLINE_LIMITS]>;
+
+impl Limiter {
+    /// [`Limiter::decide`] for a request with at least one `reserve` limit.
+    pub(in crate::limit) async fn decide_reserved(
+        &self,
+        shares: &Shares,
+        worker: usize,
+        plans: &[PlannedLimit],
+        outcomes: &mut Outcomes,
+    ) -> Verdict {
+        if let Some(denied) = self.exhausted.deny(plans, self.clock.now_ms(), outcomes) {
+            return denied;
+        }
+        let mut slots: Slots = plans.iter().map(|_| Slot::Other).collect();
+        let mut wants: SmallVec<[(usize, ShareWant); INLINE_LIMITS]> = SmallVec::new();
+        let started = Instant::now();
+        for (i, plan) in plans.iter().enumerate().filter(|(_, p)| p.reserve) {
+            loop {
+                match shares.take(worker, plan) {
+                    Take::Taken(held) => slots[i] = Slot::Held(held),
+                    Take::Grant(want) => wants.push((i, want)),
+                    Take::Wait(mut granted) => {
+                        // Another request of this worker is asking for this bucket: its
+                        // answer is this one's too, within the decision's budget.
+                        let left = self.timeout.saturating_sub(started.elapsed());
+                        let waited = self
+                            .deadlines
+                            .timeout(worker, left, granted.changed())
+                            .await;
+                        if waited.is_err() {
+                            self.put_back(shares, worker, plans, &slots);
+                            self.store.decision_outcome(false);
+                            return Verdict::StoreFailed;
+                        }
+                        let now_ms = self.clock.now_ms();
+                        if let Some(denied) = self.exhausted.deny(plans, now_ms, outcomes) {
+                            self.put_back(shares, worker, plans, &slots);
+                            return denied;
+                        }
+                        continue;
+                    }
+                }
+                break;
+            }
+        }
+        if !wants.is_empty() && !self.grant(shares, worker, plans, &wants, &mut slots).await {
+            self.put_back(shares, worker, plans, &slots);
+            return Verdict::StoreFailed;
+        }
+        let verdict = self.decide_the_rest(worker, plans, &slots, outcomes).await;
+        if !matches!(verdict, Verdict::Allow { .. }) {
+            self.put_back(shares, worker, plans, &slots);
+        }
+        verdict
+    }
+
+    /// Step 1's statement: shares of every bucket in `wants`, one unit of each for this
+    /// request. False when the store failed.
+    async fn grant(
+        &self,
+        shares: &Shares,
+        worker: usize,
+        plans: &[PlannedLimit],
+        wants: &[(usize, ShareWant)],
+        slots: &mut Slots,
+    ) -> bool {
+        let asked: Vec<ShareWant> = wants.iter().map(|(_, want)| want.clone()).collect();
+        let granted = match self.breaker.attempt() {
+            Some(attempt) => {
+                let sent_at = Instant::now();
+                let call = self.store.reserve(&asked, shares.instances());
+                let answer = self.within_budget(worker, call).await.and_then(|grants| {
+                    if grants.len() == asked.len() {
+                        Ok(grants)
+                    } else {
+                        Err(StoreError::Query("store answered a short grant".into()))
+                    }
+                });
+                self.settle(attempt, sent_at.elapsed(), answer)
+                    .map(|grants| (grants, sent_at))
+            }
+            None => {
+                self.store.decision_outcome(false);
+                None
+            }
+        };
+        let Some((grants, sent_at)) = granted else {
+            for (i, _) in wants {
+                shares.grant_failed(worker, &plans[*i]);
+            }
+            return false;
+        };
+        for ((i, _), grant) in wants.iter().zip(&grants) {
+            slots[*i] = match shares.granted(worker, &plans[*i], grant, sent_at) {
+                Some(held) => Slot::Held(held),
+                None => Slot::Exhausted(*grant),
+            };
+        }
+        true
+    }
+
+    /// Steps 2 and 3: the other limits decided (unless a `reserve` limit already denies), and
+    /// every outcome in plan order, judged together.
+    async fn decide_the_rest(
+        &self,
+        worker: usize,
+        plans: &[PlannedLimit],
+        slots: &Slots,
+        outcomes: &mut Outcomes,
+    ) -> Verdict {
+        let now_ms = self.clock.now_ms();
+        let denied = plans
+            .iter()
+            .zip(slots)
+            .any(|(plan, slot)| !plan.shadow && matches!(slot, Slot::Exhausted(_)));
+        let others: SmallVec<[PlannedLimit; INLINE_LIMITS]> =
+            plans.iter().filter(|p| !p.reserve).cloned().collect();
+        let mut decided = Outcomes::new();
+        if !others.is_empty() && !denied {
+            if let Verdict::StoreFailed = self.decide(worker, &others, &mut decided).await {
+                return Verdict::StoreFailed;
+            }
+        }
+        outcomes.clear();
+        for (plan, slot) in plans.iter().zip(slots) {
+            let outcome = match slot {
+                Slot::Held(held) => Some(held_outcome(plan, held)),
+                Slot::Exhausted(grant) => Some(self.exhausted_outcome(plan, grant, now_ms)),
+                // A cached denial of the other limits reports only the enforced ones.
+                Slot::Other if denied => {
+                    (!plan.shadow).then(|| self.exhausted.remembered(plan, now_ms))
+                }
+                Slot::Other => decided.iter().find(|o| o.policy == plan.policy).cloned(),
+            };
+            outcomes.extend(outcome);
+        }
+        judge(outcomes)
+    }
+
+    /// A `reserve` limit whose row had nothing left: denied (a shadow one would have been),
+    /// and remembered as exhausted until units come back or the window ends.
+    fn exhausted_outcome(
+        &self,
+        plan: &PlannedLimit,
+        grant: &ShareGrant,
+        now_ms: i64,
+    ) -> LimitOutcome {
+        let counted = Counted {
+            // A fixed row: the count this request would have made, past the limit; a
+            // sliding one: its count, which the estimate of contract §3a says is full.
+            count: if plan.sliding {
+                grant.count
+            } else {
+                grant.count.max(plan.requests).saturating_add(1)
+            },
+            window_end_ms: grant.window_end_ms,
+            now_ms: grant.now_ms,
+            added: 0,
+            previous: grant.previous,
+            fits: 0,
+        };
+        if !plan.shadow {
+            let denial = Denial::answered(plan, &counted, true, now_ms);
+            self.exhausted.insert(&plan.bucket, denial);
+        }
+        LimitOutcome::counted(plan, &counted)
+    }
+
+    /// The units a request took go back to the shares (it was denied, or failed).
+    fn put_back(&self, shares: &Shares, worker: usize, plans: &[PlannedLimit], slots: &Slots) {
+        for (plan, slot) in plans.iter().zip(slots) {
+            if let Slot::Held(held) = slot {
+                shares.put_back(worker, plan, held);
+            }
+        }
+    }
+}
+
+/// A `reserve` limit that admitted the request from a share: `r` is what the row leaves plus
+/// this worker's unused units (contract §3c).
+fn held_outcome(plan: &PlannedLimit, held: &Held) -> LimitOutcome {
+    let left_ms = held
+        .ends
+        .saturating_duration_since(Instant::now())
+        .as_millis();
+    LimitOutcome {
+        policy: plan.policy.clone(),
+        requests: plan.requests,
+        window_secs: plan.window_secs,
+        count: plan.requests - held.left.min(plan.requests),
+        reset_secs: seconds_until(0, i64::try_from(left_ms).unwrap_or(i64::MAX)),
+        shadow: plan.shadow,
+        sliding: None,
+    }
+}

@@ -1,0 +1,566 @@
+//! Reserved shares (contract §3c; docs/architecture.md, "Reserved shares"): the units of a
+//! `reserve = true` limit that this instance took from the store and has not used yet, and
+//! what gives them back.
+//!
+//! - Each connection worker keeps its own shares ([`WorkerShares`], behind a mutex only that
+//!   worker takes on the request path), so admitting from a share of a hot bucket takes no
+//!   lock that workers contend on. A worker whose share runs out takes half of another
+//!   worker's unused units of the bucket before it asks the store, so that one instance never
+//!   denies while it holds units itself (contract §3c: exact on one instance).
+//! - At most one grant per worker and bucket is in flight: requests that find a grant under
+//!   way wait for it (within the decision's budget) instead of sending their own, and the
+//!   grant asks for them too.
+//! - A share is used only before its window ends by this process's monotonic clock, measured
+//!   from when the grant was *sent*: the store's clock read inside the statement is no earlier,
+//!   so the local end is never after the window's real end.
+//! - [`Shares::tick`] (every [`TICK`]) gives units back: of buckets another instance asked
+//!   for (`NOTIFY`), of every bucket while this instance cannot hear such requests and the
+//!   share has not been used for [`IDLE_GIVE_BACK`], of limits a reload changed or removed, and
+//!   of sliding shares whose window ended (their row still weighs as the previous window).
+//!   [`Shares::give_back_all`] gives back everything at shutdown.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use prometheus_client::metrics::gauge::Gauge;
+use tokio::sync::watch;
+
+use super::fallback::Instances;
+use super::{PlannedLimit, RandomState};
+mod decide;
+
+use crate::store::{GiveBack, ResetEvent, ShareGrant, ShareWant, Store};
+
+/// How often [`Shares::tick`] runs: well within the second that contract §3c allows for a
+/// give-back.
+pub const TICK: Duration = Duration::from_millis(250);
+/// Without notifications (a pooler in transaction mode), a share unused this long goes back
+/// (contract §3c).
+pub const IDLE_GIVE_BACK: Duration = Duration::from_secs(1);
+/// Buckets one worker keeps shares of at most: buckets are keyed by what clients send. Past
+/// it, the least recently used share goes back to make room.
+pub const SHARES_PER_WORKER: usize = 16 * 1024;
+/// Rows in one give-back statement at most.
+const GIVE_BACK_BATCH: usize = 1000;
+
+/// What identifies a limit's shares across a reload: a share outlives a reload only while a
+/// limit of the same policy, `requests`, window and algorithm still reserves.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Shape {
+    pub policy: Arc<str>,
+    pub requests: u32,
+    pub window_secs: u32,
+    pub sliding: bool,
+}
+
+impl Shape {
+    pub fn of(plan: &PlannedLimit) -> Shape {
+        Shape {
+            policy: plan.policy.clone(),
+            requests: plan.requests,
+            window_secs: plan.window_secs,
+            sliding: plan.sliding,
+        }
+    }
+}
+
+/// One worker's share of one bucket.
+#[derive(Debug)]
+struct Share {
+    shape: Shape,
+    /// The window the units belong to (unix seconds, the store's clock).
+    window_start_secs: i64,
+    /// When that window ends, by this process's monotonic clock (never later than it does).
+    ends: Instant,
+    /// Units granted and not used.
+    unused: u32,
+    /// What the row left after the last grant (`requests - count`): with `unused`, the `r` of
+    /// the rate-limit fields.
+    row_left: u32,
+    /// Units used in this window, and since when: the rate a grant is sized by.
+    used: u64,
+    since: Instant,
+    last_used: Instant,
+    /// The last grant's size: the next one asks for at least twice as much.
+    last_granted: u32,
+    /// A grant under way; requests that find one wait on it.
+    granting: Option<watch::Sender<()>>,
+    /// Requests waiting for that grant.
+    waiting: u32,
+}
+
+impl Share {
+    fn new(shape: Shape, now: Instant) -> Share {
+        Share {
+            shape,
+            window_start_secs: i64::MIN,
+            ends: now,
+            unused: 0,
+            row_left: 0,
+            used: 0,
+            since: now,
+            last_used: now,
+            last_granted: 0,
+            granting: None,
+            waiting: 0,
+        }
+    }
+
+    fn live(&self, now: Instant) -> bool {
+        now < self.ends
+    }
+
+    /// Takes one unit: what the request is admitted from.
+    fn take_one(&mut self, now: Instant) -> Held {
+        self.unused -= 1;
+        self.used += 1;
+        self.last_used = now;
+        self.held()
+    }
+
+    /// Waits for the grant under way, if there is one.
+    fn wait(&mut self) -> Option<Take> {
+        let waiting = self.granting.as_ref().map(watch::Sender::subscribe)?;
+        self.waiting = self.waiting.saturating_add(1);
+        Some(Take::Wait(waiting))
+    }
+
+    fn held(&self) -> Held {
+        Held {
+            left: self.row_left.saturating_add(self.unused),
+            ends: self.ends,
+        }
+    }
+
+    /// What the next grant asks for: what this worker is expected to use before the window
+    /// ends at the rate it has used this share, at least twice the last grant and at least
+    /// one unit for each request waiting (the store caps it, contract §3c).
+    fn want(&self, now: Instant, window_left: Duration) -> u32 {
+        let elapsed = now
+            .saturating_duration_since(self.since)
+            .as_secs_f64()
+            .max(0.05);
+        let by_rate = self.used as f64 / elapsed * window_left.as_secs_f64();
+        let by_rate = by_rate.ceil().min(f64::from(u32::MAX)) as u32;
+        by_rate
+            .max(self.last_granted.saturating_mul(2))
+            .max(self.waiting.saturating_add(1))
+            .min(self.shape.requests)
+            .max(1)
+    }
+}
+
+/// A unit taken from a share: what the request's rate-limit fields say of the limit.
+#[derive(Debug, Clone, Copy)]
+pub struct Held {
+    /// What the row leaves plus this worker's unused units (`r`, contract §3c).
+    pub left: u32,
+    /// When the share's window ends.
+    pub ends: Instant,
+}
+
+/// What [`Shares::take`] found.
+pub enum Take {
+    /// A unit, taken.
+    Taken(Held),
+    /// A grant of this bucket is under way on this worker: wait for it, then take again.
+    Wait(watch::Receiver<()>),
+    /// Ask the store for a grant of `want` units; this request is now the one granting.
+    Grant(ShareWant),
+}
+
+type WorkerShares = HashMap<Arc<str>, Share, RandomState>;
+
+/// Every worker's shares, and what gives them back.
+pub struct Shares {
+    workers: Box<[Mutex<WorkerShares>]>,
+    instances: Arc<Instances>,
+    /// Whether this instance hears other instances' reclaim requests (`LISTEN` works). Until
+    /// the listener says so, shares go back when idle, as without it.
+    hearing: AtomicBool,
+    asked: Mutex<Asked>,
+    reserved_units: Gauge,
+}
+
+/// What happened between two ticks that gives shares back.
+#[derive(Default)]
+struct Asked {
+    /// After a reload: the shapes that still reserve.
+    reloaded: Option<HashSet<Shape>>,
+    /// Units taken out of shares (window turned, room made), to go back at the next tick.
+    back: Vec<GiveBack>,
+}
+
+impl Shares {
+    pub fn new(workers: usize, instances: Arc<Instances>, reserved_units: Gauge) -> Shares {
+        Shares {
+            workers: (0..workers.max(1))
+                .map(|_| Mutex::new(WorkerShares::default()))
+                .collect(),
+            instances,
+            hearing: AtomicBool::new(false),
+            asked: Mutex::new(Asked::default()),
+            reserved_units,
+        }
+    }
+
+    fn worker(&self, worker: usize) -> MutexGuard<'_, WorkerShares> {
+        let slot = &self.workers[worker % self.workers.len()];
+        // A panic while the lock was held left counts that are still units the row holds.
+        slot.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn asked(&self) -> MutexGuard<'_, Asked> {
+        self.asked.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Live instances, as the registry last said: what share sizes divide by.
+    pub fn instances(&self) -> u32 {
+        self.instances.live()
+    }
+
+    /// A unit of `plan`'s bucket for a request on `worker`: from its own share, else from
+    /// another worker's, else the request waits for a grant under way or sends one.
+    pub fn take(&self, worker: usize, plan: &PlannedLimit) -> Take {
+        let now = Instant::now();
+        {
+            let mut mine = self.worker(worker);
+            if let Some(share) = mine.get_mut(&*plan.bucket) {
+                if share.live(now) && share.unused > 0 {
+                    return Take::Taken(share.take_one(now));
+                }
+                if let Some(wait) = share.wait() {
+                    return wait;
+                }
+            }
+        }
+        if let Some(held) = self.steal(worker, plan, now) {
+            return Take::Taken(held);
+        }
+        let mut mine = self.worker(worker);
+        if !mine.contains_key(&*plan.bucket) && mine.len() >= SHARES_PER_WORKER {
+            self.make_room(&mut mine, now);
+        }
+        let share = mine
+            .entry(plan.bucket.clone())
+            .or_insert_with(|| Share::new(Shape::of(plan), now));
+        // Another request of this worker may have started one since the first look.
+        if let Some(wait) = share.wait() {
+            return wait;
+        }
+        let window_left = window_left(now, share, plan.window_secs);
+        let want = share.want(now, window_left);
+        share.granting = Some(watch::Sender::new(()));
+        Take::Grant(ShareWant {
+            bucket: plan.bucket.clone(),
+            window_secs: plan.window_secs,
+            requests: plan.requests,
+            sliding: plan.sliding,
+            want,
+        })
+    }
+
+    /// Half of another worker's unused units of the bucket (at least one), moved to this
+    /// worker's share, which then gives one to the request.
+    fn steal(&self, worker: usize, plan: &PlannedLimit, now: Instant) -> Option<Held> {
+        let count = self.workers.len();
+        for other in (1..count).map(|k| (worker + k) % count) {
+            let (units, from) = {
+                let mut theirs = self.worker(other);
+                let Some(share) = theirs.get_mut(&*plan.bucket) else {
+                    continue;
+                };
+                if !share.live(now) || share.unused == 0 {
+                    continue;
+                }
+                let units = share.unused.div_ceil(2);
+                share.unused -= units;
+                (units, (share.window_start_secs, share.ends, share.row_left))
+            };
+            let mut mine = self.worker(worker);
+            let share = mine
+                .entry(plan.bucket.clone())
+                .or_insert_with(|| Share::new(Shape::of(plan), now));
+            if share.window_start_secs != from.0 {
+                share.window_start_secs = from.0;
+                share.used = 0;
+                share.since = now;
+            }
+            share.ends = from.1;
+            share.row_left = from.2;
+            share.unused += units;
+            return Some(share.take_one(now));
+        }
+        None
+    }
+
+    /// The least recently used share of a full worker goes (its units back at the next tick).
+    fn make_room(&self, mine: &mut WorkerShares, now: Instant) {
+        let oldest = mine
+            .iter()
+            .filter(|(_, share)| share.granting.is_none())
+            .min_by_key(|(_, share)| share.last_used)
+            .map(|(bucket, _)| bucket.clone());
+        if let Some(bucket) = oldest {
+            if let Some(share) = mine.remove(&bucket) {
+                self.set_aside(&bucket, &share, now);
+            }
+        }
+    }
+
+    /// Queues a share's unused units for the next tick's give-back, when they still count in
+    /// a row that matters: a fixed window's units are worth nothing once it ended.
+    fn set_aside(&self, bucket: &Arc<str>, share: &Share, now: Instant) {
+        if share.unused == 0 || (!share.live(now) && !share.shape.sliding) {
+            return;
+        }
+        self.asked().back.push(GiveBack {
+            bucket: bucket.clone(),
+            window_start_secs: share.window_start_secs,
+            unused: share.unused,
+        });
+    }
+
+    /// The store granted `grant` for `plan` (the grant this worker's [`Take::Grant`] asked
+    /// for, sent at `sent_at`): the units join the share and the granting request takes one.
+    /// `None`: nothing was granted (the bucket is exhausted), or the share's window had
+    /// already ended.
+    pub fn granted(
+        &self,
+        worker: usize,
+        plan: &PlannedLimit,
+        grant: &ShareGrant,
+        sent_at: Instant,
+    ) -> Option<Held> {
+        let now = Instant::now();
+        let left_ms = u64::try_from(grant.window_end_ms.saturating_sub(grant.now_ms)).unwrap_or(0);
+        let ends = sent_at + Duration::from_millis(left_ms);
+        let window_start_secs = grant.window_end_ms.div_euclid(1000) - i64::from(plan.window_secs);
+        let mut mine = self.worker(worker);
+        let share = mine
+            .entry(plan.bucket.clone())
+            .or_insert_with(|| Share::new(Shape::of(plan), now));
+        let mut aside = None;
+        if share.window_start_secs != window_start_secs {
+            // A new window: the old one's units go back if its row still weighs (sliding).
+            if share.unused > 0 && share.shape.sliding {
+                aside = Some(GiveBack {
+                    bucket: plan.bucket.clone(),
+                    window_start_secs: share.window_start_secs,
+                    unused: share.unused,
+                });
+            }
+            share.unused = 0;
+            share.window_start_secs = window_start_secs;
+            share.used = 0;
+            share.since = now;
+        }
+        share.shape = Shape::of(plan);
+        share.ends = ends;
+        share.unused = share.unused.saturating_add(grant.granted);
+        share.row_left = plan.requests.saturating_sub(grant.count);
+        share.last_granted = grant.granted;
+        end_grant(share);
+        let held = (share.live(now) && share.unused > 0).then(|| share.take_one(now));
+        drop(mine);
+        if let Some(aside) = aside {
+            self.asked().back.push(aside);
+        }
+        held
+    }
+
+    /// The grant this worker asked for failed: whoever waits on it tries again.
+    pub fn grant_failed(&self, worker: usize, plan: &PlannedLimit) {
+        if let Some(share) = self.worker(worker).get_mut(&*plan.bucket) {
+            end_grant(share);
+        }
+    }
+
+    /// A unit taken for a request that another limit then denied goes back to this worker's
+    /// share (contract §3c: a denied request takes nothing from the others' shares).
+    pub fn put_back(&self, worker: usize, plan: &PlannedLimit, held: &Held) {
+        let mut mine = self.worker(worker);
+        if let Some(share) = mine.get_mut(&*plan.bucket) {
+            if share.ends == held.ends {
+                share.unused = share.unused.saturating_add(1);
+                share.used = share.used.saturating_sub(1);
+                return;
+            }
+        }
+        drop(mine);
+        tracing::debug!(policy = %plan.policy, "a reserved unit outlived its share; it stays counted");
+    }
+
+    /// What the store's `LISTEN` session heard (contract §3b, §3c).
+    pub fn on_event(&self, event: ResetEvent<'_>) {
+        match event {
+            // The rows are gone, and with them what they counted of this instance's shares:
+            // the units are dropped, not given back.
+            ResetEvent::Bucket(bucket) => {
+                for worker in 0..self.workers.len() {
+                    self.worker(worker).remove(bucket);
+                }
+            }
+            // What this instance holds of the bucket now goes back at the next tick; units
+            // granted after the ask are not what it asked for.
+            ResetEvent::Reclaim(bucket) => self.set_aside_where(|b, _| &**b == bucket),
+            ResetEvent::Returned(_) => {}
+            // A reset or a reclaim may have been missed: nothing held is sure to be wanted.
+            ResetEvent::Missed => self.set_aside_where(|_, _| true),
+            ResetEvent::Hearing(hearing) => self.hearing.store(hearing, Ordering::Release),
+        }
+    }
+
+    /// Takes the unused units of every share `which` picks out of it, to go back at the next
+    /// tick.
+    fn set_aside_where(&self, which: impl Fn(&Arc<str>, &Share) -> bool) {
+        let now = Instant::now();
+        for worker in 0..self.workers.len() {
+            let mut mine = self.worker(worker);
+            for (bucket, share) in mine.iter_mut().filter(|(b, s)| s.unused > 0 && which(b, s)) {
+                self.set_aside(bucket, share, now);
+                share.unused = 0;
+            }
+        }
+    }
+
+    /// After a reload: shares of limits that no longer reserve with the same `requests`,
+    /// window and algorithm go back at the next tick (contract §3c).
+    pub fn reloaded(&self, in_force: HashSet<Shape>) {
+        self.asked().reloaded = Some(in_force);
+    }
+
+    /// Gives back what is due (see the module docs) and updates `tollgate_reserved_units`.
+    pub async fn tick(&self, store: &dyn Store) {
+        let now = Instant::now();
+        let (mut back, reloaded) = {
+            let mut asked = self.asked();
+            (std::mem::take(&mut asked.back), asked.reloaded.take())
+        };
+        let hearing = self.hearing.load(Ordering::Acquire);
+        let mut held = 0u64;
+        for worker in 0..self.workers.len() {
+            let mut mine = self.worker(worker);
+            mine.retain(|bucket, share| {
+                let live = share.live(now);
+                let idle =
+                    !hearing && now.saturating_duration_since(share.last_used) >= IDLE_GIVE_BACK;
+                let changed = reloaded
+                    .as_ref()
+                    .is_some_and(|set| !set.contains(&share.shape));
+                let due = changed || idle || !live;
+                if due && share.unused > 0 && (live || share.shape.sliding) {
+                    back.push(GiveBack {
+                        bucket: bucket.clone(),
+                        window_start_secs: share.window_start_secs,
+                        unused: share.unused,
+                    });
+                    share.unused = 0;
+                }
+                if !live {
+                    share.unused = 0;
+                }
+                held += u64::from(share.unused);
+                // An ended window's share is kept while a grant is under way (its requests
+                // wait on it) and dropped otherwise; a reload's change drops it too.
+                (live || share.granting.is_some()) && !changed
+            });
+        }
+        self.reserved_units
+            .set(i64::try_from(held).unwrap_or(i64::MAX));
+        send_back(store, merge(back)).await;
+    }
+
+    /// Gives back every unused unit (a clean stop, contract §3c).
+    pub async fn give_back_all(&self, store: &dyn Store) {
+        self.set_aside_where(|_, _| true);
+        self.tick(store).await;
+        self.reserved_units.set(0);
+    }
+}
+
+/// Runs [`Shares::tick`] every [`TICK`], for as long as the server runs.
+pub async fn give_back_when_due(shares: Arc<Shares>, store: Arc<dyn Store>) {
+    let mut every = tokio::time::interval(TICK);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        shares.tick(&*store).await;
+    }
+}
+
+/// The limits of `config` that reserve, as [`Shares::reloaded`] takes them.
+pub fn shapes_in(config: &crate::config::Config) -> HashSet<Shape> {
+    config
+        .routes
+        .iter()
+        .flat_map(|route| &route.limits)
+        .filter(|limit| limit.reserve)
+        .map(|limit| Shape {
+            policy: Arc::from(limit.policy_name()),
+            requests: limit.requests,
+            window_secs: limit.window_secs,
+            sliding: limit.algorithm == crate::config::Algorithm::Sliding,
+        })
+        .collect()
+}
+
+/// The grant is over: whoever waited on it looks again.
+fn end_grant(share: &mut Share) {
+    if let Some(granting) = share.granting.take() {
+        granting.send_replace(());
+    }
+    share.waiting = 0;
+}
+
+/// How long until the share's window ends: from the share when it is current, else a whole
+/// window (a new window is about to be granted).
+fn window_left(now: Instant, share: &Share, window_secs: u32) -> Duration {
+    if share.live(now) {
+        share.ends.saturating_duration_since(now)
+    } else {
+        Duration::from_secs(u64::from(window_secs))
+    }
+}
+
+/// One give-back per (bucket, window), the workers' units summed.
+fn merge(back: Vec<GiveBack>) -> Vec<GiveBack> {
+    let mut merged: HashMap<(Arc<str>, i64), u32, RandomState> = HashMap::default();
+    for b in back {
+        let units = merged.entry((b.bucket, b.window_start_secs)).or_default();
+        *units = units.saturating_add(b.unused);
+    }
+    merged
+        .into_iter()
+        .map(|((bucket, window_start_secs), unused)| GiveBack {
+            bucket,
+            window_start_secs,
+            unused,
+        })
+        .collect()
+}
+
+/// Sends give-backs in batches; a failure is logged and the units stay counted in their rows
+/// until the window ends (they can deny early, never admit more).
+async fn send_back(store: &dyn Store, back: Vec<GiveBack>) {
+    for batch in back.chunks(GIVE_BACK_BATCH) {
+        // One statement takes one window per bucket: a bucket twice (two windows) goes in
+        // the next statement.
+        let mut seen = HashSet::<Arc<str>, RandomState>::default();
+        let (first, again): (Vec<_>, Vec<_>) = batch
+            .iter()
+            .cloned()
+            .partition(|b| seen.insert(b.bucket.clone()));
+        for part in [first, again] {
+            if part.is_empty() {
+                continue;
+            }
+            if let Err(err) = store.give_back(&part).await {
+                let units: u64 = part.iter().map(|b| u64::from(b.unused)).sum();
+                tracing::warn!(error = %err, units, "reserved units could not be given back; they stay counted until their window ends");
+            }
+        }
+    }
+}
