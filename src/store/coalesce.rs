@@ -42,10 +42,25 @@ struct Job {
     reply: oneshot::Sender<Result<Vec<Counted>, StoreError>>,
 }
 
+/// One caller's share grants (contract §3c). Grants of many buckets go out together as one
+/// statement, as increments do: a burst of buckets seen for the first time (10,000 clients
+/// starting their windows) costs a statement per round trip, not one per bucket.
+struct GrantJob {
+    wants: Vec<ShareWant>,
+    instances: u32,
+    reply: oneshot::Sender<Result<Vec<ShareGrant>, StoreError>>,
+}
+
+/// What the dispatcher is handed.
+enum Queued {
+    Decide(Job),
+    Grant(GrantJob),
+}
+
 /// Wraps a store so that concurrent increments share statements.
 pub struct CoalescingStore {
     inner: Arc<dyn Store>,
-    queue: mpsc::Sender<Job>,
+    queue: mpsc::Sender<Queued>,
     /// Share grants and give-backs go straight to the store (one per share, not per
     /// request), counted here.
     on_statement: OnStatement,
@@ -82,7 +97,7 @@ impl Store for CoalescingStore {
                 reply,
             };
             self.queue
-                .send(job)
+                .send(Queued::Decide(job))
                 .await
                 .map_err(|_| StoreError::Unavailable("the increment queue is closed".into()))?;
             answer
@@ -104,8 +119,21 @@ impl Store for CoalescingStore {
         wants: &'a [ShareWant],
         instances: u32,
     ) -> StoreFuture<'a, Vec<ShareGrant>> {
-        (self.on_statement)();
-        self.inner.reserve(wants, instances)
+        Box::pin(async move {
+            let (reply, answer) = oneshot::channel();
+            let job = GrantJob {
+                wants: wants.to_vec(),
+                instances,
+                reply,
+            };
+            self.queue
+                .send(Queued::Grant(job))
+                .await
+                .map_err(|_| StoreError::Unavailable("the increment queue is closed".into()))?;
+            answer
+                .await
+                .map_err(|_| StoreError::Unavailable("the grant was dropped".into()))?
+        })
     }
 
     fn give_back<'a>(&'a self, back: &'a [GiveBack]) -> StoreFuture<'a, Vec<u32>> {
@@ -136,12 +164,13 @@ impl Store for CoalescingStore {
 /// meanwhile: a hot bucket costs one statement per round trip, whatever the request rate.
 async fn dispatch(
     inner: Arc<dyn Store>,
-    mut jobs: mpsc::Receiver<Job>,
+    mut jobs: mpsc::Receiver<Queued>,
     slots: usize,
     on_statement: OnStatement,
 ) {
     let (done_tx, mut done) = mpsc::unbounded_channel::<Vec<Arc<str>>>();
     let mut pending: Vec<Job> = Vec::new();
+    let mut grants: Vec<GrantJob> = Vec::new();
     // The jobs of the statement being built.
     let mut ready: Vec<Job> = Vec::new();
     // Bucket names are tollgate's own (see postgres/statements.rs): hashed with foldhash, not
@@ -152,8 +181,9 @@ async fn dispatch(
     loop {
         // Wait for something to do: a new job, or a statement coming back.
         tokio::select! {
-            job = jobs.recv(), if open && pending.len() < QUEUE => match job {
-                Some(job) => pending.push(job),
+            job = jobs.recv(), if open && pending.len() + grants.len() < QUEUE => match job {
+                Some(Queued::Decide(job)) => pending.push(job),
+                Some(Queued::Grant(job)) => grants.push(job),
                 None => open = false,
             },
             Some(finished) = done.recv() => {
@@ -163,14 +193,29 @@ async fn dispatch(
                 }
             }
         }
-        if !open && pending.is_empty() && free == slots.max(1) {
+        if !open && pending.is_empty() && grants.is_empty() && free == slots.max(1) {
             return;
         }
         // Everything already queued joins in.
-        while pending.len() < QUEUE {
+        while pending.len() + grants.len() < QUEUE {
             match jobs.try_recv() {
-                Ok(job) => pending.push(job),
+                Ok(Queued::Decide(job)) => pending.push(job),
+                Ok(Queued::Grant(job)) => grants.push(job),
                 Err(_) => break,
+            }
+        }
+        if free > 0 && !grants.is_empty() {
+            if let Some(statement) = GrantStatement::build(&mut grants, &in_flight) {
+                let buckets: Vec<Arc<str>> = statement.buckets().cloned().collect();
+                in_flight.extend(buckets.iter().cloned());
+                free -= 1;
+                on_statement();
+                let inner = inner.clone();
+                let done_tx = done_tx.clone();
+                tokio::spawn(async move {
+                    statement.run(inner).await;
+                    let _ = done_tx.send(buckets);
+                });
             }
         }
         while free > 0 && !pending.is_empty() {
@@ -360,6 +405,70 @@ impl Folded {
                     .collect()
             })
             .collect()
+    }
+}
+
+/// Grants of several callers in one statement: each bucket once (a second caller's grant of a
+/// bucket waits for the next statement, and then sees what the first one's left).
+struct GrantStatement {
+    jobs: Vec<GrantJob>,
+}
+
+impl GrantStatement {
+    /// Takes from `queued` the grants whose buckets are neither in flight nor asked by an
+    /// earlier grant of this statement, up to [`MAX_JOBS_PER_STATEMENT`] callers.
+    fn build(
+        queued: &mut Vec<GrantJob>,
+        in_flight: &HashSet<Arc<str>, foldhash::fast::RandomState>,
+    ) -> Option<GrantStatement> {
+        let mut taken: HashSet<Arc<str>, foldhash::fast::RandomState> = HashSet::default();
+        let jobs: Vec<GrantJob> = queued
+            .extract_if(.., |job| {
+                let free = taken.len() < MAX_JOBS_PER_STATEMENT
+                    && job
+                        .wants
+                        .iter()
+                        .all(|w| !in_flight.contains(&w.bucket) && !taken.contains(&w.bucket));
+                if free {
+                    taken.extend(job.wants.iter().map(|w| w.bucket.clone()));
+                }
+                free
+            })
+            .collect();
+        (!jobs.is_empty()).then_some(GrantStatement { jobs })
+    }
+
+    fn buckets(&self) -> impl Iterator<Item = &Arc<str>> {
+        self.jobs
+            .iter()
+            .flat_map(|j| j.wants.iter().map(|w| &w.bucket))
+    }
+
+    async fn run(self, inner: Arc<dyn Store>) {
+        let wants: Vec<ShareWant> = self.jobs.iter().flat_map(|j| j.wants.clone()).collect();
+        let instances = self.jobs.iter().map(|j| j.instances).max().unwrap_or(1);
+        let answer = inner.reserve(&wants, instances).await.and_then(|grants| {
+            if grants.len() == wants.len() {
+                Ok(grants)
+            } else {
+                Err(StoreError::Query("short grant".into()))
+            }
+        });
+        match answer {
+            Ok(grants) => {
+                let mut rest = &grants[..];
+                for job in self.jobs {
+                    let (mine, after) = rest.split_at(job.wants.len());
+                    rest = after;
+                    let _ = job.reply.send(Ok(mine.to_vec()));
+                }
+            }
+            Err(err) => {
+                for job in self.jobs {
+                    let _ = job.reply.send(Err(err.clone()));
+                }
+            }
+        }
     }
 }
 

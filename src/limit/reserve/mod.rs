@@ -134,17 +134,25 @@ impl Share {
         }
     }
 
-    /// What the next grant asks for: what this worker is expected to use before the window
-    /// ends at the rate it has used this share, at least twice the last grant and at least
-    /// one unit for each request waiting (the store caps it, contract §3c).
-    fn want(&self, now: Instant, window_left: Duration) -> u32 {
+    /// What this worker is expected to use of the bucket before the window ends, at the rate
+    /// it has used this share; `None` before it used any.
+    fn by_rate(&self, now: Instant, window_left: Duration) -> Option<u32> {
+        if self.used == 0 {
+            return None;
+        }
         let elapsed = now
             .saturating_duration_since(self.since)
             .as_secs_f64()
             .max(0.05);
-        let by_rate = self.used as f64 / elapsed * window_left.as_secs_f64();
-        let by_rate = by_rate.ceil().min(f64::from(u32::MAX)) as u32;
-        by_rate
+        let expected = self.used as f64 / elapsed * window_left.as_secs_f64();
+        Some(expected.ceil().min(f64::from(u32::MAX)) as u32)
+    }
+
+    /// What the next grant asks for: `expected` (see [`Share::by_rate`]), at least twice the
+    /// last grant and at least one unit for each request waiting, at most the limit (the
+    /// store caps it further, contract §3c).
+    fn want(&self, expected: u32) -> u32 {
+        expected
             .max(self.last_granted.saturating_mul(2))
             .max(self.waiting.saturating_add(1))
             .min(self.shape.requests)
@@ -171,7 +179,16 @@ pub enum Take {
     Grant(ShareWant),
 }
 
-type WorkerShares = HashMap<Arc<str>, Share, RandomState>;
+/// One worker's shares, and what it learned of each reserve limit's buckets.
+#[derive(Default)]
+struct WorkerShares {
+    shares: HashMap<Arc<str>, Share, RandomState>,
+    /// By policy: the last grant this worker sized by a bucket's rate. A bucket seen for the
+    /// first time asks for this much, so that a limit with many buckets (an API key each)
+    /// costs one grant per bucket and window rather than two (the first, of one unit, is
+    /// what teaches a bucket's rate otherwise). Policies come from the configuration: bounded.
+    learned: HashMap<Arc<str>, u32, RandomState>,
+}
 
 /// Every worker's shares, and what gives them back.
 pub struct Shares {
@@ -227,7 +244,7 @@ impl Shares {
         let now = Instant::now();
         {
             let mut mine = self.worker(worker);
-            if let Some(share) = mine.get_mut(&*plan.bucket) {
+            if let Some(share) = mine.shares.get_mut(&*plan.bucket) {
                 if share.live(now) && share.unused > 0 {
                     return Take::Taken(share.take_one(now));
                 }
@@ -240,10 +257,11 @@ impl Shares {
             return Take::Taken(held);
         }
         let mut mine = self.worker(worker);
-        if !mine.contains_key(&*plan.bucket) && mine.len() >= SHARES_PER_WORKER {
+        if !mine.shares.contains_key(&*plan.bucket) && mine.shares.len() >= SHARES_PER_WORKER {
             self.make_room(&mut mine, now);
         }
-        let share = mine
+        let WorkerShares { shares, learned } = &mut *mine;
+        let share = shares
             .entry(plan.bucket.clone())
             .or_insert_with(|| Share::new(Shape::of(plan), now));
         // Another request of this worker may have started one since the first look.
@@ -251,7 +269,14 @@ impl Shares {
             return wait;
         }
         let window_left = window_left(now, share, plan.window_secs);
-        let want = share.want(now, window_left);
+        let expected = match share.by_rate(now, window_left) {
+            Some(expected) => {
+                learned.insert(plan.policy.clone(), expected);
+                expected
+            }
+            None => learned.get(&*plan.policy).copied().unwrap_or(1),
+        };
+        let want = share.want(expected);
         share.granting = Some(watch::Sender::new(()));
         Take::Grant(ShareWant {
             bucket: plan.bucket.clone(),
@@ -269,7 +294,7 @@ impl Shares {
         for other in (1..count).map(|k| (worker + k) % count) {
             let (units, from) = {
                 let mut theirs = self.worker(other);
-                let Some(share) = theirs.get_mut(&*plan.bucket) else {
+                let Some(share) = theirs.shares.get_mut(&*plan.bucket) else {
                     continue;
                 };
                 if !share.live(now) || share.unused == 0 {
@@ -281,6 +306,7 @@ impl Shares {
             };
             let mut mine = self.worker(worker);
             let share = mine
+                .shares
                 .entry(plan.bucket.clone())
                 .or_insert_with(|| Share::new(Shape::of(plan), now));
             if share.window_start_secs != from.0 {
@@ -299,12 +325,13 @@ impl Shares {
     /// The least recently used share of a full worker goes (its units back at the next tick).
     fn make_room(&self, mine: &mut WorkerShares, now: Instant) {
         let oldest = mine
+            .shares
             .iter()
             .filter(|(_, share)| share.granting.is_none())
             .min_by_key(|(_, share)| share.last_used)
             .map(|(bucket, _)| bucket.clone());
         if let Some(bucket) = oldest {
-            if let Some(share) = mine.remove(&bucket) {
+            if let Some(share) = mine.shares.remove(&bucket) {
                 self.set_aside(&bucket, &share, now);
             }
         }
@@ -340,6 +367,7 @@ impl Shares {
         let window_start_secs = grant.window_end_ms.div_euclid(1000) - i64::from(plan.window_secs);
         let mut mine = self.worker(worker);
         let share = mine
+            .shares
             .entry(plan.bucket.clone())
             .or_insert_with(|| Share::new(Shape::of(plan), now));
         let mut aside = None;
@@ -373,7 +401,7 @@ impl Shares {
 
     /// The grant this worker asked for failed: whoever waits on it tries again.
     pub fn grant_failed(&self, worker: usize, plan: &PlannedLimit) {
-        if let Some(share) = self.worker(worker).get_mut(&*plan.bucket) {
+        if let Some(share) = self.worker(worker).shares.get_mut(&*plan.bucket) {
             end_grant(share);
         }
     }
@@ -382,7 +410,7 @@ impl Shares {
     /// share (contract §3c: a denied request takes nothing from the others' shares).
     pub fn put_back(&self, worker: usize, plan: &PlannedLimit, held: &Held) {
         let mut mine = self.worker(worker);
-        if let Some(share) = mine.get_mut(&*plan.bucket) {
+        if let Some(share) = mine.shares.get_mut(&*plan.bucket) {
             if share.ends == held.ends {
                 share.unused = share.unused.saturating_add(1);
                 share.used = share.used.saturating_sub(1);
@@ -400,7 +428,7 @@ impl Shares {
             // the units are dropped, not given back.
             ResetEvent::Bucket(bucket) => {
                 for worker in 0..self.workers.len() {
-                    self.worker(worker).remove(bucket);
+                    self.worker(worker).shares.remove(bucket);
                 }
             }
             // What this instance holds of the bucket now goes back at the next tick; units
@@ -419,7 +447,11 @@ impl Shares {
         let now = Instant::now();
         for worker in 0..self.workers.len() {
             let mut mine = self.worker(worker);
-            for (bucket, share) in mine.iter_mut().filter(|(b, s)| s.unused > 0 && which(b, s)) {
+            for (bucket, share) in mine
+                .shares
+                .iter_mut()
+                .filter(|(b, s)| s.unused > 0 && which(b, s))
+            {
                 self.set_aside(bucket, share, now);
                 share.unused = 0;
             }
@@ -443,7 +475,7 @@ impl Shares {
         let mut held = 0u64;
         for worker in 0..self.workers.len() {
             let mut mine = self.worker(worker);
-            mine.retain(|bucket, share| {
+            mine.shares.retain(|bucket, share| {
                 let live = share.live(now);
                 let idle =
                     !hearing && now.saturating_duration_since(share.last_used) >= IDLE_GIVE_BACK;
