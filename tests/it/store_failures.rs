@@ -833,7 +833,8 @@ async fn a_role_without_create_serves_with_migrate_false_after_a_deploy_job_migr
              GRANT USAGE ON SCHEMA public TO \"{name}\"; \
              GRANT SELECT ON ALL TABLES IN SCHEMA public TO \"{name}\"; \
              GRANT INSERT, UPDATE, DELETE ON public.rate_limits TO \"{name}\"; \
-             GRANT INSERT, UPDATE, DELETE ON public.tollgate_instances TO \"{name}\""
+             GRANT INSERT, UPDATE, DELETE ON public.tollgate_instances TO \"{name}\"; \
+             GRANT INSERT, UPDATE, DELETE ON public.tollgate_shares TO \"{name}\""
         ))
         .await
         .expect("create the runtime role");
@@ -859,6 +860,17 @@ upstream = "app"
   key = "ip"
   requests = 2
   window = "1h"
+
+[[routes]]
+name = "shared"
+path_prefix = "/shared"
+upstream = "app"
+
+  [[routes.limits]]
+  key = "ip"
+  requests = 2
+  window = "1h"
+  reserve = true
 "#;
     let text = limits_config(&store, "\n[admin]\nlisten = \"127.0.0.1:0\"", routes);
     let started: f64 = admin_db
@@ -878,6 +890,15 @@ upstream = "app"
         statuses,
         [200, 200, 429],
         "the limit holds under the runtime role"
+    );
+    let mut reserved = Vec::new();
+    for _ in 0..3 {
+        reserved.push(get(&client, &proxy.url("/shared")).await.status.as_u16());
+    }
+    assert_eq!(
+        reserved,
+        [200, 200, 429],
+        "a reserve limit under the runtime role"
     );
     assert_eq!(
         ready_until(&client, admin, 200, Duration::from_secs(3)).await,

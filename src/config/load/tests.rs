@@ -1859,3 +1859,42 @@ fn a_bad_value_is_not_reported_again_by_the_cross_checks() {
         "not a socket address",
     );
 }
+
+/// `reserve` (contract §3c): a boolean, false by default; limits that write one bucket prefix
+/// must agree on it, since a row whose budget is taken in shares must not also be counted per
+/// request.
+#[test]
+fn reserve_is_read_and_must_agree_on_a_shared_prefix() {
+    let limit = |extra: &str| {
+        format!("[[routes.limits]]\nkey = \"ip\"\nrequests = 5\nwindow = \"1h\"\nscope = \"shared\"\n{extra}")
+    };
+    let route = |name: &str, extra: &str| {
+        format!(
+            "[[routes]]\nname = \"{name}\"\nupstream = \"api\"\n{}",
+            limit(extra)
+        )
+    };
+    let both = format!(
+        "{UPSTREAM}{}{}",
+        route("a", "reserve = true\n"),
+        route("b", "reserve = true\n")
+    );
+    let c = load_ok(&both);
+    assert!(c.routes[0].limits[0].reserve && c.routes[1].limits[0].reserve);
+    let plain = load_ok(&format!("{UPSTREAM}{}", route("a", "")));
+    assert!(!plain.routes[0].limits[0].reserve, "false by default");
+    let e = one_error(&format!(
+        "{UPSTREAM}{}{}",
+        route("a", "reserve = true\n"),
+        route("b", "")
+    ));
+    assert_eq!(e.field, "routes[1].limits[0]");
+    assert!(e.message.contains("reserve = true"), "{}", e.message);
+    assert_error(
+        &format!("{UPSTREAM}{}", route("a", "reserve = \"yes\"\n")),
+        11,
+        11,
+        "routes[0].limits[0].reserve",
+        "boolean",
+    );
+}
