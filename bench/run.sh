@@ -21,6 +21,11 @@
 #               as pg-hot and pg-10k with `algorithm = "sliding"` (contract §3a); not in the default
 #               MODES: MODES="pg-hot pg-hot-sliding pg-10k pg-10k-sliding" gives same-run ratios
 #               (the summary's "sliding / fixed" lines, checked against issue 18's 0.9)
+#   pg-hot-reserve, pg-10k-reserve, pg-hot-reserve-sliding, pg-10k-reserve-sliding
+#               as pg-hot, pg-10k and their sliding modes with `reserve = true` (contract §3c):
+#               decided from shares taken from the database; not in the default MODES:
+#               MODES="memory memory-10k pg-hot pg-10k pg-hot-reserve pg-10k-reserve" gives the
+#               same-run ratios the summary checks against issue 49's targets
 #   nolimit-hyper, memory-hyper
 #               nolimit and memory served by hyper's HTTP/1.1 server and client alone
 #               (`tollgate run --http1 hyper`): what tollgate's own HTTP/1.1 code is worth,
@@ -72,7 +77,8 @@
 #
 # DB statements: from pg_stat_statements when the server has it loaded, else from
 # pg_stat_database.xact_commit (tollgate's increments run in autocommit, one transaction per
-# statement) and pg_stat_user_tables (n_tup_ins + n_tup_upd of rate_limits), per database.
+# statement); rows written from pg_stat_user_tables (n_tup_ins + n_tup_upd + n_tup_del of
+# rate_limits and tollgate_shares, the reserve modes' ledger), per database.
 # Those statistics reach the view up to 10 s late (PostgreSQL flushes an idle backend's
 # counters on a 10 s timer), hence PG_STATS_WAIT after each Postgres run. The count covers the
 # warm-up and the run, divided by the requests of both.
@@ -233,7 +239,7 @@ db_snap() {   # db_snap DB -> "statements rows_written"
   else
     stm=$(psql_admin -tAc "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = '$db'")
   fi
-  rows=$(psql_db "$db" -tAc "SELECT coalesce(sum(n_tup_ins + n_tup_upd), 0) FROM pg_stat_user_tables WHERE relname = 'rate_limits'")
+  rows=$(psql_db "$db" -tAc "SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0) FROM pg_stat_user_tables WHERE relname IN ('rate_limits', 'tollgate_shares')")
   echo "$stm ${rows:-0}"
 }
 
@@ -263,6 +269,7 @@ ORDER=(nginx)
 for m in $MODES; do
   case $m in
     nolimit | memory | memory-10k | pg-hot | pg-10k | pg-flood | pg-hot-sliding | pg-10k-sliding | \
+      pg-hot-reserve | pg-10k-reserve | pg-hot-reserve-sliding | pg-10k-reserve-sliding | \
       nolimit-hyper | memory-hyper)
       ORDER+=("tollgate-$m")
       [[ -n $BASE_BIN ]] && ORDER+=("base-$m") ;;
@@ -326,7 +333,9 @@ EOF
     echo '[[routes]]'
     echo "name = \"bench\""
     echo 'upstream = "app"'
-    case ${mode%-hyper} in
+    # A *-reserve mode is the mode without "-reserve", its limit taken in shares.
+    local limits=${mode%-hyper}
+    case ${limits/-reserve/} in
       nolimit) ;;
       memory | pg-hot) printf '  [[routes.limits]]\n  key = "ip"\n  requests = 2000000000\n  window = "1h"\n' ;;
       memory-10k | pg-10k) printf '  [[routes.limits]]\n  key = "header:authorization"\n  requests = 2000000000\n  window = "1h"\n' ;;
@@ -334,6 +343,7 @@ EOF
       pg-hot-sliding) printf '  [[routes.limits]]\n  key = "ip"\n  requests = 2000000000\n  window = "1h"\n  algorithm = "sliding"\n' ;;
       pg-10k-sliding) printf '  [[routes.limits]]\n  key = "header:authorization"\n  requests = 2000000000\n  window = "1h"\n  algorithm = "sliding"\n' ;;
     esac
+    if [[ $limits == *-reserve* ]]; then printf '  reserve = true\n'; fi
   } >"$file"
 }
 

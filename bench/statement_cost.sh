@@ -24,7 +24,10 @@
 # and SLIDING_UPSERT_SQL, read from src/store/postgres/statements.rs), `slideone`
 # SLIDING_ONE_SQL (hot only), `slidefn` the function's call with sliding limits:
 # `STATEMENTS="fixed sliding slideone slidefn"` prices a sliding batch against a fixed one,
-# every way (docs/performance.md, "Database side").
+# every way (docs/performance.md, "Database side"). `reserve` is the share grant of contract §3c
+# (`public.tollgate_reserve`, one unit per call, the grant's dearest use; a share far from the
+# limit is one call per window): `STATEMENTS="function reserve"` prices a grant against an
+# increment.
 #
 # Usage: [KNOB=value ...] bench/statement_cost.sh
 # Knobs: SECONDS_RUN [6] ROUNDS [2] CPU_LOAD [0] STATEMENTS ["function upsert direct"]
@@ -123,6 +126,12 @@ k_lim='ARRAY[2000000000,2000000000,2000000000,2000000000,2000000000,2000000000,2
 # sliding batch (and a direct one for the rows at their limit).
 { echo "$hot_vars"; echo "SELECT * FROM public.tollgate_increment(${hot_args[0]}, ${hot_args[1]}, ${hot_args[2]}, $hot_lim, true);"; } >"$RUN/hot-slidefn.sql"
 { echo "$k_vars"; echo "SELECT * FROM public.tollgate_increment(${k_args[0]}, ${k_args[1]}, ${k_args[2]}, $k_lim, true);"; } >"$RUN/10k-slidefn.sql"
+# `reserve`: the share grant, one unit per call, on limits that never run out.
+reserve_sql() {   # reserve_sql BUCKETS WINDOWS LIMITS SLIDING WANTS
+  echo "SELECT * FROM public.tollgate_reserve($1, $2, $3, $4, $5, 1, 'bench', true);"
+}
+{ echo "$hot_vars"; reserve_sql "${hot_args[0]}" "${hot_args[1]}" "$hot_lim" 'ARRAY[false]' "${hot_args[2]}"; } >"$RUN/hot-reserve.sql"
+{ echo "$k_vars"; reserve_sql "${k_args[0]}" "${k_args[1]}" "$k_lim" 'ARRAY[false,false,false,false,false,false,false,false]' "${k_args[2]}"; } >"$RUN/10k-reserve.sql"
 { echo "$hot_vars"; function_sql "${hot_args[@]}"; } >"$RUN/hot-function.sql"
 { echo "$hot_vars"; direct_sql "${hot_args[@]}"; } >"$RUN/hot-direct.sql"
 { echo "$k_vars"; direct_sql "${k_args[@]}"; } >"$RUN/10k-direct.sql"

@@ -193,6 +193,19 @@ SLIDING_OF = OrderedDict([
 # What issue 18 asks of them: at least this × their fixed-window mode, in the same run.
 SLIDING_TARGET = 0.9
 
+# Issue 49's targets for reserved shares (contract §3c): each reserve mode against its memory
+# reference (req/s ratio, p99 at most P99_OF × the reference's), and the mode without shares it
+# is compared with for rows written.
+RESERVE_OF = OrderedDict([
+    ("tollgate-pg-hot-reserve", ("tollgate-memory", 0.95, "tollgate-pg-hot")),
+    ("tollgate-pg-10k-reserve", ("tollgate-memory-10k", 0.9, "tollgate-pg-10k")),
+])
+RESERVE_P99_OF = 1.2
+# At most this many statements per 1,000 decisions on the hot key, and this share of the rows
+# the mode without shares writes on 10k keys.
+RESERVE_HOT_STATEMENTS = 2.0
+RESERVE_ROWS_SHARE = 0.2
+
 
 def summarize(tsv, soak=None):
     rows = read_tsv(tsv)
@@ -239,7 +252,8 @@ def summarize(tsv, soak=None):
             busy = [r["cpu_busy"].split("/") for r in rs if r.get("cpu_busy", "NA") != "NA"]
             busy_s = "/".join(f"{med([float(b[i]) for b in busy]):.0f}" for i in range(len(busy[0]))) if busy else "–"
             xn, xm = ratio(t, "nginx"), ratio(t, "tollgate-memory")
-            stats[(proto, conns, t)] = dict(rps=rps, p99=p99, xn=xn, xm=xm, stm=stm, calls=calls,
+            stats[(proto, conns, t)] = dict(rps=rps, p99=p99, xn=xn, xm=xm, stm=stm, calls=calls, rows=rows_w,
+                                            xref=ratio(t, RESERVE_OF[t][0]) if t in RESERVE_OF else None,
                                             rx10k=ratio(t, "tollgate-memory-10k"), non2xx=non2xx,
                                             # median over rounds of sliding / fixed in one round
                                             rfixed=ratio(t, SLIDING_OF[t]) if t in SLIDING_OF else None)
@@ -304,6 +318,7 @@ def targets_table(stats, groups, soak):
                 out.append(f"| this build / BASE_BIN: {t.split('-', 1)[1]} | {proto} | {conns} | "
                            f"{med(xs):.3f} (median of {len(xs)} same-round ratios; "
                            f"{', '.join(f'{x:.2f}' for x in xs)}) | – |")
+        out.extend(reserve_targets(g, proto, conns))
         # Only when a sliding mode and its fixed mode both ran, in the same rounds of this run.
         for sliding, fixed in SLIDING_OF.items():
             sl = g(sliding)
@@ -325,6 +340,33 @@ def targets_table(stats, groups, soak):
                 f"{verdict(mx < 64 and s['connections_open'] >= s['connections'])} (flatness: read the samples) |"
             )
     return "\n".join(out)
+
+
+def reserve_targets(g, proto, conns):
+    """Issue 49's lines for each reserve mode that ran with its references in this run."""
+    out = []
+    for t, (ref, want, plain) in RESERVE_OF.items():
+        st, rf, pl = g(t), g(ref), g(plain)
+        mode = t.split("-", 1)[1]
+        if not st:
+            continue
+        if st["xref"] is not None:
+            out.append(f"| {mode} ≥ {want} × {ref.split('-', 1)[1]} | {proto} | {conns} | "
+                       f"{st['xref']:.2f} × (median of same-round ratios) | {verdict(st['xref'] >= want)} |")
+        if rf and st["p99"] is not None and rf["p99"]:
+            ratio = st["p99"] / rf["p99"]
+            out.append(f"| {mode} p99 ≤ {RESERVE_P99_OF} × {ref.split('-', 1)[1]}'s | {proto} | {conns} | "
+                       f"{st['p99'] / 1000:.2f} against {rf['p99'] / 1000:.2f} ms ({ratio:.2f} ×) | "
+                       f"{verdict(ratio <= RESERVE_P99_OF)} |")
+        if "hot" in mode and st["stm"] is not None:
+            out.append(f"| {mode}: ≤ {RESERVE_HOT_STATEMENTS:g} DB statements per 1,000 | {proto} | {conns} | "
+                       f"{st['stm']:.2f} per 1,000 | {verdict(st['stm'] <= RESERVE_HOT_STATEMENTS)} |")
+        if "10k" in mode and pl and st["rows"] is not None and pl["rows"]:
+            share = st["rows"] / pl["rows"]
+            out.append(f"| {mode}: rows written ≤ {RESERVE_ROWS_SHARE:g} × {plain.split('-', 1)[1]}'s | {proto} | "
+                       f"{conns} | {st['rows']:.1f} against {pl['rows']:.1f} per 1,000 ({share:.2f} ×) | "
+                       f"{verdict(share <= RESERVE_ROWS_SHARE)} |")
+    return out
 
 
 def main():
