@@ -69,8 +69,13 @@ start_instances() {   # start_instances DB -> INSTANCE_PIDS, PORTS (comma-separa
   done
   for ((i = 0; i < INSTANCES; i++)); do
     wait_200 "http://127.0.0.1:$((BASE_PORT + 30 + i))/readyz" 30
-    # Each instance hears the others' reclaims before the load (its LISTEN check came back).
-    until curl -fsS "http://127.0.0.1:$((BASE_PORT + 30 + i))/metrics" | grep -qx 'tollgate_reset_listener_up 1'; do sleep 0.2; done
+    # Each instance hears the others' reclaims before the load (its LISTEN check came back),
+    # and counts every instance live (the registry's refresh, every 3 s): share sizes divide by
+    # that count.
+    until curl -fsS "http://127.0.0.1:$((BASE_PORT + 30 + i))/metrics" \
+        | grep -x -e 'tollgate_reset_listener_up 1' -e "tollgate_instances $INSTANCES" | wc -l | grep -qx 2; do
+      sleep 0.2
+    done
   done
 }
 stop_instances() {

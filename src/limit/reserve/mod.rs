@@ -596,3 +596,123 @@ async fn send_back(store: &dyn Store, back: Vec<GiveBack>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limit::tests::plan;
+
+    fn shares(workers: usize) -> Shares {
+        let instances = Arc::new(Instances::new(Gauge::default()));
+        Shares::new(workers, instances, Gauge::default())
+    }
+
+    /// What the store would answer: `granted` units of a row now at `count`, in a window that
+    /// ends a minute from now.
+    fn grant(granted: u32, count: u32) -> ShareGrant {
+        let now_ms = crate::store::unix_now_ms();
+        let window_end_ms = (now_ms / 60_000 + 1) * 60_000;
+        ShareGrant {
+            granted,
+            count,
+            previous: 0,
+            window_end_ms,
+            now_ms,
+        }
+    }
+
+    fn limit(bucket: usize) -> PlannedLimit {
+        PlannedLimit {
+            bucket: Arc::from(format!("p:ip:{bucket:064x}")),
+            ..plan("p:ip", 1000, 60, false)
+        }
+    }
+
+    /// Takes a unit of `plan` on `worker`, asking the "store" for `granted` when needed.
+    fn take_granting(shares: &Shares, worker: usize, plan: &PlannedLimit, granted: u32) -> Held {
+        match shares.take(worker, plan) {
+            Take::Taken(held) => held,
+            Take::Grant(_) => shares
+                .granted(worker, plan, &grant(granted, granted), Instant::now())
+                .expect("a unit of the grant"),
+            Take::Wait(_) => panic!("no other request is granting"),
+        }
+    }
+
+    /// contract §9: a worker keeps shares of at most `SHARES_PER_WORKER` buckets (buckets are
+    /// what clients send); past it the least recently used one goes, its units set aside for
+    /// the next give-back.
+    #[test]
+    fn a_full_worker_gives_back_its_least_recently_used_share() {
+        let shares = shares(1);
+        for bucket in 0..=SHARES_PER_WORKER {
+            take_granting(&shares, 0, &limit(bucket), 3);
+        }
+        assert_eq!(shares.worker(0).shares.len(), SHARES_PER_WORKER);
+        let back = std::mem::take(&mut shares.asked().back);
+        assert_eq!(back.len(), 1, "{back:?}");
+        assert_eq!(back[0].bucket, limit(0).bucket, "the least recently used");
+        assert_eq!(back[0].unused, 2);
+    }
+
+    /// One instance never denies while it holds units: a worker whose share is empty takes
+    /// half of another worker's unused units before it asks the store.
+    #[test]
+    fn an_empty_worker_takes_half_of_another_workers_units_first() {
+        let shares = shares(2);
+        let plan = limit(7);
+        take_granting(&shares, 0, &plan, 9);
+        // Worker 0 holds 8; worker 1 takes 4 of them (one for its request).
+        let Take::Taken(held) = shares.take(1, &plan) else {
+            panic!("worker 1 asked the store while worker 0 held units");
+        };
+        assert_eq!(shares.worker(0).shares[&plan.bucket].unused, 4);
+        assert_eq!(shares.worker(1).shares[&plan.bucket].unused, 3);
+        // `r`: what the row leaves (1000 - 9) plus this worker's unused units.
+        assert_eq!(held.left, 991 + 3);
+        // A unit put back (another limit denied the request) is there again.
+        shares.put_back(1, &plan, &held);
+        assert_eq!(shares.worker(1).shares[&plan.bucket].unused, 4);
+    }
+
+    /// Requests that find a grant under way wait for it, and the grant asks for them too.
+    #[test]
+    fn one_grant_per_worker_and_bucket_is_in_flight() {
+        let shares = shares(1);
+        let plan = limit(3);
+        let Take::Grant(first) = shares.take(0, &plan) else {
+            panic!("the first request asks the store");
+        };
+        assert_eq!(
+            first.want, 1,
+            "nothing is known of the bucket or its limit yet"
+        );
+        let mut waiting = Vec::new();
+        for _ in 0..5 {
+            match shares.take(0, &plan) {
+                Take::Wait(rx) => waiting.push(rx),
+                _ => panic!("a second grant of one bucket on one worker"),
+            }
+        }
+        shares.granted(0, &plan, &grant(6, 6), Instant::now());
+        // The grant's sender is gone once it answered: a waiter's `changed()` returns at once
+        // (with the new value, or because the channel closed), and it takes again.
+        for rx in &waiting {
+            assert!(
+                !matches!(rx.has_changed(), Ok(false)),
+                "a waiter was not woken"
+            );
+        }
+        for _ in 0..5 {
+            assert!(matches!(shares.take(0, &plan), Take::Taken(_)));
+        }
+        let Take::Grant(next) = shares.take(0, &plan) else {
+            panic!("the share is used up");
+        };
+        assert!(
+            next.want >= 12,
+            "at least twice the last grant: {}",
+            next.want
+        );
+    }
+}
