@@ -10,9 +10,11 @@
 //! So a request whose shares hold units costs one statement (its other limits) or none, and a
 //! share running out costs one more.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use smallvec::SmallVec;
+use tokio::sync::oneshot;
 
 use super::{Held, Shares, Take};
 use crate::limit::exhausted::Denial;
@@ -38,7 +40,7 @@ impl Limiter {
     /// [`Limiter::decide`] for a request with at least one `reserve` limit.
     pub(in crate::limit) async fn decide_reserved(
         &self,
-        shares: &Shares,
+        shares: &Arc<Shares>,
         worker: usize,
         plans: &[PlannedLimit],
         outcomes: &mut Outcomes,
@@ -90,46 +92,44 @@ impl Limiter {
     }
 
     /// Step 1's statement: shares of every bucket in `wants`, one unit of each for this
-    /// request. False when the store failed.
+    /// request. False when the store failed. The grant runs as a task of its own
+    /// ([`apply_grant`]), so that what the store grants reaches the shares even when this
+    /// request is cancelled or gives up waiting.
     async fn grant(
         &self,
-        shares: &Shares,
+        shares: &Arc<Shares>,
         worker: usize,
         plans: &[PlannedLimit],
         wants: &[(usize, ShareWant)],
         slots: &mut Slots,
     ) -> bool {
-        let asked: Vec<ShareWant> = wants.iter().map(|(_, want)| want.clone()).collect();
-        let granted = match self.breaker.attempt() {
-            Some(attempt) => {
-                let sent_at = Instant::now();
-                let call = self.store.reserve(&asked, shares.instances());
-                let answer = self.within_budget(worker, call).await.and_then(|grants| {
-                    if grants.len() == asked.len() {
-                        Ok(grants)
-                    } else {
-                        Err(StoreError::Query("store answered a short grant".into()))
-                    }
-                });
-                self.settle(attempt, sent_at.elapsed(), answer)
-                    .map(|grants| (grants, sent_at))
-            }
-            None => {
-                self.store.decision_outcome(false);
-                None
-            }
+        let asked = Granting {
+            shares: shares.clone(),
+            worker,
+            plans: wants.iter().map(|(i, _)| plans[*i].clone()).collect(),
+            answered: false,
         };
-        let Some((grants, sent_at)) = granted else {
-            for (i, _) in wants {
-                shares.grant_failed(worker, &plans[*i]);
-            }
+        let Some(attempt) = self.breaker.attempt() else {
+            self.store.decision_outcome(false);
             return false;
         };
-        for ((i, _), grant) in wants.iter().zip(&grants) {
-            slots[*i] = match shares.granted(worker, &plans[*i], grant, sent_at) {
-                Some(held) => Slot::Held(held),
-                None => Slot::Exhausted(*grant),
-            };
+        let (reply, answer) = oneshot::channel();
+        let wanted = wants.iter().map(|(_, want)| want.clone()).collect();
+        tokio::spawn(apply_grant(asked, self.store.clone(), wanted, reply));
+        let sent_at = Instant::now();
+        let answer = Box::pin(async move {
+            answer.await.unwrap_or_else(|_| {
+                Err(StoreError::Query(
+                    "the grant ended without an answer".into(),
+                ))
+            })
+        });
+        let answer = self.within_budget(worker, answer).await;
+        let Some(granted) = self.settle(attempt, sent_at.elapsed(), answer) else {
+            return false;
+        };
+        for ((i, _), slot) in wants.iter().zip(granted) {
+            slots[*i] = slot;
         }
         true
     }
@@ -211,6 +211,76 @@ impl Limiter {
     }
 }
 
+/// The buckets of one grant under way, on one worker: dropped before the answer was applied
+/// (the store failed, the task ended), it ends their grants so that requests waiting on them
+/// look again.
+struct Granting {
+    shares: Arc<Shares>,
+    worker: usize,
+    plans: Vec<PlannedLimit>,
+    answered: bool,
+}
+
+impl Drop for Granting {
+    fn drop(&mut self) {
+        if !self.answered {
+            for plan in &self.plans {
+                self.shares.grant_failed(self.worker, plan);
+            }
+        }
+    }
+}
+
+/// Asks the store for `wanted` and applies the answer to the shares, each granting request's
+/// unit taken; hands the slots to the request, or, when it no longer waits, puts its units
+/// back: a cancelled request loses nothing the store counted.
+async fn apply_grant(
+    mut asked: Granting,
+    store: Arc<dyn crate::store::Store>,
+    wanted: Vec<ShareWant>,
+    reply: oneshot::Sender<Result<Vec<Slot>, StoreError>>,
+) {
+    let sent_at = Instant::now();
+    let answer = store
+        .reserve(&wanted, asked.shares.instances())
+        .await
+        .and_then(|grants| {
+            if grants.len() == wanted.len() {
+                Ok(grants)
+            } else {
+                Err(StoreError::Query("store answered a short grant".into()))
+            }
+        });
+    let grants = match answer {
+        Ok(grants) => grants,
+        Err(err) => {
+            drop(asked);
+            let _ = reply.send(Err(err));
+            return;
+        }
+    };
+    let (shares, worker) = (asked.shares.clone(), asked.worker);
+    let slots: Vec<Slot> = asked
+        .plans
+        .iter()
+        .zip(&grants)
+        .map(
+            |(plan, grant)| match shares.granted(worker, plan, grant, sent_at) {
+                Some(held) => Slot::Held(held),
+                None => Slot::Exhausted(*grant),
+            },
+        )
+        .collect();
+    asked.answered = true;
+    if let Err(Ok(slots)) = reply.send(Ok(slots)) {
+        for (plan, slot) in asked.plans.iter().zip(slots) {
+            if let Slot::Held(held) = slot {
+                shares.put_back(worker, plan, &held);
+            }
+        }
+    }
+}
+
 /// A `reserve` limit that admitted the request from a share: `r` is what the row leaves plus
 /// this worker's unused units (contract §3c).
 fn held_outcome(plan: &PlannedLimit, held: &Held) -> LimitOutcome {
@@ -226,5 +296,115 @@ fn held_outcome(plan: &PlannedLimit, held: &Held) -> LimitOutcome {
         reset_secs: seconds_until(0, i64::try_from(left_ms).unwrap_or(i64::MAX)),
         shadow: plan.shadow,
         sliding: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use super::*;
+    use crate::limit::fallback::Instances;
+    use crate::limit::tests::plan;
+    use crate::metrics::Metrics;
+    use crate::store::{Clock, Increment, Peeked, Store, StoreFuture};
+
+    /// A store that grants `units` of every bucket after `delay`, and counts its grants.
+    struct SlowGrants {
+        delay: Duration,
+        units: u32,
+        calls: AtomicUsize,
+    }
+
+    impl Store for SlowGrants {
+        fn increment<'a>(&'a self, _: &'a [Increment]) -> StoreFuture<'a, Vec<Counted>> {
+            Box::pin(async { Err(StoreError::Query("not used".into())) })
+        }
+        fn peek<'a>(&'a self, _: &'a [Increment]) -> StoreFuture<'a, Vec<Peeked>> {
+            Box::pin(async { Err(StoreError::Query("not used".into())) })
+        }
+        fn ready(&self) -> bool {
+            true
+        }
+        fn probe(&self) -> StoreFuture<'_, ()> {
+            Box::pin(async { Ok(()) })
+        }
+        fn kind(&self) -> &'static str {
+            "slow-grants"
+        }
+        fn reserves(&self) -> bool {
+            true
+        }
+        fn reserve<'a>(
+            &'a self,
+            wants: &'a [ShareWant],
+            _instances: u32,
+        ) -> StoreFuture<'a, Vec<ShareGrant>> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            Box::pin(async move {
+                tokio::time::sleep(self.delay).await;
+                let now_ms = crate::store::unix_now_ms();
+                Ok(wants
+                    .iter()
+                    .map(|_| ShareGrant {
+                        granted: self.units,
+                        count: self.units,
+                        previous: 0,
+                        window_end_ms: (now_ms / 3_600_000 + 1) * 3_600_000,
+                        now_ms,
+                    })
+                    .collect())
+            })
+        }
+    }
+
+    fn limiter(store: Arc<SlowGrants>) -> Limiter {
+        let metrics = Arc::new(Metrics::new());
+        let shares = Arc::new(Shares::new(
+            1,
+            Arc::new(Instances::new(Default::default())),
+            metrics.reserved_units.clone(),
+        ));
+        Limiter::new(store, Duration::from_secs(5), 1, metrics, Clock::system()).with_shares(shares)
+    }
+
+    /// A request cancelled while its grant is under way (its client went away) leaves neither
+    /// the bucket stuck behind a grant that never ends, nor the units it asked for lost: the
+    /// next request is admitted from them at once, without another grant.
+    #[tokio::test]
+    async fn a_grant_outlives_the_request_that_asked_for_it() {
+        let store = Arc::new(SlowGrants {
+            delay: Duration::from_millis(100),
+            units: 10,
+            calls: AtomicUsize::new(0),
+        });
+        let limiter = limiter(store.clone());
+        let plans = [PlannedLimit {
+            reserve: true,
+            ..plan("k:ip", 1000, 3600, false)
+        }];
+        let mut outcomes = Outcomes::new();
+        let first = limiter.decide(0, &plans, &mut outcomes);
+        // Started (the grant is sent), then dropped.
+        assert!(tokio::time::timeout(Duration::from_millis(20), first)
+            .await
+            .is_err());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let second = limiter.decide(0, &plans, &mut outcomes);
+        let verdict = tokio::time::timeout(Duration::from_secs(1), second)
+            .await
+            .expect("the bucket is stuck behind the cancelled request's grant");
+        assert!(matches!(verdict, Verdict::Allow { .. }), "{verdict:?}");
+        assert_eq!(
+            store.calls.load(Ordering::SeqCst),
+            1,
+            "the granted units were kept"
+        );
+        assert_eq!(
+            outcomes[0].remaining(),
+            1000 - 10 + 9,
+            "r: the row's rest and 9 unused"
+        );
     }
 }
