@@ -11,6 +11,7 @@
 #             `ip` limit on the memory store; pg-hot: the same limit on the PostgreSQL store,
 #             a fresh database, decision budget 5 s so that valgrind's pace fails nothing;
 #             only tollgate's side is counted, bench/pg_instructions.sh counts the database's;
+#             pg-hot-reserve: pg-hot with `reserve = true` (contract §3c), decided from shares;
 #             memory-tls: the memory mode's route with the requests sent over TLS (HTTP/1.1,
 #             a self-signed certificate made with openssl, one TLS connection per CONNS); its
 #             "x nginx" is against nginx over plain HTTP; memory-h2c and nolimit-h2c: those
@@ -156,6 +157,7 @@ for mode in $MODES; do
       nolimit) ;;
       nolimit-h2c) ;;
       memory | memory-tls | memory-h2c | pg-hot) printf '  [[routes.limits]]\n  key = "ip"\n  requests = 2000000000\n  window = "1h"\n' ;;
+      pg-hot-reserve) printf '  [[routes.limits]]\n  key = "ip"\n  requests = 2000000000\n  window = "1h"\n  reserve = true\n' ;;
       *) echo "unknown mode $mode" >&2; exit 1 ;;
     esac
   } >"$RUN/tollgate-$mode.toml"

@@ -6,7 +6,7 @@
 # benchmarks create and drop databases. psql_admin runs psql against the `postgres`
 # database, psql_db DB against DB. pin_backends DB moves the server processes serving DB to
 # CPU_LOAD, now; pin_backends_during DB does so every 0.5 s until killed, so that pool
-# connections opened during a run follow. store_url DB is the `store.url` a tollgate under
+# connections opened during a run follow (from one psql session of its own, on CPU_LOAD). store_url DB is the `store.url` a tollgate under
 # test gets: DB on PG_URL with `sslmode=$PG_SSLMODE`. store_section DB prints the `[store]`
 # table of bench/run.sh's PostgreSQL modes for DB (pool of 16, 100 ms budget, allow).
 #
@@ -41,6 +41,25 @@ pin_backends() {
   done
 }
 
+# One psql session for the whole run, itself on CPU_LOAD, and a taskset only for a backend not
+# seen before: a psql started every 0.5 s (and the backend the server forks for each) ran on
+# whichever CPU was free, the proxy's too, and took a few milliseconds of it each time: the
+# PostgreSQL modes' p99 paid for the measurement (docs/performance.md, "Reserved shares").
 pin_backends_during() {
-  while :; do pin_backends "$1"; sleep 0.5; done
+  taskset -pc "$CPU_LOAD" "$BASHPID" >/dev/null 2>&1 || true
+  local db=$1 pid
+  local -A pinned=()
+  # A coprocess: when this subshell is killed its end of psql's input closes, and psql exits.
+  coproc PINNER { PGOPTIONS="-c client_min_messages=warning" psql "$PG_URL/postgres" -X -q -tA 2>/dev/null; }
+  while :; do
+    printf "SELECT pid FROM pg_stat_activity WHERE datname = '%s' OR pid = pg_backend_pid();\nSELECT 'done';\n" \
+      "$db" >&"${PINNER[1]}" 2>/dev/null || return 0
+    while read -r -u "${PINNER[0]}" pid; do
+      [[ $pid == done ]] && break
+      [[ -n $pid && -z ${pinned[$pid]:-} ]] || continue
+      pinned[$pid]=1
+      taskset -pc "$CPU_LOAD" "$pid" >/dev/null 2>&1 || echo "cannot pin backend $pid (not root?)" >&2
+    done
+    sleep 0.5
+  done
 }

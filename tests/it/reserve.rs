@@ -587,3 +587,33 @@ async fn admitted_by_child(addr: SocketAddr, n: usize) -> usize {
     }
     ok
 }
+
+/// `tollgate check` says which limits reserve.
+#[tokio::test]
+async fn check_names_the_limits_that_reserve() {
+    let upstream = Upstream::start().await;
+    let text = reserved(
+        "url = \"postgres://tollgate@db.invalid/t\"",
+        "\"ip\"",
+        100,
+        "sliding",
+        "",
+    );
+    let path = config_file("check", &text, &upstream);
+    let out = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["check", "--config"])
+        .arg(&path)
+        .env_remove("TOLLGATE_DATABASE_URL")
+        .output()
+        .expect("run tollgate check");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("limit     limited:ip 100 per 31622400s sliding reserve"),
+        "{stdout}"
+    );
+}
