@@ -5,7 +5,9 @@
 # For each MODE and each RATE, a fresh database and one tollgate (one worker, pinned to
 # CPU_PROXY; the upstream nginx, wrk and the database on CPU_LOAD) serve wrk paced to RATE
 # requests per second over CONNS connections (bench/lua/paced.lua) for DURATION s after
-# WARMUP s. Printed per run:
+# WARMUP s. Before that, PRIME s of unpaced load touch the buckets: on 10,000 keys a paced run
+# of a few seconds would otherwise see most keys for the first time, and measure the start of
+# their windows (one grant each with `reserve`), not the steady state. Printed per run:
 #   req/s       what wrk reached (a rate the machine cannot carry shows as less)
 #   stmts/s     statements tollgate sent for decisions, shares and give-backs
 #               (tollgate_store_round_trips_total over the measured seconds)
@@ -21,7 +23,8 @@
 #
 # Usage: [KNOB=value ...] bench/db_load.sh
 # Knobs: MODES ["pg-hot pg-hot-reserve pg-10k pg-10k-reserve"] RATES ["1000 4000 16000"]
-#        CONNS [32] DURATION [20] s WARMUP [3] s CPU_PROXY [1] CPU_LOAD [0] BASE_PORT [19700]
+#        CONNS [32] DURATION [20] s WARMUP [3] s PRIME [5] s CPU_PROXY [1] CPU_LOAD [0]
+#        BASE_PORT [19700]
 #        TOLLGATE_BIN [target/release/tollgate] PG_STATS_WAIT [11] s (PostgreSQL flushes an idle
 #        backend's counters on a 10 s timer)
 #        PG_URL [postgres://postgres@127.0.0.1:5432] (loopback; creates and drops databases
@@ -35,6 +38,7 @@ RATES=${RATES:-"1000 4000 16000"}
 CONNS=${CONNS:-32}
 DURATION=${DURATION:-20}
 WARMUP=${WARMUP:-3}
+PRIME=${PRIME:-5}
 CPU_PROXY=${CPU_PROXY:-1}
 CPU_LOAD=${CPU_LOAD:-0}
 BASE_PORT=${BASE_PORT:-19700}
@@ -72,7 +76,7 @@ db_counts() {   # db_counts DB -> "transactions rows_written"
   echo "$x $r"
 }
 
-echo "wrk -t1 -c$CONNS paced; ${DURATION}s measured after ${WARMUP}s; tollgate on CPU $CPU_PROXY, the rest on CPU $CPU_LOAD"
+echo "wrk -t1 -c$CONNS paced; ${DURATION}s measured after ${PRIME}s unpaced and ${WARMUP}s paced; tollgate on CPU $CPU_PROXY, the rest on CPU $CPU_LOAD"
 echo
 echo "| mode | rate asked | req/s | stmts/s | per 1k req | xacts/s | rows/s |"
 echo "|---|---:|---:|---:|---:|---:|---:|"
@@ -99,6 +103,9 @@ for mode in $MODES; do
     PIDS+=("$started")
     wait_200 "http://127.0.0.1:$ADMIN/readyz" 30
     export BENCH_RATE=$rate BENCH_CONNS=$CONNS BENCH_KEYS=$keys
+    if ((PRIME > 0)); then
+      taskset -c "$CPU_LOAD" wrk -t1 -c"$CONNS" -d"${PRIME}s" -s "$HERE/lua/tokens.lua" "http://127.0.0.1:$PX/" >/dev/null
+    fi
     taskset -c "$CPU_LOAD" wrk -t1 -c"$CONNS" -d"${WARMUP}s" -s "$HERE/lua/paced.lua" "http://127.0.0.1:$PX/" >/dev/null
     pin_backends "$db"
     sleep "$PG_STATS_WAIT"
@@ -114,7 +121,7 @@ for mode in $MODES; do
         -v t="$t0 $t1" -v x="$x0 $x1" -v r="$r0 $r1" 'BEGIN {
       split(t, T, " "); split(x, X, " "); split(r, R, " ")
       s = (T[2] - T[1]) / d
-      printf "| %s | %d | %.0f | %.2f | %.3f | %.2f | %.1f |\n", m, rate, rps, s, rps > 0 ? 1000 * s / rps : 0, \
+      printf "| %s | %d | %.0f | %.2f | %.3f | %.2f | %.1f |\n", m, rate, rps, s, (rps > 0 ? 1000 * s / rps : 0), \
         (X[2] - X[1]) / d, (R[2] - R[1]) / d
     }'
     kill -TERM "$started" 2>/dev/null || true; wait "$started" 2>/dev/null || true
