@@ -17,6 +17,10 @@
 //! - The writer thread swaps the batch for its own empty buffer, writes and flushes it, then
 //!   rests [`BATCH_EVERY`] before it looks again; it is woken only by the first line after it
 //!   found the batch empty, so that a busy server pays one wake-up per batch, not per line.
+//! - Access-log lines come in blocks rather than one by one: each connection worker formats
+//!   its own into a block and hands it over whole ([`LogWriter::write_block`], one lock per
+//!   block; `crate::access_log`). Lines of a block that do not fit are dropped and counted
+//!   alike, whole.
 //! - [`FlushOnDrop`] waits (at most [`FLUSH_WAIT`]) for what was logged to be written, so that
 //!   the last lines before the process exits are not lost.
 
@@ -143,6 +147,30 @@ impl LogWriter {
     /// reads; see `Server::builder(..).log_drops(..)`).
     pub fn dropped(&self) -> Counter {
         self.dropped.clone()
+    }
+
+    /// Copies `block`, whole lines each ending in a newline, into the batch under one lock:
+    /// as many of its first lines as fit; the rest are dropped and counted, never waited for.
+    /// (A connection worker's block of access-log lines, `crate::access_log`.)
+    pub fn write_block(&self, block: &[u8]) {
+        let shared = &*self.users.0;
+        let mut batch = shared.lock();
+        let room = shared.capacity.saturating_sub(batch.text.len());
+        let fits = if block.len() <= room {
+            block.len()
+        } else {
+            block[..room]
+                .iter()
+                .rposition(|&b| b == b'\n')
+                .map_or(0, |last| last + 1)
+        };
+        batch.text.extend_from_slice(&block[..fits]);
+        batch.wake_writer(&shared.line_logged);
+        drop(batch);
+        if fits < block.len() {
+            let lost = block[fits..].iter().filter(|&&b| b == b'\n').count();
+            self.dropped.inc_by(u64::try_from(lost).unwrap_or(u64::MAX));
+        }
     }
 }
 

@@ -223,6 +223,7 @@ impl Proxy {
             // Logged without its query: queries can carry credentials. (A Uri clone shares its
             // bytes; nothing is copied.)
             let uri = req.uri().clone();
+            let worker = conn.worker.clone();
             let pipeline = self.pipeline(&runtime, req, conn, id_to_add, &request_id);
             let mut handled = pipeline.await;
             // A forwarded response has it already, behind the rate-limit fields.
@@ -241,7 +242,7 @@ impl Proxy {
                     NO_ROUTE
                 }
             };
-            log_format::access(&AccessLine {
+            worker.log_access(&AccessLine {
                 method: &method,
                 path: uri.path(),
                 route: route_name,
