@@ -11,7 +11,7 @@
 //!   block's lock is the worker's own: taken from elsewhere only by the flush timer and the
 //!   shutdown, so it is uncontended. (A lock rather than a cell because worker 0 runs on the
 //!   caller's runtime, which may be multi-threaded, as a test's is.)
-//! - The block goes to the writer's batch, one lock and one copy, when it holds
+//! - The block goes to the writer's batch, one lock and mostly no copy, when it holds
 //!   [`BLOCK_BYTES`], or at most [`FLUSH_EVERY`] after its first line, by the worker's timer
 //!   task ([`WorkerLog::flush_on_timer`]), and whatever it holds when the server shuts down
 //!   (`RunningServer::shutdown`) or the worker is dropped: SIGTERM loses no line.
@@ -36,6 +36,10 @@ use crate::log_writer::LogWriter;
 /// A worker hands its block over once it holds this much: about 260 lines of 250 bytes, some
 /// milliseconds of a busy worker's lines. nginx's `buffer=64k`.
 pub const BLOCK_BYTES: usize = 64 * 1024;
+
+/// A block's buffer: room for a line past [`BLOCK_BYTES`] (a line of the longest path may
+/// still grow it, once).
+const BLOCK_CAPACITY: usize = BLOCK_BYTES + 4096;
 
 /// The longest a line waits in its worker's block. Short enough that someone following the
 /// log sees a request at once and that a crash (not SIGTERM, which writes everything) loses
@@ -84,7 +88,7 @@ impl WorkerLog {
         WorkerLog {
             writer: log.writer.clone(),
             block: Mutex::new(Block {
-                text: Vec::with_capacity(BLOCK_BYTES + 1024),
+                text: Vec::with_capacity(BLOCK_CAPACITY),
                 lines: LineWriter::new(log.format),
             }),
             first_line: Notify::new(),
@@ -116,9 +120,15 @@ impl WorkerLog {
     }
 
     fn hand_over(&self, block: &mut Block) {
-        if !block.text.is_empty() {
-            self.writer.write_block(&block.text);
-            block.text.clear();
+        if block.text.is_empty() {
+            return;
+        }
+        self.writer.write_block(&mut block.text);
+        // What comes back may be the writer's buffer (`write_block`): any size. Keep a block's,
+        // so that lines do not grow it on the request path, nor hold a large one.
+        let capacity = block.text.capacity();
+        if !(BLOCK_CAPACITY..=4 * BLOCK_CAPACITY).contains(&capacity) {
+            block.text = Vec::with_capacity(BLOCK_CAPACITY);
         }
     }
 
@@ -183,7 +193,7 @@ mod tests {
             decision: "allowed",
             violated: &[],
             status: 200,
-            duration_ms: &|| 1.5,
+            elapsed: &|| Duration::from_micros(1500),
             upstream: "u",
             grpc_status: None,
             request_id: id,

@@ -28,8 +28,9 @@ pub struct AccessLine<'a> {
     /// The policies that denied the request (written comma-separated; empty when none did).
     pub violated: &'a [Arc<str>],
     pub status: u16,
-    /// How long the request took, in milliseconds: asked only when the line is written.
-    pub duration_ms: &'a dyn Fn() -> f64,
+    /// How long the request took (logged in milliseconds, `duration_ms`): asked only when the
+    /// line is written.
+    pub elapsed: &'a dyn Fn() -> Duration,
     pub upstream: &'a str,
     pub grpc_status: Option<&'a str>,
     /// Visible ASCII by construction (kept ones are checked, new ones are hex).
@@ -48,7 +49,7 @@ pub fn access(line: &AccessLine<'_>) {
         decision = line.decision,
         policy = %Joined(line.violated),
         status = line.status,
-        duration_ms = (line.duration_ms)(),
+        duration_ms = log_ms((line.elapsed)()),
         upstream = line.upstream,
         grpc_status = line.grpc_status,
         request_id = line.request_id,
@@ -138,10 +139,7 @@ impl LineWriter {
         out.extend_from_slice(b" status=");
         out.extend_from_slice(itoa::Buffer::new().format(line.status).as_bytes());
         out.extend_from_slice(b" duration_ms=");
-        let duration = (line.duration_ms)();
-        if !write_thousandths(out, duration) {
-            let _ = write!(out, "{duration:?}");
-        }
+        write_ms(out, (line.elapsed)(), LineFormat::Text);
         out.extend_from_slice(b" upstream=");
         text_str(out, line.upstream);
         if let Some(grpc_status) = line.grpc_status {
@@ -181,10 +179,7 @@ impl LineWriter {
         out.extend_from_slice(b",\"status\":");
         out.extend_from_slice(itoa::Buffer::new().format(line.status).as_bytes());
         out.extend_from_slice(b",\"duration_ms\":");
-        let duration = (line.duration_ms)();
-        if !write_thousandths(out, duration) {
-            let _ = serde_json::to_writer(&mut *out, &duration);
-        }
+        write_ms(out, (line.elapsed)(), LineFormat::Json);
         out.extend_from_slice(b",\"upstream\":");
         json_str(out, line.upstream);
         if let Some(grpc_status) = line.grpc_status {
@@ -240,11 +235,7 @@ fn stock_time(out: &mut Vec<u8>) {
 /// `value` as `Debug` writes a `str`: quoted, with `"`, `\`, controls and some non-ASCII
 /// escaped. Printable ASCII other than those two stays as it is, which is the common case.
 fn text_str(out: &mut Vec<u8>, value: &str) {
-    // Every byte looked at (no early exit), which the compiler turns into a vector loop.
-    let plain = value.bytes().fold(true, |plain, b| {
-        plain & (b' '..=b'~').contains(&b) & (b != b'"') & (b != b'\\')
-    });
-    if plain {
+    if none_special(value.as_bytes(), text_special) {
         out.push(b'"');
         out.extend_from_slice(value.as_bytes());
         out.push(b'"');
@@ -256,9 +247,7 @@ fn text_str(out: &mut Vec<u8>, value: &str) {
 /// Whether serde_json writes `value` between quotes as it is: no control character, `"` or
 /// `\` (anything else, non-ASCII included, it leaves alone).
 fn json_plain(value: &str) -> bool {
-    value.bytes().fold(true, |plain, b| {
-        plain & (b >= b' ') & (b != b'"') & (b != b'\\')
-    })
+    none_special(value.as_bytes(), json_special)
 }
 
 /// `value` as a JSON string, as serde_json writes it.
@@ -272,14 +261,96 @@ fn json_str(out: &mut Vec<u8>, value: &str) {
     }
 }
 
-/// Writes `value` when it is a whole number of thousandths below 1e12 (as the access log's
-/// durations are, see [`log_ms`]), as both `Debug` and serde_json write it: the whole part,
-/// then `.0`, or the point and up to three digits without their trailing zeros. False,
-/// and nothing written, for any other value.
-fn write_thousandths(out: &mut Vec<u8>, value: f64) -> bool {
-    let Some((whole, fraction)) = thousandths(value) else {
-        return false;
+// The checks for text that needs no escaping look at eight bytes at once (the fields are
+// short: a byte at a time, or a vector loop's set-up, cost more than the rest of the field).
+// Each is exact for the question "is any byte of `x` such": a borrow or carry between bytes
+// happens only past a byte that already answers it (Hacker's Delight, 6-1; the bit hacks
+// `haszero` and `hasless`).
+const ONES: u64 = 0x0101_0101_0101_0101;
+const HIGHS: u64 = 0x8080_8080_8080_8080;
+
+/// Nonzero when a byte of `x` is below `n` (at most 128).
+fn any_below(x: u64, n: u8) -> u64 {
+    x.wrapping_sub(ONES * u64::from(n)) & !x & HIGHS
+}
+
+/// Nonzero when a byte of `x` is `b`.
+fn any_equal(x: u64, b: u8) -> u64 {
+    any_below(x ^ (ONES * u64::from(b)), 1)
+}
+
+/// Nonzero when a byte of `x` is one `Debug` escapes in a `str` or is not ASCII: a control,
+/// DEL, `"`, `\`, or 0x80 and above.
+fn text_special(x: u64) -> u64 {
+    // A byte of 0x7F or more gets its high bit from the `+ 1` or has it already.
+    let high = (x.wrapping_add(ONES) | x) & HIGHS;
+    any_below(x, b' ') | high | any_equal(x, b'"') | any_equal(x, b'\\')
+}
+
+/// Nonzero when a byte of `x` is one serde_json escapes: a control, `"` or `\`.
+fn json_special(x: u64) -> u64 {
+    any_below(x, b' ') | any_equal(x, b'"') | any_equal(x, b'\\')
+}
+
+/// Whether `special` finds nothing in `value`, read as little-endian words of eight bytes.
+/// Past the last whole word, the last eight bytes are read again (overlapping); a value
+/// shorter than a word is read in two overlapping halves, the rest of the word spaces,
+/// which neither check finds.
+fn none_special(value: &[u8], special: fn(u64) -> u64) -> bool {
+    let len = value.len();
+    let word = |at: usize| {
+        let mut bytes = [0u8; 8];
+        bytes.copy_from_slice(&value[at..at + 8]);
+        u64::from_le_bytes(bytes)
     };
+    let half = |at: usize| {
+        let mut bytes = [0u8; 4];
+        bytes.copy_from_slice(&value[at..at + 4]);
+        u64::from(u32::from_le_bytes(bytes))
+    };
+    const SPACES: u64 = ONES * b' ' as u64;
+    let found = match len {
+        0 => 0,
+        1 => special(u64::from(value[0]) | (SPACES << 8)),
+        2 | 3 => {
+            let pair = |at: usize| u64::from(u16::from_le_bytes([value[at], value[at + 1]]));
+            special(pair(0) | (pair(len - 2) << 16) | (SPACES << 32))
+        }
+        4..=7 => special(half(0) | (half(len - 4) << 32)),
+        _ => {
+            let mut found = special(word(len - 8));
+            for at in (0..len - 8).step_by(8) {
+                found |= special(word(at));
+            }
+            found
+        }
+    };
+    found == 0
+}
+
+/// The most microseconds [`write_ms`] writes itself: their milliseconds are below 1e12.
+const EXACT_MICROS: u128 = 1_000_000_000_000_000;
+
+/// `elapsed` as `Debug` (text) or serde_json (JSON) writes the `f64` [`log_ms`] makes of it:
+/// the whole milliseconds, then `.0`, or the point and up to three digits without their
+/// trailing zeros (`5.319`, `2.0`, `1.5`). Written from the integer, without the `f64`.
+///
+/// Why this is their text: both write the shortest decimal that reads back as the same
+/// `f64`, without an exponent in this range. With `m` microseconds (below 2^53, so exact),
+/// the `f64` is the one nearest to the decimal `m / 1000`, so that decimal reads back as it;
+/// below 1e12 the spacing of `f64`s is under 0.001, so no other decimal of at most three
+/// places reads back as it too. Longer durations (over 31 years) are left to the formatters.
+fn write_ms(out: &mut Vec<u8>, elapsed: Duration, format: LineFormat) {
+    let micros = elapsed.as_micros();
+    let Some(micros) = u64::try_from(micros).ok().filter(|_| micros < EXACT_MICROS) else {
+        let ms = log_ms(elapsed);
+        let _ = match format {
+            LineFormat::Text => write!(out, "{ms:?}"),
+            LineFormat::Json => serde_json::to_writer(&mut *out, &ms).map_err(std::io::Error::from),
+        };
+        return;
+    };
+    let (whole, fraction) = (micros / 1000, micros % 1000);
     out.extend_from_slice(itoa::Buffer::new().format(whole).as_bytes());
     let digit = |d: u64| b'0' + (d % 10) as u8;
     let text = [
@@ -296,30 +367,6 @@ fn write_thousandths(out: &mut Vec<u8>, value: f64) -> bool {
         4
     };
     out.extend_from_slice(&text[..keep]);
-    true
-}
-
-/// `value` as a whole part and thousandths when it is a whole number of thousandths (as the
-/// access log's durations are, see [`log_ms`]): `5.319` is `(5, 319)`. `None` for anything
-/// else. Written as `5.319`, `2.0` or `1.5`, that is the text `Debug` (and serde_json) gives
-/// `value`.
-///
-/// Why this is their text: both write the shortest decimal that reads back as the same `f64`,
-/// without an exponent in this range. `value` is the `f64` nearest to the decimal `m / 1000`
-/// (checked below), so that decimal reads back as it; below 1e12 the spacing of `f64`s is
-/// under 0.001, so no decimal with fewer digits reads back as it too.
-fn thousandths(value: f64) -> Option<(u64, u64)> {
-    // (`-0.0` is in the range, and both write its sign.)
-    if !(0.0..1e12).contains(&value) || value.is_sign_negative() {
-        return None;
-    }
-    let m = (value * 1000.0).round();
-    if m / 1000.0 != value {
-        return None;
-    }
-    // Below 1e15, exactly.
-    let m = m as u64;
-    Some((m / 1000, m % 1000))
 }
 
 /// `secs` after 1970 and `micros` written as `YYYY-MM-DDTHH:MM:SS.ffffffZ` into `out`, or
@@ -380,54 +427,77 @@ fn civil_from_days(days: u64) -> (u64, u64, u64) {
 mod tests {
     use super::*;
 
-    /// The text of `value` in a line, in both formats, against `Debug`'s and serde_json's.
+    /// A duration as a line writes it, in both formats, against `Debug`'s and serde_json's
+    /// text of the `f64` that [`log_ms`] makes of it (what the `tracing` event logs).
     #[test]
     fn durations_are_written_as_debug_and_serde_json_write_them() {
-        let check = |value: f64| {
-            let mut ours = Vec::new();
-            if !write_thousandths(&mut ours, value) {
-                assert_eq!(thousandths(value), None, "{value}");
-                return;
+        let check = |elapsed: Duration| {
+            let ms = log_ms(elapsed);
+            for (format, want) in [
+                (LineFormat::Text, format!("{ms:?}")),
+                (LineFormat::Json, serde_json::to_string(&ms).expect("json")),
+            ] {
+                let mut ours = Vec::new();
+                write_ms(&mut ours, elapsed, format);
+                assert_eq!(String::from_utf8(ours), Ok(want), "{elapsed:?}");
             }
-            let ours = String::from_utf8(ours).expect("utf8");
-            assert_eq!(ours, format!("{value:?}"), "{value}");
-            assert_eq!(
-                ours,
-                serde_json::to_string(&value).expect("json"),
-                "{value}"
-            );
         };
-        // Whole numbers of microseconds, as `log_ms` makes them: every one up to 2 s, then
-        // every multiple of 997 up to 100 s.
+        // Every microsecond up to 2 s, then every 997th up to 100 s (nanoseconds dropped).
         let sampled = (2_000_000u64.div_ceil(997) * 997..100_000_000).step_by(997);
         for micros in (0..2_000_000u64).chain(sampled) {
-            check(micros as f64 / 1000.0);
+            check(Duration::from_nanos(micros * 1000 + micros % 1000));
         }
-        // Large ones, near where the shortcut stops, and values it leaves to the fallbacks.
+        // Large ones, on both sides of where the formatters take over, and the largest.
         let mut m: u64 = 1;
         while m < 1 << 62 {
-            check(m as f64 / 1000.0);
-            check((m + 999) as f64 / 1000.0);
+            check(Duration::from_micros(m));
+            check(Duration::from_micros(m + 999));
             m = m * 3 + 1;
         }
-        for value in [
-            0.0001,
-            0.00001,
-            0.1234,
-            1e-9,
-            1e12,
-            1e16,
-            1e300,
-            -0.0,
-            -1.5,
-            f64::NAN,
-            f64::INFINITY,
-        ] {
-            check(value);
+        for micros in [EXACT_MICROS - 1, EXACT_MICROS, EXACT_MICROS + 1] {
+            check(Duration::from_micros(u64::try_from(micros).expect("fits")));
         }
-        assert_eq!(thousandths(5.319), Some((5, 319)));
-        assert_eq!(thousandths(0.1234), None);
-        assert_eq!(thousandths(-1.5), None);
+        check(Duration::MAX);
+    }
+
+    /// The word-at-a-time checks answer as a byte-at-a-time check would: every byte value at
+    /// every position of values of every length up to 20, among plain bytes.
+    #[test]
+    fn the_word_checks_find_exactly_the_special_bytes() {
+        let text = |b: u8| !(b' '..=b'~').contains(&b) || b == b'"' || b == b'\\';
+        let json = |b: u8| b < b' ' || b == b'"' || b == b'\\';
+        for len in 0..=20 {
+            let mut value = vec![b'a'; len];
+            assert!(none_special(&value, text_special) && none_special(&value, json_special));
+            for at in 0..len {
+                for b in 0..=255u8 {
+                    value[at] = b;
+                    assert_eq!(
+                        none_special(&value, text_special),
+                        !text(b),
+                        "{len} {at} {b}"
+                    );
+                    assert_eq!(
+                        none_special(&value, json_special),
+                        !json(b),
+                        "{len} {at} {b}"
+                    );
+                    // Next to the largest and smallest plain bytes, which are nearest to a
+                    // borrow or a carry.
+                    for neighbour in [b' ', b'~', 0x7f, 0xff] {
+                        if at + 1 < len {
+                            value[at + 1] = neighbour;
+                            let t = text(b) || text(neighbour);
+                            let j = json(b) || json(neighbour);
+                            assert_eq!(none_special(&value, text_special), !t);
+                            assert_eq!(none_special(&value, json_special), !j);
+                            value[at + 1] = b'a';
+                        }
+                    }
+                }
+                value[at] = b'a';
+            }
+        }
     }
 
     #[test]

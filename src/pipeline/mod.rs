@@ -36,7 +36,7 @@ use crate::forward::{ForwardRequest, UpstreamPool};
 use crate::headers::{self, ResponseFields};
 use crate::key::{self, BucketHasher};
 use crate::limit::{LimitOutcome, Limiter, Outcomes, PlannedLimit, Plans, Verdict};
-use crate::log_format::{self, AccessLine};
+use crate::log_format::AccessLine;
 use crate::metrics::{Metrics, RouteMetrics, NO_ROUTE};
 use crate::normalise;
 use crate::route;
@@ -249,7 +249,7 @@ impl Proxy {
                 decision: handled.decision.as_str(),
                 violated: &handled.violated,
                 status,
-                duration_ms: &|| log_format::log_ms(started.elapsed()),
+                elapsed: &|| started.elapsed(),
                 upstream: handled.upstream.as_deref().unwrap_or(""),
                 grpc_status: handled.grpc_status.map(GrpcCode::as_str),
                 request_id: request_id.as_str(),

@@ -69,29 +69,28 @@ fn access_lines_are_tracing_subscribers_text_and_json() {
     let long_route = "r".repeat(500);
     let many: Vec<Arc<str>> = (0..200).map(|i| format!("policy{i}").into()).collect();
     let odd_names: Vec<Arc<str>> = vec!["a\"b".into(), "c\\d".into(), "é\u{1}".into()];
-    let plain = |duration_ms: &'static dyn Fn() -> f64| AccessLine {
+    let plain = |elapsed: &'static dyn Fn() -> Duration| AccessLine {
         method: &http::Method::GET,
         path: "/a%20b",
         route: "bench",
         decision: "allowed",
         violated: &[],
         status: 200,
-        duration_ms,
+        elapsed,
         upstream: "app",
         grpc_status: None,
         request_id: "7c38926fa3007bf9912aae60143b7147",
     };
     let lines = [
-        plain(&|| 5.319),
-        // Durations: whole numbers, no fraction, the largest shortcut, and ones it leaves to
-        // `Debug` and serde_json.
-        plain(&|| 0.0),
-        plain(&|| 0.001),
-        plain(&|| 60_000.5),
-        plain(&|| 999_999_999_999.999),
-        plain(&|| 0.1234),
-        plain(&|| 1e300),
-        plain(&|| f64::NAN),
+        plain(&|| Duration::from_micros(5319)),
+        // Durations: none, a microsecond, whole milliseconds, the longest written without
+        // the formatters, and longer ones left to them.
+        plain(&|| Duration::ZERO),
+        plain(&|| Duration::from_nanos(1999)),
+        plain(&|| Duration::from_millis(60_000)),
+        plain(&|| Duration::from_micros(999_999_999_999_999)),
+        plain(&|| Duration::from_micros(1_000_000_000_000_000)),
+        plain(&|| Duration::MAX),
         // Text that `Debug` or JSON escapes: quotes, backslashes, controls, DEL, non-ASCII.
         AccessLine {
             method: &post,
@@ -100,7 +99,7 @@ fn access_lines_are_tracing_subscribers_text_and_json() {
             decision: "denied",
             violated: &["api:ip".into(), "api:token".into()],
             status: 429,
-            duration_ms: &|| 2.0,
+            elapsed: &|| Duration::from_millis(2),
             upstream: "",
             grpc_status: Some("8"),
             request_id: "id with\ttab",
@@ -108,7 +107,7 @@ fn access_lines_are_tracing_subscribers_text_and_json() {
         // Policy names JSON escapes (text writes them as they are).
         AccessLine {
             violated: &odd_names,
-            ..plain(&|| 1.0)
+            ..plain(&|| Duration::from_micros(1500))
         },
         // Long fields, and many policies.
         AccessLine {
@@ -118,7 +117,7 @@ fn access_lines_are_tracing_subscribers_text_and_json() {
             decision: "allowed",
             violated: &many,
             status: 200,
-            duration_ms: &|| 123456.789,
+            elapsed: &|| Duration::from_micros(123_456_789),
             upstream: "u",
             grpc_status: None,
             request_id: "r",
@@ -130,7 +129,7 @@ fn access_lines_are_tracing_subscribers_text_and_json() {
             decision: "local_allowed",
             violated: &["p".into()],
             status: 0,
-            duration_ms: &|| 0.001,
+            elapsed: &|| Duration::from_micros(1),
             upstream: "backup",
             grpc_status: Some(""),
             request_id: "",
