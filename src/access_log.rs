@@ -3,7 +3,7 @@
 //! writer (`crate::log_writer`), as nginx's `access_log ... buffer=64k flush=1s` does.
 //!
 //! Before, every line was a `tracing` event: the macro's field set, a visitor per field, and
-//! a lock of the writer's shared batch per line, 25 % of a request's instructions
+//! a lock of the writer's shared batch per line, a quarter more instructions per request
 //! (docs/performance.md, "Timers, clock and log"). Now:
 //!
 //! - A line is formatted straight into the worker's block by `log_format::LineWriter`, in
