@@ -54,12 +54,13 @@
 #             in production the database is another machine. PIN_PG=0 measures that case.
 #   WORKERS [1]: tollgate's connection workers (`server.workers`, like nginx's one worker)
 #   ACCESS_LOG [0]: 1 runs tollgate at RUST_LOG=info, its default, so every request formats
-#             and writes its access-log line (through the log writer's thread) to /dev/null:
+#             and writes its access-log line (into its worker's 64 KiB block, handed to the
+#             log writer's thread) to /dev/null:
 #             the formatting and the writer are paid, a disk is not, and results/ does not
 #             fill with log files. 0 runs it at RUST_LOG=warn, like nginx with access_log off.
 #   NGINX_ACCESS_LOG [ACCESS_LOG]: 1 gives the reference nginx its default access log
 #             (`combined`) to /dev/null, buffered 64 KiB (`buffer=64k flush=1s`, as tollgate's
-#             log writer batches its lines), so ACCESS_LOG=1 compares both proxies as they
+#             workers buffer theirs), so ACCESS_LOG=1 compares both proxies as they
 #             ship; NGINX_ACCESS_LOG=0 with ACCESS_LOG=1 logs in tollgate only.
 #   PG_URL [postgres://postgres@127.0.0.1:5432]  (loopback only; trust auth; the script creates
 #             and drops databases tollgate_bench_<target>)   PG_STATS_WAIT [11] s (see below)

@@ -27,6 +27,7 @@
 //! Everything else is private; tests and fuzz targets reach what they check through
 //! `testing`, which lists it.
 
+mod access_log;
 mod admin;
 mod body;
 pub mod cli;

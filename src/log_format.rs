@@ -1,28 +1,21 @@
-//! The text format of log lines (the default; `TOLLGATE_LOG=json` uses tracing-subscriber's
-//! JSON format instead, untouched).
+//! The access log's line: what one finished request writes (docs/operations.md, "Logs").
 //!
-//! Every request writes one access-log line, so its formatting is on the request path: with
-//! tracing-subscriber's stock format the line cost 14.5k instructions, where the rest of a
-//! memory-mode request costs 41k (docs/performance.md). Most of that is generic machinery the
-//! line does not need: `core::fmt` for every piece, colour styles painted even with colours
-//! off, `Debug` on every text field and on the duration's float. [`TextFormat`] writes
-//! access-log lines directly, in exactly the text the stock format writes (a test holds the two
-//! to the same bytes), and hands every other event to the stock format: the other lines are
-//! rare, and keep everything it does.
+//! A connection worker writes the line itself, into its own block (`crate::access_log`), with
+//! [`LineWriter`]: no `tracing` event, no field visitor, no `core::fmt` in the common case.
+//! The bytes are exactly those tracing-subscriber's formats write for the event [`access`]
+//! (its default text format, or its JSON format with the event's fields flattened, as
+//! `TOLLGATE_LOG=json` installs it): `tests/it/log_format.rs` formats the same lines both ways
+//! and compares them, so log parsers written for either format keep working.
 //!
-//! The access log's one event is [`access`]: `tests/it/log_format.rs` formats that same call site
-//! both ways.
+//! [`access`] is also how a server without an access log of its own (one embedded in another
+//! program, or logging to a terminal, in colour) writes the line: through `tracing`, to
+//! whatever subscriber is installed.
 
-use std::fmt;
+use std::io::Write as _;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
-use tracing::field::{Field, Visit};
-use tracing::{Event, Level, Subscriber};
-use tracing_subscriber::fmt::format::{Format, Full, Writer};
-use tracing_subscriber::fmt::time::FormatTime;
-use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
-use tracing_subscriber::registry::LookupSpan;
-
-/// The target of access-log lines, the only ones [`TextFormat`] writes itself.
+/// The target of access-log lines.
 pub const ACCESS_TARGET: &str = "tollgate::access";
 
 /// One finished request, as the access log records it.
@@ -33,18 +26,20 @@ pub struct AccessLine<'a> {
     pub route: &'a str,
     pub decision: &'a str,
     /// The policies that denied the request (written comma-separated; empty when none did).
-    pub violated: &'a [std::sync::Arc<str>],
+    pub violated: &'a [Arc<str>],
     pub status: u16,
-    /// How long the request took, in milliseconds: asked only when the line is written.
-    pub duration_ms: &'a dyn Fn() -> f64,
+    /// How long the request took (logged in milliseconds, `duration_ms`): asked only when the
+    /// line is written.
+    pub elapsed: &'a dyn Fn() -> Duration,
     pub upstream: &'a str,
     pub grpc_status: Option<&'a str>,
     /// Visible ASCII by construction (kept ones are checked, new ones are hex).
     pub request_id: &'a str,
 }
 
-/// Writes the access-log line of one request (at `info`, target [`ACCESS_TARGET`]). The
-/// fields that cost something to compute are computed only when the line is written.
+/// Writes the access-log line of one request as a `tracing` event (at `info`, target
+/// [`ACCESS_TARGET`]). The fields that cost something to compute are computed only when the
+/// line is written.
 pub fn access(line: &AccessLine<'_>) {
     tracing::info!(
         target: ACCESS_TARGET,
@@ -54,7 +49,7 @@ pub fn access(line: &AccessLine<'_>) {
         decision = line.decision,
         policy = %Joined(line.violated),
         status = line.status,
-        duration_ms = (line.duration_ms)(),
+        duration_ms = log_ms((line.elapsed)()),
         upstream = line.upstream,
         grpc_status = line.grpc_status,
         request_id = line.request_id,
@@ -62,10 +57,10 @@ pub fn access(line: &AccessLine<'_>) {
 }
 
 /// Names written comma-separated.
-struct Joined<'a>(&'a [std::sync::Arc<str>]);
+struct Joined<'a>(&'a [Arc<str>]);
 
-impl fmt::Display for Joined<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl std::fmt::Display for Joined<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         for (i, name) in self.0.iter().enumerate() {
             if i > 0 {
                 f.write_str(",")?;
@@ -79,182 +74,284 @@ impl fmt::Display for Joined<'_> {
 /// A duration for a log line: milliseconds, to the microsecond (`7.39`, `58.902`). The
 /// `f64` of `as_secs_f64() * 1000.0` printed 17 digits (`58.901799999999994`); a whole
 /// number of microseconds over 1000 prints as the shortest decimal that reads back the same.
-pub fn log_ms(elapsed: std::time::Duration) -> f64 {
+pub fn log_ms(elapsed: Duration) -> f64 {
     let micros = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
     micros as f64 / 1000.0
 }
 
-/// The text format: access-log lines written directly, every other line by `stock`, both
-/// stamped by the same `timer`.
-pub struct TextFormat<T = UtcMicros> {
-    timer: T,
-    stock: Format<Full, T>,
+/// Which of tracing-subscriber's formats the line is written in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LineFormat {
+    /// The default text format (`Format<Full>`, no colours).
+    Text,
+    /// The JSON format, the event's fields flattened into the object (`TOLLGATE_LOG=json`).
+    Json,
 }
 
-impl TextFormat<UtcMicros> {
-    pub fn new() -> Self {
-        TextFormat::with_timer(UtcMicros)
-    }
+/// Writes access-log lines in one [`LineFormat`], and keeps the text of the current second of
+/// their timestamps: of `2026-12-04T15:35:05.201634Z` only the microseconds change from one
+/// line to the next, so the calendar is worked out once a second, not once a line.
+pub struct LineWriter {
+    format: LineFormat,
+    /// The second `prefix` is the text of (since 1970), if any yet.
+    second: Option<u64>,
+    /// `YYYY-MM-DDTHH:MM:SS.` of `second`.
+    prefix: [u8; 20],
 }
 
-impl Default for TextFormat<UtcMicros> {
-    fn default() -> Self {
-        TextFormat::new()
-    }
-}
-
-impl<T: FormatTime + Clone> TextFormat<T> {
-    pub fn with_timer(timer: T) -> Self {
-        TextFormat {
-            stock: Format::default().with_timer(timer.clone()),
-            timer,
+impl LineWriter {
+    pub fn new(format: LineFormat) -> Self {
+        LineWriter {
+            format,
+            second: None,
+            prefix: [0; 20],
         }
     }
-}
 
-impl<S, N, T> FormatEvent<S, N> for TextFormat<T>
-where
-    S: Subscriber + for<'a> LookupSpan<'a>,
-    N: for<'a> FormatFields<'a> + 'static,
-    T: FormatTime,
-{
-    fn format_event(
-        &self,
-        ctx: &FmtContext<'_, S, N>,
-        mut writer: Writer<'_>,
-        event: &Event<'_>,
-    ) -> fmt::Result {
-        let meta = event.metadata();
-        // Colours (a terminal) and spans around the event are the stock format's business:
-        // neither happens on the request path of a server whose log is not a terminal.
-        if meta.target() != ACCESS_TARGET
-            || writer.has_ansi_escapes()
-            || ctx
-                .event_scope()
-                .is_some_and(|mut scope| scope.next().is_some())
-            || meta
-                .fields()
-                .iter()
-                .any(|field| written_specially(field.name()))
-        {
-            return self.stock.format_event(ctx, writer, event);
+    /// Appends `line`, stamped `now`, to `out`, newline included.
+    pub fn write(&mut self, out: &mut Vec<u8>, line: &AccessLine<'_>, now: SystemTime) {
+        match self.format {
+            LineFormat::Text => self.text(out, line, now),
+            LineFormat::Json => self.json(out, line, now),
         }
-        // The stock layout: time, a space, the level right-aligned in five, target, fields.
-        if self.timer.format_time(&mut writer).is_err() {
-            writer.write_str("<unknown time>")?;
-        }
-        writer.write_str(match *meta.level() {
-            Level::TRACE => " TRACE ",
-            Level::DEBUG => " DEBUG ",
-            Level::INFO => "  INFO ",
-            Level::WARN => "  WARN ",
-            Level::ERROR => " ERROR ",
-        })?;
-        writer.write_str(meta.target())?;
-        writer.write_str(": ")?;
-        let mut fields = Fields {
-            line: writer.by_ref(),
-            first: true,
-            result: Ok(()),
-        };
-        event.record(&mut fields);
-        fields.result?;
-        writer.write_str("\n")
-    }
-}
-
-/// Whether the stock format writes a field other than as `name=value`: a message without its
-/// name, a raw identifier without its `r#`, a bridged `log` record's metadata not at all.
-fn written_specially(name: &str) -> bool {
-    name == "message" || name.starts_with("r#") || name.starts_with("log.")
-}
-
-/// Writes `name=value` pairs separated by one space, each value as the stock format writes it
-/// (`Debug`: text quoted and escaped, numbers plain), the common cases without `core::fmt`.
-struct Fields<'w> {
-    line: Writer<'w>,
-    first: bool,
-    result: fmt::Result,
-}
-
-impl Fields<'_> {
-    /// Writes one field: the separator, the name, and `=` with the value (written by
-    /// `value`, which starts with the `=`: text fields write `="` as one piece).
-    fn write(&mut self, field: &Field, value: impl FnOnce(&mut Writer<'_>) -> fmt::Result) {
-        if self.result.is_err() {
-            return;
-        }
-        let line = &mut self.line;
-        let separated = if std::mem::take(&mut self.first) {
-            Ok(())
-        } else {
-            line.write_str(" ")
-        };
-        self.result = separated
-            .and_then(|()| line.write_str(field.name()))
-            .and_then(|()| value(line));
     }
 
-    /// An integer field, as `Debug` writes it (its digits), with `itoa`.
-    fn integer(&mut self, field: &Field, value: impl itoa::Integer) {
-        self.write(field, |line| {
-            line.write_str("=")?;
-            line.write_str(itoa::Buffer::new().format(value))
-        });
-    }
-}
-
-impl Visit for Fields<'_> {
-    fn record_str(&mut self, field: &Field, value: &str) {
-        self.write(field, |line| {
-            // `Debug` of a str: quoted, with `"`, `\`, controls and some non-ASCII escaped.
-            // Printable ASCII other than those two stays as it is.
-            if value
-                .bytes()
-                .all(|b| matches!(b, b' '..=b'~') && b != b'"' && b != b'\\')
-            {
-                line.write_str("=\"")?;
-                line.write_str(value)?;
-                line.write_str("\"")
-            } else {
-                write!(line, "={value:?}")
+    /// The text format's line: `{time}  INFO tollgate::access: name=value ...`, values as
+    /// `Debug` writes them (text quoted and escaped, numbers plain); `method` and `policy`
+    /// are logged with `%`, so as `Display` writes them.
+    fn text(&mut self, out: &mut Vec<u8>, line: &AccessLine<'_>, now: SystemTime) {
+        self.timestamp(out, now);
+        out.extend_from_slice(b"  INFO tollgate::access: method=");
+        out.extend_from_slice(line.method.as_str().as_bytes());
+        out.extend_from_slice(b" path=");
+        text_str(out, line.path);
+        out.extend_from_slice(b" route=");
+        text_str(out, line.route);
+        out.extend_from_slice(b" decision=");
+        text_str(out, line.decision);
+        out.extend_from_slice(b" policy=");
+        for (i, name) in line.violated.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
             }
-        });
+            out.extend_from_slice(name.as_bytes());
+        }
+        out.extend_from_slice(b" status=");
+        out.extend_from_slice(itoa::Buffer::new().format(line.status).as_bytes());
+        out.extend_from_slice(b" duration_ms=");
+        write_ms(out, (line.elapsed)(), LineFormat::Text);
+        out.extend_from_slice(b" upstream=");
+        text_str(out, line.upstream);
+        if let Some(grpc_status) = line.grpc_status {
+            out.extend_from_slice(b" grpc_status=");
+            text_str(out, grpc_status);
+        }
+        out.extend_from_slice(b" request_id=");
+        text_str(out, line.request_id);
+        out.push(b'\n');
     }
 
-    fn record_u64(&mut self, field: &Field, value: u64) {
-        self.integer(field, value);
+    /// The JSON format's line: timestamp, level, the fields in the event's order, target.
+    fn json(&mut self, out: &mut Vec<u8>, line: &AccessLine<'_>, now: SystemTime) {
+        out.extend_from_slice(b"{\"timestamp\":\"");
+        self.timestamp(out, now);
+        out.extend_from_slice(b"\",\"level\":\"INFO\",\"method\":");
+        json_str(out, line.method.as_str());
+        out.extend_from_slice(b",\"path\":");
+        json_str(out, line.path);
+        out.extend_from_slice(b",\"route\":");
+        json_str(out, line.route);
+        out.extend_from_slice(b",\"decision\":");
+        json_str(out, line.decision);
+        out.extend_from_slice(b",\"policy\":");
+        if line.violated.iter().all(|name| json_plain(name)) {
+            out.push(b'"');
+            for (i, name) in line.violated.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(name.as_bytes());
+            }
+            out.push(b'"');
+        } else {
+            json_str(out, &Joined(line.violated).to_string());
+        }
+        out.extend_from_slice(b",\"status\":");
+        out.extend_from_slice(itoa::Buffer::new().format(line.status).as_bytes());
+        out.extend_from_slice(b",\"duration_ms\":");
+        write_ms(out, (line.elapsed)(), LineFormat::Json);
+        out.extend_from_slice(b",\"upstream\":");
+        json_str(out, line.upstream);
+        if let Some(grpc_status) = line.grpc_status {
+            out.extend_from_slice(b",\"grpc_status\":");
+            json_str(out, grpc_status);
+        }
+        out.extend_from_slice(b",\"request_id\":");
+        json_str(out, line.request_id);
+        out.extend_from_slice(b",\"target\":\"tollgate::access\"}\n");
     }
 
-    fn record_i64(&mut self, field: &Field, value: i64) {
-        self.integer(field, value);
-    }
-
-    fn record_f64(&mut self, field: &Field, value: f64) {
-        self.write(field, |line| {
-            line.write_str("=")?;
-            write_f64(line, value)
-        });
-    }
-
-    fn record_bool(&mut self, field: &Field, value: bool) {
-        self.write(field, |line| {
-            line.write_str(if value { "=true" } else { "=false" })
-        });
-    }
-
-    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
-        self.write(field, |line| write!(line, "={value:?}"));
+    /// `now` as tracing-subscriber's `SystemTime` timer writes it: UTC to the microsecond,
+    /// `2026-12-04T15:35:05.201634Z`.
+    fn timestamp(&mut self, out: &mut Vec<u8>, now: SystemTime) {
+        let Ok(since) = now.duration_since(SystemTime::UNIX_EPOCH) else {
+            return stock_time(out);
+        };
+        let second = since.as_secs();
+        if self.second != Some(second) {
+            let mut text = [0u8; 27];
+            let Some(whole) = utc_micros(second, 0, &mut text) else {
+                return stock_time(out);
+            };
+            self.prefix.copy_from_slice(&whole.as_bytes()[..20]);
+            self.second = Some(second);
+        }
+        let mut micros = [0u8; 7];
+        let mut value = since.subsec_micros();
+        for place in micros[..6].iter_mut().rev() {
+            *place = b'0' + (value % 10) as u8;
+            value /= 10;
+        }
+        micros[6] = b'Z';
+        out.extend_from_slice(&self.prefix);
+        out.extend_from_slice(&micros);
     }
 }
 
-/// `value` as `Debug` writes it, a whole number of thousandths without `core::fmt`.
-fn write_f64(out: &mut impl fmt::Write, value: f64) -> fmt::Result {
-    let Some((whole, fraction)) = thousandths(value) else {
-        return write!(out, "{value:?}");
+/// A clock before 1970 or after 9999: the stock timer's text for it.
+fn stock_time(out: &mut Vec<u8>) {
+    use tracing_subscriber::fmt::time::FormatTime;
+    let mut text = String::new();
+    let writer = &mut tracing_subscriber::fmt::format::Writer::new(&mut text);
+    if tracing_subscriber::fmt::time::SystemTime
+        .format_time(writer)
+        .is_err()
+    {
+        text = "<unknown time>".into();
+    }
+    out.extend_from_slice(text.as_bytes());
+}
+
+/// `value` as `Debug` writes a `str`: quoted, with `"`, `\`, controls and some non-ASCII
+/// escaped. Printable ASCII other than those two stays as it is, which is the common case.
+fn text_str(out: &mut Vec<u8>, value: &str) {
+    if none_special(value.as_bytes(), text_special) {
+        out.push(b'"');
+        out.extend_from_slice(value.as_bytes());
+        out.push(b'"');
+    } else {
+        let _ = write!(out, "{value:?}");
+    }
+}
+
+/// Whether serde_json writes `value` between quotes as it is: no control character, `"` or
+/// `\` (anything else, non-ASCII included, it leaves alone).
+fn json_plain(value: &str) -> bool {
+    none_special(value.as_bytes(), json_special)
+}
+
+/// `value` as a JSON string, as serde_json writes it.
+fn json_str(out: &mut Vec<u8>, value: &str) {
+    if json_plain(value) {
+        out.push(b'"');
+        out.extend_from_slice(value.as_bytes());
+        out.push(b'"');
+    } else {
+        let _ = serde_json::to_writer(&mut *out, value);
+    }
+}
+
+// The checks for text that needs no escaping look at eight bytes at once (the fields are
+// short: a byte at a time, or a vector loop's set-up, cost more than the rest of the field).
+// Each is exact for the question "is any byte of `x` such": a borrow or carry between bytes
+// happens only past a byte that already answers it (Hacker's Delight, 6-1; the bit hacks
+// `haszero` and `hasless`).
+const ONES: u64 = 0x0101_0101_0101_0101;
+const HIGHS: u64 = 0x8080_8080_8080_8080;
+
+/// Nonzero when a byte of `x` is below `n` (at most 128).
+fn any_below(x: u64, n: u8) -> u64 {
+    x.wrapping_sub(ONES * u64::from(n)) & !x & HIGHS
+}
+
+/// Nonzero when a byte of `x` is `b`.
+fn any_equal(x: u64, b: u8) -> u64 {
+    any_below(x ^ (ONES * u64::from(b)), 1)
+}
+
+/// Nonzero when a byte of `x` is one `Debug` escapes in a `str` or is not ASCII: a control,
+/// DEL, `"`, `\`, or 0x80 and above.
+fn text_special(x: u64) -> u64 {
+    // A byte of 0x7F or more gets its high bit from the `+ 1` or has it already.
+    let high = (x.wrapping_add(ONES) | x) & HIGHS;
+    any_below(x, b' ') | high | any_equal(x, b'"') | any_equal(x, b'\\')
+}
+
+/// Nonzero when a byte of `x` is one serde_json escapes: a control, `"` or `\`.
+fn json_special(x: u64) -> u64 {
+    any_below(x, b' ') | any_equal(x, b'"') | any_equal(x, b'\\')
+}
+
+/// Whether `special` finds nothing in `value`, read as little-endian words of eight bytes.
+/// Past the last whole word, the last eight bytes are read again (overlapping); a value
+/// shorter than a word is read in two overlapping halves, the rest of the word spaces,
+/// which neither check finds.
+fn none_special(value: &[u8], special: fn(u64) -> u64) -> bool {
+    let len = value.len();
+    let word = |at: usize| {
+        let mut bytes = [0u8; 8];
+        bytes.copy_from_slice(&value[at..at + 8]);
+        u64::from_le_bytes(bytes)
     };
-    out.write_str(itoa::Buffer::new().format(whole))?;
-    // `.0`, or the point and three digits without their trailing zeros.
+    let half = |at: usize| {
+        let mut bytes = [0u8; 4];
+        bytes.copy_from_slice(&value[at..at + 4]);
+        u64::from(u32::from_le_bytes(bytes))
+    };
+    const SPACES: u64 = ONES * b' ' as u64;
+    let found = match len {
+        0 => 0,
+        1 => special(u64::from(value[0]) | (SPACES << 8)),
+        2 | 3 => {
+            let pair = |at: usize| u64::from(u16::from_le_bytes([value[at], value[at + 1]]));
+            special(pair(0) | (pair(len - 2) << 16) | (SPACES << 32))
+        }
+        4..=7 => special(half(0) | (half(len - 4) << 32)),
+        _ => {
+            let mut found = special(word(len - 8));
+            for at in (0..len - 8).step_by(8) {
+                found |= special(word(at));
+            }
+            found
+        }
+    };
+    found == 0
+}
+
+/// The most microseconds [`write_ms`] writes itself: their milliseconds are below 1e12.
+const EXACT_MICROS: u128 = 1_000_000_000_000_000;
+
+/// `elapsed` as `Debug` (text) or serde_json (JSON) writes the `f64` [`log_ms`] makes of it:
+/// the whole milliseconds, then `.0`, or the point and up to three digits without their
+/// trailing zeros (`5.319`, `2.0`, `1.5`). Written from the integer, without the `f64`.
+///
+/// Why this is their text: both write the shortest decimal that reads back as the same
+/// `f64`, without an exponent in this range. With `m` microseconds (below 2^53, so exact),
+/// the `f64` is the one nearest to the decimal `m / 1000`, so that decimal reads back as it;
+/// below 1e12 the spacing of `f64`s is under 0.001, so no other decimal of at most three
+/// places reads back as it too. Longer durations (over 31 years) are left to the formatters.
+fn write_ms(out: &mut Vec<u8>, elapsed: Duration, format: LineFormat) {
+    let micros = elapsed.as_micros();
+    let Some(micros) = u64::try_from(micros).ok().filter(|_| micros < EXACT_MICROS) else {
+        let ms = log_ms(elapsed);
+        let _ = match format {
+            LineFormat::Text => write!(out, "{ms:?}"),
+            LineFormat::Json => serde_json::to_writer(&mut *out, &ms).map_err(std::io::Error::from),
+        };
+        return;
+    };
+    let (whole, fraction) = (micros / 1000, micros % 1000);
+    out.extend_from_slice(itoa::Buffer::new().format(whole).as_bytes());
     let digit = |d: u64| b'0' + (d % 10) as u8;
     let text = [
         b'.',
@@ -269,50 +366,7 @@ fn write_f64(out: &mut impl fmt::Write, value: f64) -> fmt::Result {
     } else {
         4
     };
-    out.write_str(std::str::from_utf8(&text[..keep]).map_err(|_| fmt::Error)?)
-}
-
-/// `value` as a whole part and thousandths when it is a whole number of thousandths (as the
-/// access log's durations are, see [`log_ms`]): `5.319` is `(5, 319)`. `None` for anything
-/// else. Written as `5.319`, `2.0` or `1.5`, that is the text `Debug` gives `value`.
-///
-/// Why this is `Debug`'s text: `Debug` writes the shortest decimal that reads back as the
-/// same `f64`, without an exponent from 1e-4 to 1e16. `value` is the `f64` nearest to the
-/// decimal `m / 1000` (checked below), so that decimal reads back as it; below 1e12 the
-/// spacing of `f64`s is under 0.001, so no decimal with fewer digits reads back as it too.
-fn thousandths(value: f64) -> Option<(u64, u64)> {
-    // (`-0.0` is in the range, and `Debug` writes its sign.)
-    if !(0.0..1e12).contains(&value) || value.is_sign_negative() {
-        return None;
-    }
-    let m = (value * 1000.0).round();
-    if m / 1000.0 != value {
-        return None;
-    }
-    // Below 1e15, exactly.
-    let m = m as u64;
-    Some((m / 1000, m % 1000))
-}
-
-/// UTC wall-clock time with microseconds, `2026-12-04T15:35:05.201634Z`: the text of
-/// tracing-subscriber's `SystemTime` timer, written without `core::fmt`.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct UtcMicros;
-
-impl FormatTime for UtcMicros {
-    fn format_time(&self, w: &mut Writer<'_>) -> fmt::Result {
-        let now = std::time::SystemTime::now();
-        let mut text = [0u8; 27];
-        match now
-            .duration_since(std::time::UNIX_EPOCH)
-            .ok()
-            .and_then(|since| utc_micros(since.as_secs(), since.subsec_micros(), &mut text))
-        {
-            Some(text) => w.write_str(text),
-            // A clock before 1970 or after 9999: the stock timer's text for it.
-            None => tracing_subscriber::fmt::time::SystemTime.format_time(w),
-        }
-    }
+    out.extend_from_slice(&text[..keep]);
 }
 
 /// `secs` after 1970 and `micros` written as `YYYY-MM-DDTHH:MM:SS.ffffffZ` into `out`, or
@@ -373,44 +427,77 @@ fn civil_from_days(days: u64) -> (u64, u64, u64) {
 mod tests {
     use super::*;
 
+    /// A duration as a line writes it, in both formats, against `Debug`'s and serde_json's
+    /// text of the `f64` that [`log_ms`] makes of it (what the `tracing` event logs).
     #[test]
-    fn durations_are_written_as_debug_writes_them() {
-        let check = |value: f64| {
-            let mut ours = String::new();
-            write_f64(&mut ours, value).expect("writes");
-            assert_eq!(ours, format!("{value:?}"), "{value}");
+    fn durations_are_written_as_debug_and_serde_json_write_them() {
+        let check = |elapsed: Duration| {
+            let ms = log_ms(elapsed);
+            for (format, want) in [
+                (LineFormat::Text, format!("{ms:?}")),
+                (LineFormat::Json, serde_json::to_string(&ms).expect("json")),
+            ] {
+                let mut ours = Vec::new();
+                write_ms(&mut ours, elapsed, format);
+                assert_eq!(String::from_utf8(ours), Ok(want), "{elapsed:?}");
+            }
         };
-        // Whole numbers of microseconds, as `log_ms` makes them: every one up to 2 s, then
-        // every multiple of 997 up to 100 s.
+        // Every microsecond up to 2 s, then every 997th up to 100 s (nanoseconds dropped).
         let sampled = (2_000_000u64.div_ceil(997) * 997..100_000_000).step_by(997);
         for micros in (0..2_000_000u64).chain(sampled) {
-            check(micros as f64 / 1000.0);
+            check(Duration::from_nanos(micros * 1000 + micros % 1000));
         }
-        // Large ones, near where the shortcut stops, and values it leaves to `Debug`.
+        // Large ones, on both sides of where the formatters take over, and the largest.
         let mut m: u64 = 1;
         while m < 1 << 62 {
-            check(m as f64 / 1000.0);
-            check((m + 999) as f64 / 1000.0);
+            check(Duration::from_micros(m));
+            check(Duration::from_micros(m + 999));
             m = m * 3 + 1;
         }
-        for value in [
-            0.0001,
-            0.00001,
-            0.1234,
-            1e-9,
-            1e12,
-            1e16,
-            1e300,
-            -0.0,
-            -1.5,
-            f64::NAN,
-            f64::INFINITY,
-        ] {
-            check(value);
+        for micros in [EXACT_MICROS - 1, EXACT_MICROS, EXACT_MICROS + 1] {
+            check(Duration::from_micros(u64::try_from(micros).expect("fits")));
         }
-        assert_eq!(thousandths(5.319), Some((5, 319)));
-        assert_eq!(thousandths(0.1234), None);
-        assert_eq!(thousandths(-1.5), None);
+        check(Duration::MAX);
+    }
+
+    /// The word-at-a-time checks answer as a byte-at-a-time check would: every byte value at
+    /// every position of values of every length up to 20, among plain bytes.
+    #[test]
+    fn the_word_checks_find_exactly_the_special_bytes() {
+        let text = |b: u8| !(b' '..=b'~').contains(&b) || b == b'"' || b == b'\\';
+        let json = |b: u8| b < b' ' || b == b'"' || b == b'\\';
+        for len in 0..=20 {
+            let mut value = vec![b'a'; len];
+            assert!(none_special(&value, text_special) && none_special(&value, json_special));
+            for at in 0..len {
+                for b in 0..=255u8 {
+                    value[at] = b;
+                    assert_eq!(
+                        none_special(&value, text_special),
+                        !text(b),
+                        "{len} {at} {b}"
+                    );
+                    assert_eq!(
+                        none_special(&value, json_special),
+                        !json(b),
+                        "{len} {at} {b}"
+                    );
+                    // Next to the largest and smallest plain bytes, which are nearest to a
+                    // borrow or a carry.
+                    for neighbour in [b' ', b'~', 0x7f, 0xff] {
+                        if at + 1 < len {
+                            value[at + 1] = neighbour;
+                            let t = text(b) || text(neighbour);
+                            let j = json(b) || json(neighbour);
+                            assert_eq!(none_special(&value, text_special), !t);
+                            assert_eq!(none_special(&value, json_special), !j);
+                            value[at + 1] = b'a';
+                        }
+                    }
+                }
+                value[at] = b'a';
+            }
+        }
     }
 
     #[test]
@@ -430,19 +517,47 @@ mod tests {
         assert_eq!(utc_micros(253_402_300_800, 0, &mut [0; 27]), None);
     }
 
+    /// The second kept from one line to the next is replaced when the clock moves on (or
+    /// back), and only the microseconds are written anew.
     #[test]
-    fn utc_micros_agrees_with_the_stock_timer() {
-        let now = |timer: &dyn FormatTime| {
-            let mut text = String::new();
-            timer
-                .format_time(&mut Writer::new(&mut text))
-                .expect("formats");
-            text
+    fn the_kept_second_follows_the_clock() {
+        let mut writer = LineWriter::new(LineFormat::Text);
+        let at = |secs: u64, micros: u32| {
+            SystemTime::UNIX_EPOCH
+                + Duration::from_secs(secs)
+                + Duration::from_micros(micros.into())
         };
+        let cases = [
+            (1_796_398_505, 201_634),
+            (1_796_398_505, 7),
+            (1_796_398_506, 0),
+            (1_796_398_505, 999_999),
+            (4_107_542_399, 1),
+            (4_107_542_400, 0),
+        ];
+        for (secs, micros) in cases {
+            let mut ours = Vec::new();
+            writer.timestamp(&mut ours, at(secs, micros));
+            let mut whole = [0; 27];
+            let want = utc_micros(secs, micros, &mut whole).expect("in range");
+            assert_eq!(std::str::from_utf8(&ours), Ok(want));
+        }
+    }
+
+    #[test]
+    fn timestamps_agree_with_the_stock_timer() {
+        use tracing_subscriber::fmt::format::Writer;
+        use tracing_subscriber::fmt::time::FormatTime;
+        let mut writer = LineWriter::new(LineFormat::Json);
         // Seconds may tick between the two readings: equal to the second, or taken again.
         let agree = (0..5).any(|_| {
-            let stock = now(&tracing_subscriber::fmt::time::SystemTime);
-            let ours = now(&UtcMicros);
+            let mut stock = String::new();
+            tracing_subscriber::fmt::time::SystemTime
+                .format_time(&mut Writer::new(&mut stock))
+                .expect("formats");
+            let mut ours = Vec::new();
+            writer.timestamp(&mut ours, SystemTime::now());
+            let ours = String::from_utf8(ours).expect("utf8");
             stock.len() == ours.len() && stock[..19] == ours[..19] && ours.ends_with('Z')
         });
         assert!(agree);

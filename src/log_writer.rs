@@ -17,6 +17,10 @@
 //! - The writer thread swaps the batch for its own empty buffer, writes and flushes it, then
 //!   rests [`BATCH_EVERY`] before it looks again; it is woken only by the first line after it
 //!   found the batch empty, so that a busy server pays one wake-up per batch, not per line.
+//! - Access-log lines come in blocks rather than one by one: each connection worker formats
+//!   its own into a block and hands it over whole ([`LogWriter::write_block`], one lock per
+//!   block; `crate::access_log`), usually by swapping it with the empty batch rather than
+//!   copying it. Lines of a block that do not fit are dropped and counted alike, whole.
 //! - [`FlushOnDrop`] waits (at most [`FLUSH_WAIT`]) for what was logged to be written, so that
 //!   the last lines before the process exits are not lost.
 
@@ -143,6 +147,38 @@ impl LogWriter {
     /// reads; see `Server::builder(..).log_drops(..)`).
     pub fn dropped(&self) -> Counter {
         self.dropped.clone()
+    }
+
+    /// Puts `block`, whole lines each ending in a newline, into the batch under one lock: as
+    /// many of its first lines as fit; the rest are dropped and counted, never waited for.
+    /// (A connection worker's block of access-log lines, `crate::access_log`.) `block` comes
+    /// back empty: when the batch held nothing, as it mostly does, the block becomes the batch
+    /// without a copy and `block` is the batch's empty buffer.
+    pub fn write_block(&self, block: &mut Vec<u8>) {
+        let shared = &*self.users.0;
+        let mut batch = shared.lock();
+        let room = shared.capacity.saturating_sub(batch.text.len());
+        let mut lost = 0;
+        if batch.text.is_empty() && block.len() <= room {
+            std::mem::swap(&mut batch.text, block);
+        } else {
+            let fits = if block.len() <= room {
+                block.len()
+            } else {
+                block[..room]
+                    .iter()
+                    .rposition(|&b| b == b'\n')
+                    .map_or(0, |last| last + 1)
+            };
+            batch.text.extend_from_slice(&block[..fits]);
+            lost = block[fits..].iter().filter(|&&b| b == b'\n').count();
+            block.clear();
+        }
+        batch.wake_writer(&shared.line_logged);
+        drop(batch);
+        if lost > 0 {
+            self.dropped.inc_by(u64::try_from(lost).unwrap_or(u64::MAX));
+        }
     }
 }
 
@@ -366,6 +402,35 @@ mod tests {
         assert!(flush.flush(Duration::from_secs(5)));
         let text = String::from_utf8(out.text.lock().expect("text").clone()).expect("utf8");
         assert_eq!(text, "first\nsecond line\nfourth\n");
+    }
+
+    /// A block becomes the batch when the batch is empty, and is copied behind what it holds
+    /// otherwise, as far as whole lines fit; the rest of its lines are dropped and counted.
+    #[test]
+    fn blocks_arrive_whole_and_in_order_with_the_lines_around_them() {
+        let out = Recording::default();
+        let stalled = out.gate.lock().expect("gate");
+        let (writer, flush) = LogWriter::to(out.clone(), 40).expect("writer");
+        // Taken by the writer at once, which then blocks on the gate.
+        log(&writer, "first\n");
+        let until = std::time::Instant::now() + Duration::from_secs(5);
+        while writer.users.0.lock().taken == 0 {
+            assert!(std::time::Instant::now() < until, "the writer took nothing");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let mut block = b"b1 one\nb1 two\n".to_vec();
+        writer.write_block(&mut block);
+        assert!(block.is_empty());
+        log(&writer, "line\n");
+        // 19 bytes held, 21 free: of these 30, the first two lines (14 bytes) fit.
+        let mut block = b"b2 one\nb2 two\nb2 three\nb2 4\n".to_vec();
+        writer.write_block(&mut block);
+        assert!(block.is_empty());
+        assert_eq!(writer.dropped().get(), 2);
+        drop(stalled);
+        assert!(flush.flush(Duration::from_secs(5)));
+        let text = String::from_utf8(out.text.lock().expect("text").clone()).expect("utf8");
+        assert_eq!(text, "first\nb1 one\nb1 two\nline\nb2 one\nb2 two\n");
     }
 
     /// When every handle is gone, the writer thread writes what is left and ends.

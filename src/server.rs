@@ -60,6 +60,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch, Semaphore};
 use tokio::task::JoinHandle;
 
+use crate::access_log::AccessLog;
 use crate::admin;
 use crate::config::Config;
 use crate::error::StartupError;
@@ -96,6 +97,7 @@ pub struct ServerBuilder {
     config: Config,
     store: StoreOptions,
     log_drops: Option<Counter>,
+    access_log: Option<AccessLog>,
     paths: Http1Paths,
 }
 
@@ -147,6 +149,14 @@ impl ServerBuilder {
         self
     }
 
+    /// The access log its connection workers write into, each in blocks of its own
+    /// (`crate::access_log`). Without one, access-log lines are `tracing` events, for the
+    /// subscriber the program installed.
+    pub fn access_log(mut self, log: AccessLog) -> Self {
+        self.access_log = Some(log);
+        self
+    }
+
     /// Whether HTTP/1.1 connections begin on tollgate's own server path for simple requests
     /// (default: true). False: every HTTP/1.1 request goes through the framing guard and
     /// hyper's server, as one the simple path hands over does. For tests that hold both
@@ -167,8 +177,9 @@ impl ServerBuilder {
 
     /// Binds every listener, starts the store and begins serving.
     pub async fn start(self) -> Result<RunningServer, StartupError> {
-        let metrics = Metrics::with_log_drops(self.log_drops.unwrap_or_default());
-        Server::start_with(self.config, self.store, Arc::new(metrics), self.paths).await
+        let metrics = Arc::new(Metrics::with_log_drops(self.log_drops.unwrap_or_default()));
+        let (config, store, paths) = (self.config, self.store, self.paths);
+        Server::start_with(config, store, metrics, paths, self.access_log).await
     }
 }
 
@@ -215,6 +226,7 @@ impl Server {
             config,
             store: StoreOptions::default(),
             log_drops: None,
+            access_log: None,
             paths: Http1Paths {
                 fast_server: true,
                 direct_client: true,
@@ -227,6 +239,7 @@ impl Server {
         store_options: StoreOptions,
         metrics: Arc<Metrics>,
         paths: Http1Paths,
+        access_log: Option<AccessLog>,
     ) -> Result<RunningServer, StartupError> {
         // Decided once: the worker count sizes per-worker state (upstream clients), and a
         // reload keeps it.
@@ -337,7 +350,7 @@ impl Server {
             }),
         };
         let worker_state: Vec<Arc<Worker>> = (0..config.server.worker_count())
-            .map(|index| Arc::new(Worker::new(index)))
+            .map(|index| Arc::new(Worker::new(index, access_log.as_ref())))
             .collect();
         let workers = start_workers(&worker_state, &shared, &shared_with_workers)?;
         // Every worker holds its own duplicate of each listening socket; the originals close
@@ -528,6 +541,13 @@ impl RunningServer {
             }
         })
         .await;
+        // The connections are done (or cut): what the workers' access-log blocks hold goes
+        // out now. (A line logged later still goes when its worker is dropped.)
+        for worker in &self.worker_state {
+            if let Some(log) = worker.access_log() {
+                log.flush();
+            }
+        }
         tracing::info!("tollgate stopped");
     }
 }
@@ -588,6 +608,7 @@ fn start_workers(
         let worker = first.clone();
         tokio::spawn(accept_loop(listener, tls.clone(), shared.clone(), worker));
     }
+    tokio::spawn(flush_access_log(first.clone(), shared.phase.clone()));
     let mut threads = Vec::with_capacity(others.len());
     for worker in others {
         let index = worker.index();
@@ -636,8 +657,22 @@ async fn run_worker(listeners: Vec<BoundListener>, shared: SharedWithWorkers, wo
     for (listener, tls) in listeners {
         tokio::spawn(accept_loop(listener, tls, shared.clone(), worker.clone()));
     }
+    tokio::spawn(flush_access_log(worker, shared.phase.clone()));
     let mut phase = shared.phase;
     let _ = phase.wait_for(|p| *p == Phase::Stopped).await;
+}
+
+/// The worker's access-log timer (`access_log::WorkerLog::flush_on_timer`), on the worker's
+/// own runtime, until the server has stopped (`RunningServer::shutdown` then hands over what
+/// is left) or is gone.
+async fn flush_access_log(worker: Arc<Worker>, mut phase: watch::Receiver<Phase>) {
+    let Some(log) = worker.access_log() else {
+        return;
+    };
+    tokio::select! {
+        () = log.flush_on_timer() => {}
+        _ = phase.wait_for(|p| *p == Phase::Stopped) => {}
+    }
 }
 
 /// A future that resolves once the phase leaves Running.

@@ -51,7 +51,12 @@ pub mod metrics {
 }
 
 pub mod log_format {
-    pub use crate::log_format::{access, AccessLine, TextFormat};
+    pub use crate::log_format::{access, AccessLine, LineFormat, LineWriter};
+}
+
+pub mod access_log {
+    pub use crate::access_log::{AccessLog, BLOCK_BYTES, FLUSH_EVERY};
+    pub use crate::log_writer::{FlushOnDrop, LogWriter};
 }
 
 pub mod tls {

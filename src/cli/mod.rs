@@ -22,7 +22,7 @@ mod run;
 
 pub use check::{certificate_errors, check};
 pub use explain::explain;
-pub use logging::init_logging;
+pub use logging::{init_logging, Logging};
 pub use migrate::migrate;
 pub use output::Out;
 pub use reset::reset;
@@ -39,8 +39,9 @@ pub fn main(env: Env) -> ExitCode {
     // `explain` and `reset` end every failure with a line of their own on stderr (one clear
     // line, README "Command line"); the store's failure log would say it again as a WARN.
     let quiet = matches!(cli.command, Some(Command::Explain(_) | Command::Reset(_)));
-    // Kept to the end of `main`: dropping it writes out the log's last lines.
-    let (log_drops, _flush_log) = init_logging(if quiet { "error" } else { "info" }, env);
+    // Kept to the end of `main`: dropping it writes out the log's last lines (after the
+    // runtime, whose workers hand over their last access-log lines as they go).
+    let logging = init_logging(if quiet { "error" } else { "info" }, env);
     let (path, from) = config_path(cli.config, env);
     let config = match config::load_file(&path, &env) {
         Ok(config) => config,
@@ -77,7 +78,7 @@ pub fn main(env: Env) -> ExitCode {
     let mut out = Out::stdout();
     let default_command = || Command::Run(Default::default());
     let code = match cli.command.unwrap_or_else(default_command) {
-        Command::Run(args) => runtime.block_on(run(config, path, &args, log_drops, env)),
+        Command::Run(args) => runtime.block_on(run(config, path, &args, &logging, env)),
         Command::Check => {
             check(&config, &mut out);
             ExitCode::SUCCESS

@@ -4,29 +4,30 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use prometheus_client::metrics::counter::Counter;
-
 use crate::config::Config;
 use crate::Server;
 
-use super::{Env, Http1Stack, RunArgs};
+use super::{Env, Http1Stack, Logging, RunArgs};
 
 /// `tollgate run`: serves until SIGTERM or SIGINT; SIGHUP reloads the file at `path`.
 pub async fn run(
     config: Config,
     path: PathBuf,
     args: &RunArgs,
-    log_drops: Counter,
+    logging: &Logging,
     env: Env,
 ) -> ExitCode {
     // Before anything is bound: every connection and upstream request needs a descriptor
     // (contract §9). It logs the figure, or why it could not.
     let _ = crate::server::raise_open_file_limit();
     let fast = args.http1 == Http1Stack::Fast;
-    let builder = Server::builder(config)
-        .log_drops(log_drops)
+    let mut builder = Server::builder(config)
+        .log_drops(logging.drops.clone())
         .http1_fast_path(fast)
         .http1_direct_client(fast);
+    if let Some(access) = &logging.access {
+        builder = builder.access_log(access.clone());
+    }
     let mut server = match builder.start().await {
         Ok(server) => server,
         Err(err) => {

@@ -36,7 +36,7 @@ use crate::forward::{ForwardRequest, UpstreamPool};
 use crate::headers::{self, ResponseFields};
 use crate::key::{self, BucketHasher};
 use crate::limit::{LimitOutcome, Limiter, Outcomes, PlannedLimit, Plans, Verdict};
-use crate::log_format::{self, AccessLine};
+use crate::log_format::AccessLine;
 use crate::metrics::{Metrics, RouteMetrics, NO_ROUTE};
 use crate::normalise;
 use crate::route;
@@ -226,6 +226,7 @@ impl Proxy {
             // Logged without its query: queries can carry credentials. (A Uri clone shares its
             // bytes; nothing is copied.)
             let uri = req.uri().clone();
+            let worker = conn.worker.clone();
             let pipeline = self.pipeline(&runtime, req, conn, id_to_add, &request_id);
             let mut handled = pipeline.await;
             // A forwarded response has it already, behind the rate-limit fields.
@@ -244,14 +245,14 @@ impl Proxy {
                     NO_ROUTE
                 }
             };
-            log_format::access(&AccessLine {
+            worker.log_access(&AccessLine {
                 method: &method,
                 path: uri.path(),
                 route: route_name,
                 decision: handled.decision.as_str(),
                 violated: &handled.violated,
                 status,
-                duration_ms: &|| log_format::log_ms(started.elapsed()),
+                elapsed: &|| started.elapsed(),
                 upstream: handled.upstream.as_deref().unwrap_or(""),
                 grpc_status: handled.grpc_status.map(GrpcCode::as_str),
                 request_id: request_id.as_str(),

@@ -2,11 +2,16 @@
 //! connection (`ConnInfo::worker`) rather than kept in thread-locals: two servers in one
 //! process, or two workers on one thread (a test's runtime), never share it.
 
+use crate::access_log::{AccessLog, WorkerLog};
 use crate::key::IpBucketCache;
+use crate::log_format::{self, AccessLine};
 
 pub struct Worker {
     index: usize,
     ip_buckets: IpBucketCache,
+    /// Its block of access-log lines when its server writes the access log itself
+    /// (`crate::access_log`); `None`: the lines are `tracing` events.
+    access_log: Option<WorkerLog>,
 }
 
 impl std::fmt::Debug for Worker {
@@ -18,11 +23,13 @@ impl std::fmt::Debug for Worker {
 }
 
 impl Worker {
-    /// Worker `index` of its server (0 runs on the caller's runtime).
-    pub fn new(index: usize) -> Self {
+    /// Worker `index` of its server (0 runs on the caller's runtime), writing its access-log
+    /// lines into `access_log`, or through `tracing` without one.
+    pub fn new(index: usize, access_log: Option<&AccessLog>) -> Self {
         Worker {
             index,
             ip_buckets: IpBucketCache::default(),
+            access_log: access_log.map(WorkerLog::new),
         }
     }
 
@@ -36,5 +43,18 @@ impl Worker {
     /// Its recent `ip` buckets (`key::IpBucketCache`).
     pub fn ip_buckets(&self) -> &IpBucketCache {
         &self.ip_buckets
+    }
+
+    /// Writes the access-log line of one of its requests.
+    pub fn log_access(&self, line: &AccessLine<'_>) {
+        match &self.access_log {
+            Some(block) => block.write(line),
+            None => log_format::access(line),
+        }
+    }
+
+    /// Its block of access-log lines, if it has one.
+    pub fn access_log(&self) -> Option<&WorkerLog> {
+        self.access_log.as_ref()
     }
 }

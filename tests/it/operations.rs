@@ -41,12 +41,17 @@ impl Process {
     }
 
     fn spawn_with(config: &Path, log_format: &str, args: &[&str]) -> Process {
+        Process::spawn_at(config, log_format, "info", args)
+    }
+
+    /// With `RUST_LOG=rust_log`.
+    fn spawn_at(config: &Path, log_format: &str, rust_log: &str, args: &[&str]) -> Process {
         let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
             .args(["run", "--config"])
             .arg(config)
             .args(args)
             .env("TOLLGATE_LOG", log_format)
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", rust_log)
             .env_remove("TOLLGATE_DATABASE_URL")
             .stderr(Stdio::piped())
             .stdout(Stdio::null())
@@ -311,6 +316,8 @@ async fn json_logs_parse_and_carry_no_credentials() {
         }
     }
     assert_eq!(access.len(), 2, "one access line per request");
+    // Two workers' lines are in time order only within a block (docs/operations.md, "Logs").
+    access.sort_by_key(|value| value["timestamp"].as_str().map(str::to_owned));
     assert_eq!(access[0]["path"], "/private/path");
     assert_eq!(access[0]["route"], "api");
     assert_eq!(access[0]["decision"], "allowed");
@@ -332,7 +339,7 @@ async fn json_logs_parse_and_carry_no_credentials() {
 }
 
 /// The default text log: one access-log line per request in tracing's usual layout (written by
-/// `log_format::TextFormat`), and no credential in any line.
+/// the connection worker, `log_format::LineWriter`), and no credential in any line.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn text_access_lines_have_the_documented_layout() {
     let upstream = Upstream::start().await;
@@ -347,10 +354,13 @@ async fn text_access_lines_have_the_documented_layout() {
             assert!(!line.contains(secret), "{secret} leaked: {line}");
         }
     }
-    let access: Vec<&String> = lines
+    let mut access: Vec<&String> = lines
         .iter()
         .filter(|l| l.contains(" tollgate::access: "))
         .collect();
+    // In time order (the line starts with its timestamp): two workers' lines are in order
+    // only within a block (docs/operations.md, "Logs").
+    access.sort();
     assert_eq!(access.len(), 2, "one access line per request: {lines:#?}");
     let expected = [
         r#"method=GET path="/private/path" route="api" decision="allowed" policy= status=200 duration_ms="#,
@@ -654,4 +664,76 @@ async fn workers_serve_together_and_share_one_limit() {
 
     let (code, lines) = process.stop().await;
     assert_eq!(code, Some(0), "{}", lines.join("\n"));
+}
+
+/// The access lines in `lines` (JSON), checked whole.
+fn access_lines(lines: &[String]) -> Vec<serde_json::Value> {
+    lines
+        .iter()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .filter(|value: &serde_json::Value| value["target"] == "tollgate::access")
+        .collect()
+}
+
+/// Access lines wait in their worker's block (docs/operations.md, "Logs"): a line reaches the
+/// log by the block's timer while the server runs, and on SIGTERM every worker's block is
+/// written before the process exits, so each of `SENT` requests has its line, whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_access_line_is_written_by_the_timer_or_at_sigterm() {
+    const SENT: usize = 3000;
+    let upstream = Upstream::start().await;
+    let text = config_text(&upstream, 1_000_000).replace(
+        "shutdown_timeout = \"5s\"",
+        "shutdown_timeout = \"5s\"\nworkers = 2",
+    );
+    let process = Process::start(&temp_config("access-blocks", &text));
+    let addr = process.address("listening").await;
+    let client = h1_client();
+    let first = get(&client, &format!("http://{addr}/first")).await;
+    assert_eq!(first.status, StatusCode::OK);
+    process
+        .wait_for("the first request's access line", |v| {
+            (v["target"] == "tollgate::access" && v["path"] == "/first").then_some(())
+        })
+        .await;
+    // The rest on 16 connections at once, both workers' blocks filling and handed over.
+    let senders = (0..16).map(|sender| {
+        let client = client.clone();
+        let addr = addr.clone();
+        tokio::spawn(async move {
+            for i in (1 + sender..SENT).step_by(16) {
+                let answer = get(&client, &format!("http://{addr}/r/{i}")).await;
+                assert_eq!(answer.status, StatusCode::OK);
+            }
+        })
+    });
+    for sender in futures_util::future::join_all(senders).await {
+        sender.expect("sender");
+    }
+    let (code, lines) = process.stop().await;
+    assert_eq!(code, Some(0));
+    let access = access_lines(&lines);
+    let mut paths: Vec<&str> = access.iter().filter_map(|v| v["path"].as_str()).collect();
+    assert_eq!(paths.len(), SENT, "one access line per request");
+    paths.sort_unstable();
+    paths.dedup();
+    assert_eq!(paths.len(), SENT, "each request once");
+}
+
+/// `RUST_LOG` still decides whether access lines are written: asked once at start about
+/// target `tollgate::access` at INFO, which this filter turns off while other lines stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rust_log_turns_the_access_log_off() {
+    let upstream = Upstream::start().await;
+    let path = temp_config("access-off", &config_text(&upstream, 100));
+    let process = Process::spawn_at(&path, "json", "info,tollgate::access=warn", &[]);
+    let addr = process.address("listening").await;
+    send_two_with_credentials(&addr).await;
+    let (code, lines) = process.stop().await;
+    assert_eq!(code, Some(0));
+    assert!(access_lines(&lines).is_empty(), "{lines:#?}");
+    assert!(
+        lines.iter().any(|l| l.contains("tollgate stopped")),
+        "{lines:#?}"
+    );
 }
