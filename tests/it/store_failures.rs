@@ -443,8 +443,9 @@ async fn readyz_is_503_while_the_counter_table_is_missing() {
     // And truly dropped: the decisions and the probe both fail.
     let (proxy, admin) = ready_proxy(&upstream, &db.url).await;
     let client = h1_client();
+    // CASCADE: the reserved shares' ledger (tollgate_shares) has a foreign key to it.
     admin_db
-        .batch_execute("DROP TABLE public.rate_limits")
+        .batch_execute("DROP TABLE public.rate_limits CASCADE")
         .await
         .expect("drop");
     let _ = get(&client, &proxy.url("/api")).await;
@@ -573,7 +574,7 @@ async fn store_failure_warning_names_cause_and_database_once_a_second() {
     store.increment(&batch).await.expect("healthy");
     db.client()
         .await
-        .batch_execute("DROP TABLE public.rate_limits")
+        .batch_execute("DROP TABLE public.rate_limits CASCADE")
         .await
         .expect("drop");
 
