@@ -914,7 +914,8 @@ async fn a_trickled_head_read_ahead_is_cut_off_at_the_header_read_timeout() {
 // ---------------------------------------------------------------------------------------------
 // 5. Rate limits.
 
-/// `/slow` allows two requests a minute per address; `/five` five.
+/// `/slow` allows two requests a day per address; `/five` five. A day, not a minute: a fixed
+/// window that ends during a test admits its next request afresh.
 const LIMITED: &str = r#"
 [[routes]]
 name = "slow"
@@ -924,7 +925,7 @@ upstream = "app"
   [[routes.limits]]
   key = "ip"
   requests = 2
-  window = "1m"
+  window = "1d"
 
 [[routes]]
 name = "five"
@@ -934,7 +935,7 @@ upstream = "app"
   [[routes.limits]]
   key = "ip"
   requests = 5
-  window = "1m"
+  window = "1d"
 
 [[routes]]
 name = "open"
