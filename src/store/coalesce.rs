@@ -88,6 +88,23 @@ impl CoalescingStore {
     }
 }
 
+impl CoalescingStore {
+    /// Hands `work` to the dispatcher and waits for the answer it sends on `answer`.
+    async fn queued<T>(
+        &self,
+        work: Queued,
+        answer: oneshot::Receiver<Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        self.queue
+            .send(work)
+            .await
+            .map_err(|_| StoreError::Unavailable("the store queue is closed".into()))?;
+        answer
+            .await
+            .map_err(|_| StoreError::Unavailable("the store call was dropped".into()))?
+    }
+}
+
 impl Store for CoalescingStore {
     fn increment<'a>(&'a self, batch: &'a [Increment]) -> StoreFuture<'a, Vec<Counted>> {
         Box::pin(async move {
@@ -96,13 +113,7 @@ impl Store for CoalescingStore {
                 increments: batch.to_vec(),
                 reply,
             };
-            self.queue
-                .send(Queued::Decide(job))
-                .await
-                .map_err(|_| StoreError::Unavailable("the increment queue is closed".into()))?;
-            answer
-                .await
-                .map_err(|_| StoreError::Unavailable("the increment was dropped".into()))?
+            self.queued(Queued::Decide(job), answer).await
         })
     }
 
@@ -126,13 +137,7 @@ impl Store for CoalescingStore {
                 instances,
                 reply,
             };
-            self.queue
-                .send(Queued::Grant(job))
-                .await
-                .map_err(|_| StoreError::Unavailable("the increment queue is closed".into()))?;
-            answer
-                .await
-                .map_err(|_| StoreError::Unavailable("the grant was dropped".into()))?
+            self.queued(Queued::Grant(job), answer).await
         })
     }
 
