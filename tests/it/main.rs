@@ -14,6 +14,7 @@ mod bounds;
 mod breaker_timeouts;
 mod cli;
 mod compose;
+mod cost;
 mod denial_members;
 mod direct_upstream;
 mod failover;
