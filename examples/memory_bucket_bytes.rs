@@ -48,6 +48,7 @@ fn drive(store: &MemoryStore, round: u64, keys: u64, window_secs: u32, sliding: 
             by: 1,
             sliding: sliding.then_some(100),
             enforce: Some(100),
+            check: false,
         }];
         let counted = store
             .increment_now(&batch)

@@ -14,6 +14,9 @@ pub enum Decision {
     FailedClosed,
     LocalAllowed,
     LocalLimited,
+    /// Admitted by the check of a limit charged after the response (contract §3d), whether or
+    /// not the response is then charged.
+    CountedAfter,
     BadRequest,
     NoRoute,
     UriTooLong,
@@ -25,7 +28,7 @@ pub enum Decision {
 
 impl Decision {
     /// How many of the first variants are the limiter's decisions (the metrics' slots).
-    pub const COUNTED: usize = 7;
+    pub const COUNTED: usize = 8;
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -36,6 +39,7 @@ impl Decision {
             Decision::FailedClosed => "failed_closed",
             Decision::LocalAllowed => "local_allowed",
             Decision::LocalLimited => "local_limited",
+            Decision::CountedAfter => "counted_after",
             Decision::BadRequest => "bad_request",
             Decision::NoRoute => "no_route",
             Decision::UriTooLong => "uri_too_long",
@@ -57,7 +61,7 @@ impl Decision {
 mod tests {
     use super::*;
 
-    const ALL: [Decision; 14] = [
+    const ALL: [Decision; 15] = [
         Decision::Allowed,
         Decision::ShadowLimited,
         Decision::Limited,
@@ -65,6 +69,7 @@ mod tests {
         Decision::FailedClosed,
         Decision::LocalAllowed,
         Decision::LocalLimited,
+        Decision::CountedAfter,
         Decision::BadRequest,
         Decision::NoRoute,
         Decision::UriTooLong,
@@ -85,6 +90,7 @@ mod tests {
             assert_eq!(slot, (i < Decision::COUNTED).then_some(i), "{decision:?}");
         }
         assert_eq!(Decision::LocalLimited.counted_index(), Some(6));
+        assert_eq!(Decision::CountedAfter.counted_index(), Some(7));
         assert_eq!(Decision::BadRequest.counted_index(), None);
     }
 }

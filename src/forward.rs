@@ -185,6 +185,10 @@ pub struct ForwardRequest<'a> {
     /// Whether it may go on tollgate's own client ([`direct`]) when it has no body; false
     /// only in tests that hold hyper's client to the same contract.
     pub direct_client: bool,
+    /// Whether the answer's fields may reach tollgate's own server as lines; false when the
+    /// proxy reads a field of the answer (a route charged after the response, contract §3d),
+    /// which it reads in the answer's map.
+    pub fields_as_lines: bool,
 }
 
 /// What [`UpstreamPool::rewrite_head`] leaves for sending the request and reading its answer.
@@ -476,7 +480,7 @@ impl UpstreamPool {
         // tollgate's own client reads them (`http1::lines`). It goes down by reference:
         // by value, the futures that carry it were moved with four more `memcpy` calls per
         // request (about 130 instructions, `bench/instructions.sh`).
-        let reply = if simple {
+        let reply = if simple && fwd.fields_as_lines {
             Reply::Lines {
                 keep_trailer: client_takes_trailers,
             }

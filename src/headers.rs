@@ -922,6 +922,8 @@ pub(crate) fn sample_outcome_sets() -> [Vec<LimitOutcome>; 5] {
         requests: 10,
         window_secs: 60,
         count,
+        cost: 1,
+        added: true,
         reset_secs: 42,
         shadow,
         sliding: None,

@@ -41,6 +41,7 @@ mod http1;
 mod key;
 mod limit;
 mod log_format;
+mod log_gate;
 mod log_writer;
 mod metrics;
 mod normalise;

@@ -11,7 +11,7 @@ pub mod config {
 
 pub mod store {
     pub use crate::store::{
-        Clock, Increment, InstanceRegistry, ManualClock, ResetEvent, Store, StoreError,
+        Clock, Counted, Increment, InstanceRegistry, ManualClock, ResetEvent, Store, StoreError,
     };
 
     pub mod memory {

@@ -111,6 +111,7 @@ fn a_live_memory_bucket_holds_under_128_bytes_of_heap() {
             by: 1,
             sliding: None,
             enforce: Some(100),
+            check: false,
         }];
         let counted = store
             .increment_now(&batch)
@@ -301,6 +302,8 @@ async fn exhausted_cache_stays_bounded_and_denials_stay_exact_when_it_is_full() 
             shadow: false,
             sliding: false,
             reserve: false,
+            cost: 1,
+            charged_after: false,
         }]
     };
     let mut outcomes = Outcomes::new();

@@ -90,11 +90,12 @@ pub fn check(config: &Config, out: &mut Out<'_>) {
         for limit in &route.limits {
             say!(
                 out,
-                "  limit     {} {} per {}s {}{}{}",
+                "  limit     {} {} per {}s {}{}{}{}",
                 limit.policy_name(),
                 limit.requests,
                 limit.window_secs,
                 limit.algorithm.as_str(),
+                super::output::units_text(limit),
                 if limit.reserve { " reserve" } else { "" },
                 if limit.shadow { " (shadow)" } else { "" }
             );

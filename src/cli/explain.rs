@@ -9,7 +9,7 @@ use crate::key::BucketHasher;
 use crate::limit::PlannedLimit;
 use crate::store::{Increment, Peeked, Store};
 
-use super::output::{say, Out};
+use super::output::{say, units_text, Out};
 use super::request::{
     command_store, plan_and_say_route, request_of, say_not_applying, StoreProblem,
 };
@@ -54,12 +54,13 @@ pub async fn explain(out: &mut Out<'_>, config: Config, args: &RequestArgs) -> E
             continue;
         };
         let head = format!(
-            "limit       {}{}: {} per {}s{}, bucket {}",
+            "limit       {}{}: {} per {}s{}{}, bucket {}",
             planned.policy,
             if planned.shadow { " (shadow)" } else { "" },
             planned.requests,
             planned.window_secs,
             if planned.sliding { " sliding" } else { "" },
+            units_text(limit),
             planned.bucket,
         );
         let Some(peeked) = counts.next() else {
@@ -124,6 +125,7 @@ async fn explain_counts(
             by: 0,
             sliding: None,
             enforce: None,
+            check: false,
         })
         .collect();
     match store.peek(&probe).await {
@@ -136,26 +138,29 @@ async fn explain_counts(
     }
 }
 
-/// Where one limit stands for `explain`, and whether this request would fit: a fixed window
-/// by its count (`count + 1 <= requests`); a sliding one by contract §3a's estimate
-/// `previous * (window - elapsed) / window + count + 1`, with the rule the stores admit by.
+/// Where one limit stands for `explain`, in units (contract §3d), and whether this request's
+/// `cost` units would fit: a fixed window by its count (`count + cost <= requests`); a sliding
+/// one by contract §3a's estimate `previous * (window - elapsed) / window + count + cost`, with
+/// the rule the stores admit by.
 fn standing(planned: &PlannedLimit, peeked: &Peeked) -> (String, bool) {
+    let cost = planned.cost.max(1);
     if !planned.sliding {
-        let fits = peeked.count.saturating_add(1) <= planned.requests;
-        return (format!("count {}", peeked.count), fits);
+        let fits = u64::from(peeked.count) + u64::from(cost) <= u64::from(planned.requests);
+        let left = planned.requests.saturating_sub(peeked.count);
+        return (format!("count {}, {left} left", peeked.count), fits);
     }
     let len_ms = i64::from(planned.window_secs) * 1000;
     let left_ms = (peeked.window_end_ms - peeked.now_ms).clamp(0, len_ms);
     let weighs = crate::limit::weighted_previous(peeked.previous, left_ms, len_ms);
-    let estimate = weighs + f64::from(peeked.count) + 1.0;
+    let estimate = weighs + f64::from(peeked.count) + f64::from(cost);
     let fits = crate::store::memory::sliding_admits(
         planned.requests,
         peeked.previous,
         peeked.count,
-        1,
+        cost,
         left_ms,
         len_ms,
-    ) == 1;
+    ) == cost;
     (
         format!(
             "count {}, previous window {} (weighs {weighs:.2}), estimate {estimate:.2} with this request",
@@ -178,6 +183,8 @@ mod tests {
             shadow: false,
             sliding,
             reserve: false,
+            cost: 1,
+            charged_after: false,
         }
     }
 
@@ -194,11 +201,11 @@ mod tests {
     fn a_fixed_window_fits_while_one_more_stays_within() {
         assert_eq!(
             standing(&planned(5, false), &peeked(4, 0, 0, 60_000)),
-            ("count 4".to_owned(), true)
+            ("count 4, 1 left".to_owned(), true)
         );
         assert_eq!(
             standing(&planned(5, false), &peeked(5, 0, 0, 60_000)),
-            ("count 5".to_owned(), false)
+            ("count 5, 0 left".to_owned(), false)
         );
     }
 

@@ -55,6 +55,22 @@ impl<'w> Out<'w> {
     }
 }
 
+/// What a request of `limit` takes and when (contract §3d): ` cost 3`, ` count [401, 403]`,
+/// ` cost_header x-ratelimit-cost`; nothing for the defaults.
+pub(super) fn units_text(limit: &crate::config::LimitConfig) -> String {
+    let mut text = String::new();
+    if limit.cost > 1 {
+        text.push_str(&format!(" cost {}", limit.cost));
+    }
+    if limit.count != crate::config::Counting::All {
+        text.push_str(&format!(" count {}", limit.count));
+    }
+    if let Some(name) = &limit.cost_header {
+        text.push_str(&format!(" cost_header {name}"));
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -26,14 +26,15 @@ use ipnet::IpNet;
 use toml_edit::{ImDocument, Value};
 
 use super::syntax::{
-    check_name, format_secs, parse_algorithm, parse_cidr, parse_host, parse_key_part, parse_origin,
-    parse_path_prefix, parse_window,
+    check_name, format_secs, parse_algorithm, parse_cidr, parse_cost_header, parse_host,
+    parse_key_part, parse_origin, parse_path_prefix, parse_window,
 };
 use super::walk::{join_path, Cx, Node, Raw, TableReader};
 use super::{
-    AdminConfig, Algorithm, CertConfig, Config, ConfigErrors, KeyPart, KeySpec, KeysConfig,
-    LimitConfig, ProxyProtocolConfig, RateLimitHeaders, RejectConfig, RouteConfig, ServerConfig,
-    StoreConfig, StoreErrorPolicy, UpstreamConfig, DEFAULT_MEMORY_BUCKETS, MAX_MEMORY_BUCKETS,
+    AdminConfig, Algorithm, CertConfig, Config, ConfigErrors, Counting, KeyPart, KeySpec,
+    KeysConfig, LimitConfig, ProxyProtocolConfig, RateLimitHeaders, RejectConfig, RouteConfig,
+    ServerConfig, StatusSet, StoreConfig, StoreErrorPolicy, UpstreamConfig, DEFAULT_MEMORY_BUCKETS,
+    MAX_MEMORY_BUCKETS,
 };
 
 /// Environment variable that overrides `store.url` when set and non-empty (contract §2).
@@ -645,6 +646,16 @@ fn read_limit(cx: &mut Cx<'_>, node: &Node<'_>, route: Option<&str>) -> Option<L
         cx.parse(n, parse_algorithm)
     });
     let reserve = t.or(cx, "reserve", false, Cx::boolean);
+    let cost = read_cost(cx, &t, requests);
+    let count = t.or(cx, "count", Counting::All, read_counting);
+    let cost_header = t.opt(cx, "cost_header", |cx, n| cx.parse(n, parse_cost_header));
+    if reserve && (count != Counting::All || cost_header.is_some()) {
+        if let Some(n) = t.get("reserve") {
+            let message = "cannot be combined with count or cost_header: a share is taken before \
+                           the response, and those limits are charged after it";
+            cx.error(&n.span, &n.path, message);
+        }
+    }
     let valid = cx.errors.len() == before;
     t.finish(cx);
     let limit = LimitConfig {
@@ -655,8 +666,85 @@ fn read_limit(cx: &mut Cx<'_>, node: &Node<'_>, route: Option<&str>) -> Option<L
         shadow,
         algorithm,
         reserve,
+        cost,
+        count,
+        cost_header,
     };
     valid.then_some(limit)
+}
+
+/// `count = "all"` or a list of statuses (100-599) and classes (`"4xx"`), contract §3d.
+fn read_counting(cx: &mut Cx<'_>, node: &Node<'_>) -> Option<Counting> {
+    if let Some(Value::String(_)) = node.value() {
+        return cx.parse(node, |s| match s {
+            "all" => Ok(Counting::All),
+            _ => Err(format!(
+                "expected \"all\" or a list of statuses such as [401, 403] or [\"5xx\"], got {s:?}"
+            )),
+        });
+    }
+    if !matches!(node.value(), Some(Value::Array(_))) {
+        cx.type_error(node, "\"all\" or an array of statuses");
+        return None;
+    }
+    let elements = cx.array(node)?;
+    let message =
+        "must list at least one status (remove it, or write \"all\", to count every response)";
+    let elements = cx.non_empty(node, elements, message)?;
+    let mut set = StatusSet::default();
+    let mut valid = true;
+    for e in &elements {
+        let added = match e.value() {
+            Some(Value::Integer(i)) => u16::try_from(*i.value())
+                .ok()
+                .is_some_and(|status| set.insert(status))
+                .then_some(())
+                .ok_or_else(|| format!("status {} is outside 100-599", i.value())),
+            Some(Value::String(s)) => parse_status_class(s.value()).and_then(|digit| {
+                set.insert_class(digit)
+                    .then_some(())
+                    .ok_or_else(|| format!("{:?} is not a status class", s.value()))
+            }),
+            _ => Err("expected a status (an integer) or a class such as \"4xx\"".to_string()),
+        };
+        if let Err(message) = added {
+            cx.error(&e.span, &e.path, message);
+            valid = false;
+        }
+    }
+    valid.then_some(Counting::Statuses(set))
+}
+
+/// `"4xx"` (any case) -> 4.
+fn parse_status_class(s: &str) -> Result<u16, String> {
+    let lower = s.to_ascii_lowercase();
+    match lower.as_bytes() {
+        [d @ b'1'..=b'5', b'x', b'x'] => Ok(u16::from(d - b'0')),
+        _ => Err(format!(
+            "{s:?} is not a status class; expected \"1xx\" to \"5xx\""
+        )),
+    }
+}
+
+/// `cost` (contract §3d): the units one request takes, 1 to `requests` (a cost above
+/// `requests` could never be admitted). `requests`: the limit's, when it was valid.
+fn read_cost(cx: &mut Cx<'_>, t: &TableReader<'_>, requests: Option<u32>) -> u32 {
+    let Some(n) = t.get("cost") else {
+        return 1;
+    };
+    let Some(cost) = cx.int::<u32>(&n, 1, i32::MAX.into()) else {
+        return 1;
+    };
+    match requests {
+        Some(requests) if cost > requests => {
+            let message = format!(
+                "{cost} is more than the limit's requests = {requests}: no request could ever be admitted; at most {requests}"
+            );
+            cx.error(&n.span, &n.path, message);
+            1
+        }
+        _ => cost,
+    }
 }
 
 /// `key = "ip"` or `key = ["header:x-tenant", "ip"]`.

@@ -175,6 +175,87 @@ pub struct LimitConfig {
     pub algorithm: Algorithm,
     /// `reserve`: take the budget from the store in shares (contract §3c).
     pub reserve: bool,
+    /// `cost`: the units one request takes, 1..=`requests` (contract §3d).
+    pub cost: u32,
+    /// `count`: which responses count (contract §3d); `All` by default.
+    pub count: Counting,
+    /// `cost_header`: the response field in which the upstream reports what a request cost
+    /// (contract §3d), lowercased.
+    pub cost_header: Option<HeaderName>,
+}
+
+/// `count` (contract §3d): every request, or only those whose response status is listed.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Counting {
+    #[default]
+    All,
+    Statuses(StatusSet),
+}
+
+/// A set of response statuses, 100 to 599: codes and whole classes (`"4xx"`).
+#[derive(Clone, Copy, PartialEq, Eq, Default)]
+pub struct StatusSet {
+    /// Bit `s` set: status `s` is in the set.
+    bits: [u64; 10],
+}
+
+impl StatusSet {
+    /// Statuses this set can hold.
+    pub const RANGE: std::ops::RangeInclusive<u16> = 100..=599;
+
+    /// Adds `status`; false when it is outside [`StatusSet::RANGE`].
+    pub fn insert(&mut self, status: u16) -> bool {
+        if !Self::RANGE.contains(&status) {
+            return false;
+        }
+        self.bits[usize::from(status / 64)] |= 1 << (status % 64);
+        true
+    }
+
+    /// Adds the class `digit`xx (1 to 5).
+    pub fn insert_class(&mut self, digit: u16) -> bool {
+        (1..=5).contains(&digit) && (digit * 100..digit * 100 + 100).all(|s| self.insert(s))
+    }
+
+    pub fn contains(&self, status: u16) -> bool {
+        Self::RANGE.contains(&status)
+            && self.bits[usize::from(status / 64)] & (1 << (status % 64)) != 0
+    }
+}
+
+/// `[401, 403]`, `["5xx", 429]`: whole classes as classes, as a file would write them.
+impl fmt::Display for Counting {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Counting::Statuses(set) = self else {
+            return f.write_str("\"all\"");
+        };
+        let mut parts = Vec::new();
+        for class in 1..=5u16 {
+            let statuses = class * 100..class * 100 + 100;
+            if statuses.clone().all(|s| set.contains(s)) {
+                parts.push(format!("\"{class}xx\""));
+            } else {
+                parts.extend(statuses.filter(|s| set.contains(*s)).map(|s| s.to_string()));
+            }
+        }
+        write!(f, "[{}]", parts.join(", "))
+    }
+}
+
+impl fmt::Debug for StatusSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_set()
+            .entries(Self::RANGE.filter(|s| self.contains(*s)))
+            .finish()
+    }
+}
+
+impl LimitConfig {
+    /// Whether the limit is charged after the response (contract §3d): admitted by a read
+    /// before forwarding, counted once the response head says what to count.
+    pub fn charged_after(&self) -> bool {
+        self.count != Counting::All || self.cost_header.is_some()
+    }
 }
 
 /// How a limit's windows count (contract §2 `algorithm`, 3 and 3a).

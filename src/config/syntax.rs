@@ -371,3 +371,17 @@ pub fn parse_algorithm(s: &str) -> Result<Algorithm, String> {
         )),
     }
 }
+
+/// `cost_header` (contract §3d): the response field the upstream reports a request's cost in,
+/// lowercased. Not a field that frames the response body: tollgate removes the cost field
+/// before the response goes on, and a response without its framing could not be read.
+pub fn parse_cost_header(s: &str) -> Result<HeaderName, String> {
+    let name = HeaderName::from_bytes(s.to_ascii_lowercase().as_bytes())
+        .map_err(|_| format!("{s:?} is not a valid header name"))?;
+    if name == http::header::CONTENT_LENGTH || name == http::header::TRANSFER_ENCODING {
+        return Err(format!(
+            "{s:?} frames the response body; the cost field is removed before the response goes on, so it must be a field of its own such as \"x-ratelimit-cost\""
+        ));
+    }
+    Ok(name)
+}

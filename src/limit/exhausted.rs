@@ -37,8 +37,20 @@ pub(super) struct Denial {
     count: u32,
     /// Sliding windows: the previous window's count, weighed when a cached denial reports it.
     previous: u32,
-    /// The largest `requests` it denies.
-    denies_up_to: u32,
+    /// Which requests it denies.
+    denies: Denies,
+}
+
+/// Which requests a [`Denial`] denies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Denies {
+    /// Every request whose units no longer fit beside the count: the count only grows until
+    /// the window ends (a fixed window's is the whole measure; a sliding one's estimate is at
+    /// least its count).
+    BeyondCount,
+    /// A sliding limit's denial, known only for what it was decided against: limits of at
+    /// most `requests`, requests of at least `cost` units.
+    Sliding { requests: u32, cost: u32 },
 }
 
 impl Denial {
@@ -62,13 +74,15 @@ impl Denial {
         // were admitted meanwhile (anything admitted meanwhile, by another instance, only
         // pushes that moment later, so the denial stays exact); a reload that raised the
         // limit must ask the store again.
-        let (until_ms, denies_up_to) = if exceeded && plan.sliding {
+        let (until_ms, denies) = if exceeded && plan.sliding {
             let len_ms = i64::from(plan.window_secs) * 1000;
             let elapsed = len_ms - window_left_ms;
-            let wait = sliding_wait_ms(plan.requests, c.previous, c.count, elapsed, len_ms);
-            (now_ms.saturating_add(wait.max(0)), plan.requests)
+            let (requests, cost) = (plan.requests, plan.cost);
+            let wait = sliding_wait_ms(requests, cost, c.previous, c.count, elapsed, len_ms);
+            let denies = Denies::Sliding { requests, cost };
+            (now_ms.saturating_add(wait.max(0)), denies)
         } else {
-            (window_end_ms, c.count.saturating_sub(1))
+            (window_end_ms, Denies::BeyondCount)
         };
         Denial {
             since_ms: now_ms,
@@ -76,7 +90,21 @@ impl Denial {
             window_end_ms,
             count: c.count,
             previous: c.previous,
-            denies_up_to,
+            denies,
+        }
+    }
+
+    /// Whether a later answer about the same bucket, `newer`, should replace this entry: not
+    /// while this one holds and denies more (an answer about another limit of the bucket, a
+    /// route sharing it with a higher `requests`, must not make it forget a denial).
+    fn yields_to(&self, newer: &Denial) -> bool {
+        if !self.holds_at(newer.since_ms) {
+            return true;
+        }
+        match (self.denies, newer.denies) {
+            (Denies::BeyondCount, Denies::BeyondCount) => newer.count >= self.count,
+            (Denies::Sliding { requests: a, .. }, Denies::Sliding { requests: b, .. }) => b >= a,
+            _ => true,
         }
     }
 
@@ -85,9 +113,14 @@ impl Denial {
     }
 
     /// Whether it denies `plan`: a reload may have raised the limit above what it is known
-    /// to deny.
+    /// to deny, and a cheaper request may fit where a dearer one did not (contract §3d).
     fn denies(&self, plan: &PlannedLimit) -> bool {
-        plan.requests <= self.denies_up_to
+        match self.denies {
+            Denies::BeyondCount => {
+                u64::from(self.count) + u64::from(plan.cost) > u64::from(plan.requests)
+            }
+            Denies::Sliding { requests, cost } => plan.requests <= requests && plan.cost >= cost,
+        }
     }
 
     /// Where `plan` stands in a cached denial at `now_ms`, from what is `known` of its bucket
@@ -127,6 +160,9 @@ impl Denial {
             requests: plan.requests,
             window_secs: plan.window_secs,
             count,
+            cost: plan.cost,
+            // This request is not counted: it never reaches the store.
+            added: false,
             reset_secs,
             shadow: false,
             sliding,
@@ -229,7 +265,7 @@ impl Exhausted {
             return;
         };
         if let Some(held) = shard.get_mut(&**bucket) {
-            if !held.holds_at(denial.since_ms) || held.denies_up_to <= denial.denies_up_to {
+            if held.yields_to(&denial) {
                 *held = denial;
             }
             return;
@@ -329,15 +365,15 @@ mod tests {
     use crate::limit::tests::plan;
 
     /// An entry said at `since` of a window ending at `until`, with `count` (previous 0),
-    /// denying limits of up to `denies_up_to`.
-    fn denial(since: i64, until: i64, count: u32, denies_up_to: u32) -> Denial {
+    /// denying the requests whose units no longer fit beside it.
+    fn denial(since: i64, until: i64, count: u32) -> Denial {
         Denial {
             since_ms: since,
             until_ms: until,
             window_end_ms: until,
             count,
             previous: 0,
-            denies_up_to,
+            denies: Denies::BeyondCount,
         }
     }
 
@@ -356,7 +392,7 @@ mod tests {
             "nothing exhausted yet"
         );
         assert!(outcomes.is_empty());
-        cache.insert(&plans[2].bucket, denial(now, now + 30_000, 101, 100));
+        cache.insert(&plans[2].bucket, denial(now, now + 30_000, 101));
         let Some(Verdict::Deny {
             retry_after,
             violated,
@@ -385,7 +421,7 @@ mod tests {
         let cache = Exhausted::new();
         let plans = [plan("a:ip", 5, 60, false)];
         let t = 1_800_000_000_000;
-        cache.insert(&plans[0].bucket, denial(t, t + 2_500, 6, 5));
+        cache.insert(&plans[0].bucket, denial(t, t + 2_500, 6));
         let retry = |now| match cache.deny(&plans, now, &mut Outcomes::new()) {
             Some(Verdict::Deny { retry_after, .. }) => Some(retry_after),
             Some(other) => panic!("{other:?}"),
@@ -396,7 +432,7 @@ mod tests {
         // Back before the answer: not trusted, dropped.
         assert_eq!(retry(t - 1), None);
         assert!(cache.is_empty());
-        cache.insert(&plans[0].bucket, denial(t, t + 2_500, 6, 5));
+        cache.insert(&plans[0].bucket, denial(t, t + 2_500, 6));
         assert_eq!(retry(t + 2_500), None, "the deadline itself admits");
         assert!(cache.is_empty(), "an ended entry is dropped when it is met");
     }
@@ -417,9 +453,9 @@ mod tests {
             plan("b:ip", 2, 60, false),
             sliding,
         ];
-        cache.insert(&plans[0].bucket, denial(t, t + 20_000, 7, 6));
-        cache.insert(&plans[1].bucket, denial(t, t + 20_000, 3, 2));
-        let mut s = denial(t, t + 50_000, 10, 9);
+        cache.insert(&plans[0].bucket, denial(t, t + 20_000, 7));
+        cache.insert(&plans[1].bucket, denial(t, t + 20_000, 3));
+        let mut s = denial(t, t + 50_000, 10);
         s.previous = 40;
         cache.insert(&plans[2].bucket, s);
         let mut outcomes = Outcomes::new();
@@ -443,8 +479,8 @@ mod tests {
         assert_eq!(denied, None, "the exhausted bucket's window has ended");
         assert_eq!(cache.len(), 1, "only the sliding bucket's window lasts");
         // An answer about another limit of a bucket does not undo its denial.
-        cache.insert(&plans[1].bucket, denial(t, t + 20_000, 3, 2));
-        cache.insert(&plans[1].bucket, denial(t + 1, t + 20_000, 1, 0));
+        cache.insert(&plans[1].bucket, denial(t, t + 20_000, 3));
+        cache.insert(&plans[1].bucket, denial(t + 1, t + 20_000, 1));
         assert_eq!(at(t + 2).0, Some(true));
     }
 }

@@ -33,8 +33,8 @@ use tokio::task::JoinHandle;
 use crate::limit::{increments, judge, LimitOutcome, Outcomes, PlannedLimit, Plans, Verdict};
 use crate::metrics::MemoryStoreMetrics;
 use crate::store::memory::MemoryStore;
-use crate::store::InstanceRegistry;
 use crate::store::Store;
+use crate::store::{Charge, InstanceRegistry};
 
 /// How often an instance refreshes its registry row. Well inside the 30 s liveness bound, so
 /// a few failed refreshes in a row do not make a live instance look dead.
@@ -236,6 +236,21 @@ impl LocalFallback {
         judge(outcomes)
     }
 
+    /// Charges after a response (contract §3d) of a request decided here, each saturating at
+    /// its limit's local quota.
+    pub async fn charge(&self, charges: &[Charge]) {
+        let instances = self.instances.live();
+        let local: Vec<Charge> = charges
+            .iter()
+            .map(|c| Charge {
+                requests: local_quota(c.requests, instances),
+                ..c.clone()
+            })
+            .collect();
+        // Only a zero-second window fails here, which validation rules out.
+        let _ = self.counts.charge(&local).await;
+    }
+
     /// The store decided a request again: if requests were being decided here, say once that
     /// counting is back in the database.
     pub fn store_answered(&self) {
@@ -274,6 +289,8 @@ mod tests {
             shadow: false,
             sliding,
             reserve: false,
+            cost: 1,
+            charged_after: false,
         }]
     }
 

@@ -35,7 +35,7 @@ use smallvec::SmallVec;
 use crate::deadline::{Deadlines, Elapsed};
 use crate::limit::fallback::{Instances, LocalFallback};
 use crate::metrics::Metrics;
-use crate::store::{Clock, Increment, Store, StoreError};
+use crate::store::{Charge, Clock, Increment, Store, StoreError};
 
 /// Buckets are hashed on every request, twice (shard, then map), and SipHash over an
 /// 80-byte bucket name cost more than the rest of the lookup. foldhash is seeded per
@@ -55,7 +55,7 @@ pub use exhausted::Exhausted;
 /// How many limits a request's vectors hold without a heap allocation: most routes have one
 /// or two. The planned limits, their increments and their outcomes were three heap vectors
 /// per request, about 380 instructions with their frees (docs/performance.md).
-const INLINE_LIMITS: usize = 2;
+pub(crate) const INLINE_LIMITS: usize = 2;
 
 /// The limits that apply to one request, in the route's order.
 pub type Plans = SmallVec<[PlannedLimit; INLINE_LIMITS]>;
@@ -83,6 +83,12 @@ pub struct PlannedLimit {
     pub sliding: bool,
     /// `reserve = true` (contract §3c): decided from this instance's share of the bucket.
     pub reserve: bool,
+    /// The units this request takes (`cost`, contract §3d): all of them fit, or the request is
+    /// denied and none is counted.
+    pub cost: u32,
+    /// `count` or `cost_header` (contract §3d): admitted by a read of the units left, charged
+    /// after the response head.
+    pub charged_after: bool,
 }
 
 /// Where one limit stands after this request.
@@ -91,7 +97,13 @@ pub struct LimitOutcome {
     pub policy: Arc<str>,
     pub requests: u32,
     pub window_secs: u32,
+    /// The units counted in the window, this request's included when they were `added`.
     pub count: u32,
+    /// The units this request takes (`cost`, contract §3d).
+    pub cost: u32,
+    /// Whether this request's units are in `count`: always for a fixed window of cost 1 (its
+    /// count may include denied requests, contract §3); otherwise only when it was allowed.
+    pub added: bool,
     /// Whole seconds until this window ends (at least 1).
     pub reset_secs: u64,
     pub shadow: bool,
@@ -121,6 +133,8 @@ impl LimitOutcome {
             requests: plan.requests,
             window_secs: plan.window_secs,
             count: c.count,
+            cost: plan.cost,
+            added: c.added > 0,
             reset_secs: seconds_until(c.now_ms, c.window_end_ms),
             shadow: plan.shadow,
             sliding: plan.sliding.then(|| sliding_outcome(plan, c)),
@@ -130,7 +144,16 @@ impl LimitOutcome {
     pub fn exceeded(&self) -> bool {
         match &self.sliding {
             Some(s) => !s.admitted,
-            None => self.count > self.requests,
+            None => self.position() > self.requests,
+        }
+    }
+
+    /// A fixed window: where this request's last unit stands, counted or not.
+    fn position(&self) -> u32 {
+        if self.added {
+            self.count
+        } else {
+            self.count.saturating_add(self.cost)
         }
     }
 
@@ -161,19 +184,21 @@ pub fn weighted_previous(previous: u32, left_ms: i64, len_ms: i64) -> f64 {
     f64::from(previous) * left_ms.clamp(0, len_ms.max(1)) as f64 / len_ms.max(1) as f64
 }
 
-/// Milliseconds until a sliding limit would admit one more request, if nothing else were
-/// admitted meanwhile (contract §3a): `previous` and `current` are the counts of the previous and
-/// current windows now, `elapsed_ms` how far into the current window of `len_ms` we are.
+/// Milliseconds until a sliding limit would admit a request of `cost` units, if nothing else
+/// were admitted meanwhile (contract §3a, §3d): `previous` and `current` are the counts of the
+/// previous and current windows now, `elapsed_ms` how far into the current window of `len_ms`
+/// we are.
 ///
-/// Within this window the estimate `previous * (len - e) / len + current + 1` falls as `e`
-/// grows; it is at most `requests` from `e = len * (1 - (requests - current - 1) / previous)`
-/// on. If `current + 1 > requests` nothing fits before the window ends; in the next window the
-/// current count becomes "previous" and the count is 0, so one fits from
-/// `e = len * (1 - (requests - 1) / current)` into it (a whole window when `requests` is 1).
-/// The estimate is continuous across the boundary, and never rises while nothing is admitted,
-/// so this is the first moment at which one request fits.
+/// Within this window the estimate `previous * (len - e) / len + current + cost` falls as `e`
+/// grows; it is at most `requests` from `e = len * (1 - (requests - current - cost) / previous)`
+/// on. If `current + cost > requests` nothing fits before the window ends; in the next window
+/// the current count becomes "previous" and the count is 0, so the units fit from
+/// `e = len * (1 - (requests - cost) / current)` into it (a whole window when `cost` is
+/// `requests`). The estimate is continuous across the boundary, and never rises while nothing
+/// is admitted, so this is the first moment at which the request fits.
 pub fn sliding_wait_ms(
     requests: u32,
+    cost: u32,
     previous: u32,
     current: u32,
     elapsed_ms: i64,
@@ -182,17 +207,18 @@ pub fn sliding_wait_ms(
     let len = len_ms.max(1) as f64;
     let elapsed = elapsed_ms.clamp(0, len_ms.max(1)) as f64;
     let (r, p, c) = (f64::from(requests), f64::from(previous), f64::from(current));
-    let at = if c + 1.0 <= r {
+    let k = f64::from(cost.max(1));
+    let at = if c + k <= r {
         if p <= 0.0 {
             elapsed
         } else {
-            (len * (1.0 - (r - c - 1.0) / p)).max(elapsed)
+            (len * (1.0 - (r - c - k) / p)).max(elapsed)
         }
     } else {
         let into_next = if c <= 0.0 {
             0.0
         } else {
-            len * (1.0 - (r - 1.0) / c).max(0.0)
+            len * (1.0 - (r - k) / c).max(0.0)
         };
         len + into_next
     };
@@ -370,6 +396,27 @@ impl Limiter {
         verdict
     }
 
+    /// Charges after a response (contract §3d), within the store's budget, on worker
+    /// `worker`'s lane; `local`: the request was decided by the local fallback, which counts
+    /// them instead. A failure is counted in `tollgate_store_errors_total` and logged by the
+    /// store; the caller goes on either way.
+    pub async fn charge(&self, worker: usize, charges: &[Charge], local: bool) {
+        if charges.is_empty() {
+            return;
+        }
+        if local {
+            self.local.charge(charges).await;
+            return;
+        }
+        let Some(attempt) = self.breaker.attempt() else {
+            self.metrics.store_errors.inc();
+            return;
+        };
+        let started = Instant::now();
+        let answer = self.within_budget(worker, self.store.charge(charges)).await;
+        self.settle(attempt, started.elapsed(), answer);
+    }
+
     /// A store call under the decision's budget, kept on worker `worker`'s lane.
     async fn within_budget<T>(
         &self,
@@ -423,11 +470,20 @@ impl Limiter {
 fn sliding_outcome(plan: &PlannedLimit, c: &crate::store::Counted) -> SlidingOutcome {
     let len_ms = i64::from(plan.window_secs) * 1000;
     let left_ms = c.window_end_ms.saturating_sub(c.now_ms);
-    let wait = sliding_wait_ms(plan.requests, c.previous, c.count, len_ms - left_ms, len_ms);
+    let elapsed = len_ms - left_ms;
+    let wait = sliding_wait_ms(
+        plan.requests,
+        plan.cost,
+        c.previous,
+        c.count,
+        elapsed,
+        len_ms,
+    );
     SlidingOutcome {
         // Its own estimate's verdict: a request another limit denied is not counted, but
-        // this limit did not deny it (and must not be cached or reported as exceeded).
-        admitted: c.fits >= 1,
+        // this limit did not deny it (and must not be cached or reported as exceeded). Its
+        // units fit all together or not at all.
+        admitted: c.fits >= plan.cost.max(1),
         weighted_previous: weighted_previous(c.previous, left_ms, len_ms),
         retry_secs: (wait.max(1) as u64).div_ceil(1000).max(1),
     }
@@ -452,9 +508,10 @@ pub(crate) fn increments(plans: &[PlannedLimit]) -> Increments {
         .map(|p| Increment {
             bucket: p.bucket.clone(),
             window_secs: p.window_secs,
-            by: 1,
+            by: p.cost,
             sliding: p.sliding.then_some(p.requests),
             enforce: (!p.shadow).then_some(p.requests),
+            check: p.charged_after,
         })
         .collect()
 }
@@ -507,6 +564,8 @@ mod tests {
             shadow,
             sliding: false,
             reserve: false,
+            cost: 1,
+            charged_after: false,
         }
     }
 
@@ -516,6 +575,8 @@ mod tests {
             requests,
             window_secs: 60,
             count,
+            cost: 1,
+            added: true,
             reset_secs: reset,
             shadow,
             sliding: None,
@@ -599,7 +660,7 @@ mod tests {
             let current = (u64::from(requests) * u64::from(current_frac) / 100) as u32;
             let len = len_s * 1000;
             let elapsed = len * elapsed_frac / 1000;
-            let wait = sliding_wait_ms(requests, previous, current, elapsed, len);
+            let wait = sliding_wait_ms(requests, 1, previous, current, elapsed, len);
             proptest::prop_assert!(wait >= 0 && wait <= 2 * len);
             let r = f64::from(requests);
             proptest::prop_assert!(
@@ -651,6 +712,8 @@ mod tests {
             requests: 10,
             window_secs: 100,
             count: 3,
+            cost: 1,
+            added: true,
             reset_secs: 75,
             shadow: false,
             sliding: Some(s),

@@ -1,4 +1,5 @@
-//! The per-request pipeline: normalise -> route -> key -> limit -> forward, as named steps.
+//! The per-request pipeline: normalise -> route -> key -> limit -> forward -> charge, as named
+//! steps.
 //!
 //! [`Proxy::handle`] is the one place a request ends: every path through the pipeline returns
 //! a [`Handled`] that says what happened, and the access-log line and response metrics are
@@ -10,6 +11,7 @@
 //! gRPC responses (contract §5c); whether a request is one is asked only when tollgate answers it,
 //! or once before it is forwarded (for an upstream failure's answer).
 
+mod charge;
 pub mod plan;
 mod worker;
 
@@ -104,6 +106,8 @@ impl Runtime {
                         requests: limit.requests,
                         window_secs: limit.window_secs,
                         count: 0,
+                        cost: limit.cost,
+                        added: false,
                         reset_secs: 0,
                         shadow: limit.shadow || r.config.shadow,
                         sliding: None,
@@ -156,6 +160,8 @@ pub struct Proxy {
     /// Whether tollgate's own HTTP/1.1 client may carry requests (`http1::client`;
     /// `ServerBuilder::http1_direct_client`). Here, not in the runtime: a reload keeps it.
     direct_client: bool,
+    /// Warnings about the upstream's unusable cost fields ([`charge`]), one a second at most.
+    cost_warnings: crate::log_gate::LogGate,
 }
 
 /// How a request ended, for the log and metrics.
@@ -184,6 +190,7 @@ impl Proxy {
             hasher,
             metrics,
             direct_client: true,
+            cost_warnings: crate::log_gate::LogGate::default(),
         }
     }
 
@@ -342,7 +349,11 @@ impl Proxy {
                 grpc: headers::is_grpc(req.headers()),
                 started: Instant::now(),
             };
-            let result = route.upstream.forward(req, fwd).await;
+            let mut result = route.upstream.forward(req, fwd).await;
+            if let (Ok((response, _)), true) = (&mut result, rt.rules.routes[index].charged_after) {
+                // Boxed: only routes charged after the response pay for its future.
+                Box::pin(self.charge(rt, index, &plans, response, worker, decision)).await;
+            }
             self.answer(rt, result, &sent, &outcomes, id)
         }
     }
@@ -371,6 +382,10 @@ impl Proxy {
             Verdict::Allow { shadow_limited } if shadow_limited => {
                 Decided::Forward(Decision::ShadowLimited)
             }
+            // Admitted by a check: counted (or not) once the response says (contract §3d).
+            Verdict::Allow { .. } if plans.iter().any(|p| p.charged_after) => {
+                Decided::Forward(Decision::CountedAfter)
+            }
             Verdict::Allow { .. } => Decided::Forward(Decision::Allowed),
             Verdict::Deny {
                 retry_after,
@@ -398,6 +413,32 @@ impl Proxy {
         };
         route.metrics.decision(&self.metrics, decision);
         decided
+    }
+
+    /// Step 6 (contract §3d, [`charge`]): what the upstream's response head charges the
+    /// request's limits counted after the response, sent before the head goes on (within the
+    /// store's budget; a failure is counted and logged, never holds the response back). A
+    /// request decided by the local fallback is charged there.
+    async fn charge(
+        &self,
+        rt: &Runtime,
+        index: usize,
+        plans: &[PlannedLimit],
+        response: &mut Response<UpstreamBody>,
+        worker: usize,
+        decision: Decision,
+    ) {
+        let rules = &rt.rules.routes[index];
+        let status = response.status();
+        let charges = charge::charges_of(
+            rules,
+            plans,
+            status,
+            response.headers_mut(),
+            &self.cost_warnings,
+        );
+        let local = decision == Decision::LocalAllowed;
+        self.limiter.charge(worker, &charges, local).await;
     }
 
     /// Step 5, before the request goes: what the forwarder needs of it (where it goes, the
@@ -448,6 +489,7 @@ impl Proxy {
             metrics: &self.metrics,
             worker: conn.worker.index(),
             direct_client: self.direct_client,
+            fields_as_lines: !rules.charged_after,
         }
     }
 
@@ -538,7 +580,8 @@ impl Proxy {
     /// `tollgate_policy_decisions_total` (contract §7): which of a route's limits denied. Each
     /// limit with an outcome counts `limited` if it was exceeded, `shadow_limited` if it
     /// was exceeded but is shadow, else `allowed` (it did not deny, whatever the others
-    /// did); when the store failed, every limit that applied counts the route's decision.
+    /// did), or `counted_after` for a limit charged after the response (contract §3d); when
+    /// the store failed, every limit that applied counts the route's decision.
     /// `local`: the verdict is the local fallback's (contract §5b), so its parts are counted as
     /// `local_allowed` / `local_limited`.
     fn count_policies(
@@ -564,7 +607,13 @@ impl Proxy {
             return;
         }
         for outcome in outcomes {
+            let checked = || {
+                plans
+                    .iter()
+                    .any(|p| p.charged_after && Arc::ptr_eq(&p.policy, &outcome.policy))
+            };
             let decision = match (outcome.exceeded(), outcome.shadow, local) {
+                (false, _, false) if checked() => Decision::CountedAfter,
                 (false, _, false) => Decision::Allowed,
                 (false, _, true) => Decision::LocalAllowed,
                 (true, true, _) => Decision::ShadowLimited,

@@ -33,6 +33,8 @@ pub struct RouteRules {
     pub keyed_headers: Vec<HeaderName>,
     /// The route's `max_body_size`, else the server's; `None` = no limit.
     pub max_body_size: Option<u64>,
+    /// Some limit is charged after the response (contract §3d): the answer's head is read.
+    pub charged_after: bool,
 }
 
 /// Every route's [`RouteRules`], in configuration order.
@@ -55,6 +57,7 @@ impl Rules {
                     .collect(),
                 keyed_headers: key::keyed_headers(&r.limits),
                 max_body_size: r.max_body_size.or(config.server.max_body_size),
+                charged_after: r.limits.iter().any(LimitConfig::charged_after),
             })
             .collect();
         Rules { config, routes }
@@ -215,6 +218,8 @@ fn planned_limit(
         shadow: limit.shadow || route.shadow,
         sliding: limit.algorithm == crate::config::Algorithm::Sliding,
         reserve: limit.reserve,
+        cost: limit.cost,
+        charged_after: limit.charged_after(),
     })
 }
 

@@ -12,11 +12,9 @@
 //! worker, ten times a second each, exactly when the operator needs the log to stay readable.
 
 use std::io;
-use std::sync::{Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-/// At most one accept-failure line per this much time.
-const LOG_EVERY: Duration = Duration::from_secs(1);
+use crate::log_gate::LogGate;
 
 /// The process's open-file soft limit before and after [`raise_open_file_limit`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,17 +74,11 @@ fn raise_soft_limit() -> io::Result<OpenFileLimit> {
     })
 }
 
-/// Accept failures of one server, logged at most once per [`LOG_EVERY`] across all its
+/// Accept failures of one server, logged at most once per [`LogGate::EVERY`] across all its
 /// workers and listeners, each line with the number of failures since the previous one.
 #[derive(Default)]
 pub(super) struct AcceptErrors {
-    state: Mutex<Logged>,
-}
-
-#[derive(Default)]
-struct Logged {
-    last_line: Option<Instant>,
-    not_logged: u64,
+    gate: LogGate,
 }
 
 impl AcceptErrors {
@@ -122,23 +114,14 @@ impl AcceptErrors {
 
     /// Whether a failure at `now` gets a line, and if so how many before it did not.
     fn due(&self, now: Instant) -> Option<u64> {
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        match state.last_line {
-            Some(last) if now.saturating_duration_since(last) < LOG_EVERY => {
-                state.not_logged += 1;
-                None
-            }
-            _ => {
-                state.last_line = Some(now);
-                Some(std::mem::take(&mut state.not_logged))
-            }
-        }
+        self.gate.due(now)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn accept_failures_get_one_line_a_second_with_the_count_of_the_rest() {

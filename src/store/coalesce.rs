@@ -28,7 +28,8 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{
-    Counted, GiveBack, Increment, Peeked, ShareGrant, ShareWant, Store, StoreError, StoreFuture,
+    Charge, Counted, GiveBack, Increment, Peeked, ShareGrant, ShareWant, Store, StoreError,
+    StoreFuture,
 };
 
 /// Queued requests at most (in the channel, and again waiting for their bucket); beyond it
@@ -51,10 +52,18 @@ struct GrantJob {
     reply: oneshot::Sender<Result<Vec<ShareGrant>, StoreError>>,
 }
 
+/// One caller's charges after a response (contract §3d): coalesced like increments, the
+/// charges of one bucket summed into one row.
+struct ChargeJob {
+    charges: Vec<Charge>,
+    reply: oneshot::Sender<Result<(), StoreError>>,
+}
+
 /// What the dispatcher is handed.
 enum Queued {
     Decide(Job),
     Grant(GrantJob),
+    Charge(ChargeJob),
 }
 
 /// Wraps a store so that concurrent increments share statements.
@@ -146,6 +155,17 @@ impl Store for CoalescingStore {
         self.inner.give_back(back)
     }
 
+    fn charge<'a>(&'a self, charges: &'a [Charge]) -> StoreFuture<'a, ()> {
+        Box::pin(async move {
+            let (reply, answer) = oneshot::channel();
+            let job = ChargeJob {
+                charges: charges.to_vec(),
+                reply,
+            };
+            self.queued(Queued::Charge(job), answer).await
+        })
+    }
+
     fn ready(&self) -> bool {
         self.inner.ready()
     }
@@ -176,6 +196,7 @@ async fn dispatch(
     let (done_tx, mut done) = mpsc::unbounded_channel::<Vec<Arc<str>>>();
     let mut pending: Vec<Job> = Vec::new();
     let mut grants: Vec<GrantJob> = Vec::new();
+    let mut charges: Vec<ChargeJob> = Vec::new();
     // The jobs of the statement being built.
     let mut ready: Vec<Job> = Vec::new();
     // Bucket names are tollgate's own (see postgres/statements.rs): hashed with foldhash, not
@@ -186,11 +207,12 @@ async fn dispatch(
     loop {
         // Wait for something to do: a new job, or a statement coming back.
         tokio::select! {
-            job = jobs.recv(), if open && pending.len() + grants.len() < QUEUE => match job {
-                Some(Queued::Decide(job)) => pending.push(job),
-                Some(Queued::Grant(job)) => grants.push(job),
-                None => open = false,
-            },
+            job = jobs.recv(), if open && pending.len() + grants.len() + charges.len() < QUEUE => {
+                match job {
+                    Some(queued) => take(queued, &mut pending, &mut grants, &mut charges),
+                    None => open = false,
+                }
+            }
             Some(finished) = done.recv() => {
                 free += 1;
                 for bucket in finished {
@@ -198,15 +220,29 @@ async fn dispatch(
                 }
             }
         }
-        if !open && pending.is_empty() && grants.is_empty() && free == slots.max(1) {
+        let idle = pending.is_empty() && grants.is_empty() && charges.is_empty();
+        if !open && idle && free == slots.max(1) {
             return;
         }
         // Everything already queued joins in.
-        while pending.len() + grants.len() < QUEUE {
+        while pending.len() + grants.len() + charges.len() < QUEUE {
             match jobs.try_recv() {
-                Ok(Queued::Decide(job)) => pending.push(job),
-                Ok(Queued::Grant(job)) => grants.push(job),
+                Ok(queued) => take(queued, &mut pending, &mut grants, &mut charges),
                 Err(_) => break,
+            }
+        }
+        if free > 0 && !charges.is_empty() {
+            if let Some(statement) = ChargeStatement::build(&mut charges, &in_flight) {
+                let buckets: Vec<Arc<str>> = statement.rows.keys().cloned().collect();
+                in_flight.extend(buckets.iter().cloned());
+                free -= 1;
+                on_statement();
+                let inner = inner.clone();
+                let done_tx = done_tx.clone();
+                tokio::spawn(async move {
+                    statement.run(inner).await;
+                    let _ = done_tx.send(buckets);
+                });
             }
         }
         if free > 0 && !grants.is_empty() {
@@ -251,6 +287,20 @@ async fn dispatch(
                 let _ = done_tx.send(buckets);
             });
         }
+    }
+}
+
+/// Files a queued job with its kind.
+fn take(
+    queued: Queued,
+    pending: &mut Vec<Job>,
+    grants: &mut Vec<GrantJob>,
+    charges: &mut Vec<ChargeJob>,
+) {
+    match queued {
+        Queued::Decide(job) => pending.push(job),
+        Queued::Grant(job) => grants.push(job),
+        Queued::Charge(job) => charges.push(job),
     }
 }
 
@@ -337,8 +387,10 @@ pub(crate) struct Folded {
     pub rows: Vec<Increment>,
     /// Per request, per increment: (row, offset of its first unit in the row).
     pub places: Vec<Vec<(usize, u32)>>,
-    /// Some request has a sliding limit next to another enforced limit: whether its sliding
-    /// rows count it depends on the other rows, so the store must decide request by request.
+    /// Some request has a sliding limit next to another enforced limit (whether its sliding
+    /// rows count it depends on the other rows), takes several units of a limit (they are
+    /// counted all together or not at all), or checks a limit charged after the response
+    /// (nothing is added): the store must decide request by request.
     pub joint: bool,
 }
 
@@ -381,10 +433,13 @@ impl Folded {
                 row.by = row.by.saturating_add(inc.by);
             }
             // Conservative: a request whose one enforced limit is its sliding one would do
-            // with the row-by-row path too.
+            // with the row-by-row path too. A request of several units (contract §3d) is
+            // counted whole or not at all, which a row's prefix of units cannot say; a check
+            // adds nothing, which a row's sum cannot say either.
             joint |= request.len() > 1
                 && request.iter().any(|inc| inc.sliding.is_some())
                 && request.iter().any(|inc| inc.enforce.is_some());
+            joint |= request.iter().any(|inc| inc.by > 1 || inc.check);
             places.push(place);
         }
         Ok(Folded {
@@ -473,6 +528,56 @@ impl GrantStatement {
                     let _ = job.reply.send(Err(err.clone()));
                 }
             }
+        }
+    }
+}
+
+/// Charges of several callers in one statement, one row per bucket (their units summed).
+struct ChargeStatement {
+    jobs: Vec<ChargeJob>,
+    rows: BTreeMap<Arc<str>, Charge>,
+}
+
+impl ChargeStatement {
+    /// Takes from `queued` the charges whose buckets are not in flight, up to
+    /// [`MAX_JOBS_PER_STATEMENT`] callers; a charge whose bucket is already in the statement with
+    /// another window (right after a reload) waits for the next one.
+    fn build(
+        queued: &mut Vec<ChargeJob>,
+        in_flight: &HashSet<Arc<str>, foldhash::fast::RandomState>,
+    ) -> Option<ChargeStatement> {
+        let mut rows: BTreeMap<Arc<str>, Charge> = BTreeMap::new();
+        let mut taken = 0;
+        let jobs: Vec<ChargeJob> = queued
+            .extract_if(.., |job| {
+                let fits = taken < MAX_JOBS_PER_STATEMENT
+                    && job.charges.iter().all(|c| {
+                        !in_flight.contains(&c.bucket)
+                            && rows.get(&c.bucket).is_none_or(|row| {
+                                (row.window_secs, row.sliding) == (c.window_secs, c.sliding)
+                            })
+                    });
+                if fits {
+                    taken += 1;
+                    for c in &job.charges {
+                        let row = rows.entry(c.bucket.clone()).or_insert(Charge {
+                            units: 0,
+                            ..c.clone()
+                        });
+                        row.units = row.units.saturating_add(c.units);
+                    }
+                }
+                fits
+            })
+            .collect();
+        (!jobs.is_empty()).then_some(ChargeStatement { jobs, rows })
+    }
+
+    async fn run(self, inner: Arc<dyn Store>) {
+        let rows: Vec<Charge> = self.rows.into_values().collect();
+        let answer = inner.charge(&rows).await;
+        for job in self.jobs {
+            let _ = job.reply.send(answer.clone());
         }
     }
 }
@@ -591,6 +696,7 @@ mod tests {
                     by: 1,
                     sliding: None,
                     enforce: Some(1000),
+                    check: false,
                 }];
                 if i % 2 == 0 {
                     batch.push(Increment {
@@ -599,6 +705,7 @@ mod tests {
                         by: 1,
                         sliding: None,
                         enforce: Some(1000),
+                        check: false,
                     });
                 }
                 store.increment(&batch).await.expect("counted")

@@ -42,7 +42,7 @@ use hashbrown::HashTable;
 
 use super::bucket_name::{key_hash, BucketName, Names, RandomState, DIGEST_LEN};
 use super::settings::DEFAULT_MEMORY_BUCKETS;
-use super::{Counted, Increment, Peeked, Store, StoreError, StoreFuture};
+use super::{Charge, Counted, Increment, Peeked, Store, StoreError, StoreFuture};
 use crate::metrics::MemoryStoreMetrics;
 
 /// Counts saturate here, like the Postgres `integer` column.
@@ -521,13 +521,12 @@ impl MemoryStore {
                 (window, fits)
             })
             .collect();
-        // 2. The request's allowed units: what every enforced limit admits (a prefix).
+        // 2. Whether the request is allowed: every enforced limit admits all of its units.
         let allowed = batch
             .iter()
             .zip(&standing)
-            .filter_map(|(inc, (window, fits))| enforced_allows(inc, window, *fits))
-            .min();
-        // 3. Count: fixed windows every unit, sliding ones the allowed units they admit.
+            .all(|(inc, (window, fits))| enforced_admits(inc, window, *fits));
+        // 3. Count what is counted (see [`count_into`]).
         let mut counted = Vec::with_capacity(batch.len());
         for (((inc, name), (window, fits)), &g) in
             batch.iter().zip(&names).zip(standing).zip(&places)
@@ -554,7 +553,7 @@ impl MemoryStore {
         let slot = &mut shard.slots[i as usize];
         let window = rolled(Some(slot.window()), current, now_ms);
         let fits = own_fits(inc, &window, now_ms);
-        let allowed = enforced_allows(inc, &window, fits);
+        let allowed = enforced_admits(inc, &window, fits);
         let (held, counted) = count_into(window, inc, fits, allowed, now_ms);
         slot.set_window(held);
         Ok(counted)
@@ -585,6 +584,29 @@ impl MemoryStore {
             }
         }
         i
+    }
+
+    /// Charges (contract §3d): each added to its bucket's current window, the count saturating
+    /// at the limit's `requests`.
+    fn add_charges(&self, charges: &[Charge]) -> Result<(), StoreError> {
+        let now_ms = (self.clock)();
+        for charge in charges {
+            let current = window_at(now_ms, charge.window_secs)?;
+            let name = self.name(&charge.bucket);
+            let mut shard = self.lock(self.shard_of(&name));
+            let i = self.slot(&mut shard, &name, current, now_ms);
+            let slot = &mut shard.slots[i as usize];
+            let mut held = rolled(Some(slot.window()), current, now_ms);
+            if charge.sliding {
+                held.keep_ms = held.end_ms + (held.end_ms - held.start_ms);
+            }
+            let cap = charge.requests.min(COUNT_MAX);
+            if held.count < cap {
+                held.count = held.count.saturating_add(charge.units).min(cap);
+            }
+            slot.set_window(held);
+        }
+        Ok(())
     }
 
     /// Reads without touching: a read (`tollgate explain`) is not a use, so it does not keep a
@@ -645,58 +667,77 @@ impl Store for MemoryStore {
         Some(self.count(batch))
     }
 
+    fn charge<'a>(&'a self, charges: &'a [Charge]) -> StoreFuture<'a, ()> {
+        let result = self.add_charges(charges);
+        Box::pin(async move { result })
+    }
+
     fn kind(&self) -> &'static str {
         "memory"
     }
 }
 
-/// A bucket's window as an increment at `now_ms` finds it: the one held while it is still
-/// current; else `current`, empty, with the held count as "previous" when the held window is
-/// the one just before (a sliding limit reads it; one that ended longer ago weighs nothing,
-/// like a missing row). A held window *later* than `current` (the clock stepped back) keeps
-/// counting: starting over would forget requests already allowed.
-/// How many of `inc.by` units `inc`'s own limit admits, standing at `window`: all of them for
-/// a fixed window (it counts every unit), what the estimate admits for a sliding one.
+/// How many of `inc.by` units `inc`'s own limit admits, standing at `window`: all of them or
+/// none (a request's units fit together, contract §3d). A fixed window: all (its count says
+/// where they stand, [`enforced_admits`] judges them); a sliding one: what its estimate admits.
 fn own_fits(inc: &Increment, window: &Window, now_ms: i64) -> u32 {
     match inc.sliding {
         None => inc.by,
-        Some(limit) => sliding_admits(
-            limit,
-            window.previous,
-            window.count,
-            inc.by,
-            window.end_ms - now_ms,
-            window.end_ms - window.start_ms,
-        ),
+        Some(limit) => {
+            let room = sliding_admits(
+                limit,
+                window.previous,
+                window.count,
+                inc.by,
+                window.end_ms - now_ms,
+                window.end_ms - window.start_ms,
+            );
+            if room >= inc.by {
+                inc.by
+            } else {
+                0
+            }
+        }
     }
 }
 
-/// The units an enforced limit lets through (its estimate's for a sliding one, what is left
-/// of its quota for a fixed one); `None` for a limit that does not enforce (shadow, reads).
-fn enforced_allows(inc: &Increment, window: &Window, fits: u32) -> Option<u32> {
-    let limit = inc.enforce?;
-    Some(match inc.sliding {
-        Some(_) => fits,
-        None => limit.saturating_sub(window.count).min(inc.by),
-    })
+/// Whether `inc`'s limit lets the request through: a limit that does not enforce (shadow,
+/// reads) always does; a sliding one when its estimate admits the units (`fits`); a fixed one
+/// when they fit in what is left of its quota.
+fn enforced_admits(inc: &Increment, window: &Window, fits: u32) -> bool {
+    let Some(limit) = inc.enforce else {
+        return true;
+    };
+    match inc.sliding {
+        Some(_) => fits >= inc.by,
+        None => u64::from(window.count) + u64::from(inc.by) <= u64::from(limit),
+    }
 }
 
-/// Counts `inc` into its bucket's `window`: a fixed window every unit, a sliding one the units
-/// the whole request is allowed (`allowed`) that it admits. Returns the window to keep, and
-/// the answer.
+/// Counts `inc` into its bucket's `window` for a request that is `allowed` or not. A check
+/// (`inc.check`) counts nothing. A fixed window counts a unit request always (its count may include denied requests, contract §3,
+/// the seed's upsert); a request of more units only when allowed (a denied request's units
+/// are not added, §3d). A sliding one counts the units of an allowed request that its own
+/// estimate admits (`fits`). Returns the window to keep, and the answer.
 fn count_into(
     window: Window,
     inc: &Increment,
     fits: u32,
-    allowed: Option<u32>,
+    allowed: bool,
     now_ms: i64,
 ) -> (Window, Counted) {
     let mut held = window;
     let added = match inc.sliding {
-        None => inc.by,
+        _ if inc.check => 0,
+        None if inc.by <= 1 || allowed => inc.by,
+        None => 0,
         Some(_) => {
             held.keep_ms = held.end_ms + (held.end_ms - held.start_ms);
-            allowed.unwrap_or(inc.by).min(fits)
+            if allowed {
+                fits
+            } else {
+                0
+            }
         }
     };
     held.count = held.count.saturating_add(added).min(COUNT_MAX);
@@ -715,6 +756,11 @@ fn count_into(
     (held, counted)
 }
 
+/// A bucket's window as an increment at `now_ms` finds it: the one held while it is still
+/// current; else `current`, empty, with the held count as "previous" when the held window is
+/// the one just before (a sliding limit reads it; one that ended longer ago weighs nothing,
+/// like a missing row). A held window *later* than `current` (the clock stepped back) keeps
+/// counting: starting over would forget requests already allowed.
 fn rolled(held: Option<Window>, current: Window, now_ms: i64) -> Window {
     match held {
         Some(w) if !(w.end_ms <= now_ms || w.start_ms < current.start_ms) => w,
@@ -777,6 +823,7 @@ mod tests {
             by: 1,
             sliding: None,
             enforce: None,
+            check: false,
         }
     }
 
@@ -787,6 +834,7 @@ mod tests {
             by,
             sliding: Some(requests),
             enforce: Some(requests),
+            check: false,
         }
     }
 
@@ -794,14 +842,23 @@ mod tests {
     fn a_sliding_window_weighs_the_previous_one_and_does_not_count_denials() {
         let now = Arc::new(AtomicI64::new(3_600_000 * 10));
         let store = bounded(100, &now);
-        // No previous window: exactly min(N, requests).
-        let c = store.count(&[sliding("s", 100, 10, 25)]).expect("count")[0];
+        // No previous window: a request's units fit all together or not at all.
+        let c = store.count(&[sliding("s", 100, 10, 11)]).expect("count")[0];
+        assert_eq!(
+            (c.added, c.count, c.fits),
+            (0, 0, 0),
+            "11 units never fit 10"
+        );
+        let c = store.count(&[sliding("s", 100, 10, 10)]).expect("count")[0];
         assert_eq!((c.added, c.count, c.previous), (10, 10, 0));
         let c = store.count(&[sliding("s", 100, 10, 1)]).expect("count")[0];
         assert_eq!((c.added, c.count), (0, 10), "denied, not counted");
-        // A quarter into the next window: 10 * 0.75 = 7.5 weighs, floor(10 - 7.5) = 2 fit.
+        // A quarter into the next window: 10 * 0.75 = 7.5 weighs, floor(10 - 7.5) = 2 fit:
+        // not a request of 5 units, then one of 2.
         now.fetch_add(125_000, Ordering::SeqCst);
         let c = store.count(&[sliding("s", 100, 10, 5)]).expect("count")[0];
+        assert_eq!((c.added, c.count, c.previous), (0, 0, 10));
+        let c = store.count(&[sliding("s", 100, 10, 2)]).expect("count")[0];
         assert_eq!((c.added, c.count, c.previous), (2, 2, 10));
         // A fixed-window control admits the whole burst after the boundary.
         now.store(3_600_000 * 10 + 99_999, Ordering::SeqCst);
@@ -826,8 +883,48 @@ mod tests {
         assert_eq!(store.sweep(), 1, "f ended");
         now.store(3_600_000 * 10 + 300_000, Ordering::SeqCst);
         assert_eq!(store.sweep(), 1, "s kept for one more window");
-        let c = store.count(&[sliding("s", 100, 10, 25)]).expect("count")[0];
+        let c = store.count(&[sliding("s", 100, 10, 10)]).expect("count")[0];
         assert_eq!((c.added, c.previous), (10, 0));
+    }
+
+    /// Contract §3d: a fixed window's request of several units is counted only when it is
+    /// allowed, so a denied dear request leaves the units for a cheaper one; a request of one
+    /// unit is counted either way (contract §3, as the seed's upsert does).
+    #[test]
+    fn a_fixed_window_counts_a_dear_request_only_when_it_fits() {
+        let now = Arc::new(AtomicI64::new(3_600_000 * 10));
+        let store = bounded(100, &now);
+        let of = |by| Increment {
+            by,
+            enforce: Some(10),
+            ..inc("f", 100)
+        };
+        for n in 1..=3 {
+            let c = store.count(&[of(3)]).expect("count")[0];
+            assert_eq!((c.added, c.count), (3, 3 * n), "request {n}");
+        }
+        let c = store.count(&[of(3)]).expect("count")[0];
+        assert_eq!((c.added, c.count), (0, 9), "3 units do not fit 1");
+        let c = store.count(&[of(1)]).expect("count")[0];
+        assert_eq!((c.added, c.count), (1, 10), "1 unit does");
+        let c = store.count(&[of(1)]).expect("count")[0];
+        assert_eq!(
+            (c.added, c.count),
+            (1, 11),
+            "a unit request is counted, denied or not"
+        );
+        // Two limits: one denying keeps the other's dear units out too.
+        let pair = [
+            Increment {
+                by: 4,
+                enforce: Some(100),
+                ..inc("g", 100)
+            },
+            of(2),
+        ];
+        let c = store.count(&pair).expect("pair");
+        assert_eq!((c[0].added, c[0].count), (0, 0), "denied by f");
+        assert_eq!((c[1].added, c[1].count), (0, 11));
     }
 
     fn bounded(n: usize, now: &Arc<AtomicI64>) -> MemoryStore {

@@ -23,25 +23,31 @@ use crate::error::Detail;
 /// One bucket to increment. Buckets in one batch are distinct.
 ///
 /// A batch passed to [`Store::increment`] is ONE request's limits, decided together: the
-/// request is allowed (for as many of its units as every enforced limit admits) only when
-/// every increment with `enforce` admits it, and only allowed units are counted in sliding
-/// windows (contract §3a). Fixed windows count every unit, allowed or not (contract §3).
+/// request is allowed only when every increment with `enforce` admits all of its units
+/// (contract §3d: a request's units fit all together or not at all). Sliding windows count only
+/// allowed units (contract §3a); fixed windows count a one-unit increment allowed or not
+/// (contract §3), one of several units only when the request is allowed (§3d).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Increment {
     /// `<scope>:<label>:<digest>` or `<scope>:global`; never a raw subject.
     pub bucket: Arc<str>,
     /// Window length in whole seconds.
     pub window_secs: u32,
-    /// How many requests this increment stands for (1, or more when coalesced).
+    /// The units of this increment: one request's `cost` (contract §3d); 0 for reads. A store
+    /// that folds several requests into one row sums them there.
     pub by: u32,
     /// `Some(requests)` for a sliding-window limit (contract §3a): the store counts only the units
-    /// that the estimate admits against `requests`. `None`: a fixed window, every unit counts.
+    /// that the estimate admits against `requests`. `None`: a fixed window.
     pub sliding: Option<u32>,
-    /// `Some(requests)`: an enforced limit, which denies the units past `requests` (a fixed
-    /// window: by the units' positions; a sliding one: by its estimate, against the same
-    /// `requests`). `None`: a shadow limit, or a count that decides nothing (reads, resets,
-    /// probes). A shadow sliding limit counts the allowed units that its own estimate admits.
+    /// `Some(requests)`: an enforced limit, which denies a request whose units do not fit in
+    /// `requests` (a fixed window: by the units' positions; a sliding one: by its estimate,
+    /// against the same `requests`). `None`: a shadow limit, or a count that decides nothing
+    /// (reads, resets, probes). A shadow sliding limit counts the allowed units that its own
+    /// estimate admits.
     pub enforce: Option<u32>,
+    /// Only whether the `by` units fit is decided; none is added (a limit charged after the
+    /// response, contract §3d: admitted by a read of what is left, charged later).
+    pub check: bool,
 }
 
 /// The state of one bucket right after an increment.
@@ -86,14 +92,18 @@ pub struct ShareWant {
     /// `algorithm = "sliding"`: what is left is `requests` minus the estimate of contract §3a.
     pub sliding: bool,
     /// Units asked for (at least 1); the store grants at most what is left divided among
-    /// twice the live instances, and at least 1 while anything is left.
+    /// twice the live instances, and at least `need` while that much is left.
     pub want: u32,
+    /// Units needed at least (at least 1): what the request that asks takes (its `cost`,
+    /// contract §3d) beyond what this instance holds. Fewer left: nothing is granted.
+    pub need: u32,
 }
 
 /// What the store granted of one [`ShareWant`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ShareGrant {
-    /// Units granted, already counted in the row; 0 when nothing is left.
+    /// Units granted, already counted in the row; 0 when fewer than the units needed are
+    /// left.
     pub granted: u32,
     /// The row's count after the grant.
     pub count: u32,
@@ -103,6 +113,20 @@ pub struct ShareGrant {
     pub window_end_ms: i64,
     /// The store's clock when it granted, unix milliseconds.
     pub now_ms: i64,
+}
+
+/// Units a request is charged after its response (contract §3d): added to the current window
+/// of its bucket, the count saturating at the limit's `requests`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Charge {
+    pub bucket: Arc<str>,
+    pub window_secs: u32,
+    /// `algorithm = "sliding"`: the row lives a window more (contract §3a).
+    pub sliding: bool,
+    pub units: u32,
+    /// The limit's `requests`: a charge never takes the count past it (nor lowers a count
+    /// already above it).
+    pub requests: u32,
 }
 
 /// Unused units of a share, going back to their row (contract §3c).
@@ -232,6 +256,11 @@ pub trait Store: Send + Sync + 'static {
     /// row took back (0 when the row or this instance's share of it is gone, after a reset).
     fn give_back<'a>(&'a self, back: &'a [GiveBack]) -> StoreFuture<'a, Vec<u32>> {
         Box::pin(async move { Ok(vec![0; back.len()]) })
+    }
+
+    /// Adds charges (contract §3d) in one round trip; buckets in one call are distinct.
+    fn charge<'a>(&'a self, _charges: &'a [Charge]) -> StoreFuture<'a, ()> {
+        Box::pin(async { Err(StoreError::Query("this store takes no charges".into())) })
     }
 
     /// A short name for logs: `memory` or `postgres`.

@@ -56,6 +56,9 @@ pub struct Recorded {
 /// - `/trailers`: a body followed by a `grpc-status: 0` trailer
 /// - `/ws`: a WebSocket echo
 /// - `/close`: `200 closing` with `Connection: close`, then the connection closes
+/// - `/status/<code>`: that status, body `status <code>`
+/// - `/cost/<v1,v2,...>`: 200 with one `x-ratelimit-cost` line per value (`/cost/-`: none)
+/// - `/cost-slow/<v>`: the head with `x-ratelimit-cost: <v>` at once, the body 1.5 s later
 /// - anything else: `200 upstream ok`
 pub struct Upstream {
     pub addr: SocketAddr,
@@ -239,6 +242,9 @@ async fn upstream_answer(
         tokio::time::sleep(Duration::from_millis(ms)).await;
         return Ok(Response::new(full("slow ok")));
     }
+    if let Some(answer) = cost_answer(&path) {
+        return Ok(answer);
+    }
     if let Some(n) = path.strip_prefix("/big/") {
         let n: usize = n.parse().unwrap_or(0);
         return Ok(Response::new(big_body(n)));
@@ -279,6 +285,34 @@ async fn upstream_answer(
         }
         _ => Ok(Response::new(full("upstream ok"))),
     }
+}
+
+/// The answers of `/status/`, `/cost/` and `/cost-slow/` (contract §3d's charges).
+fn cost_answer(path: &str) -> Option<Response<UpBody>> {
+    if let Some(code) = path.strip_prefix("/status/") {
+        let status = StatusCode::from_u16(code.parse().ok()?).ok()?;
+        let mut r = Response::new(full(format!("status {code}")));
+        *r.status_mut() = status;
+        return Some(r);
+    }
+    if let Some(values) = path.strip_prefix("/cost/") {
+        let mut r = Response::new(full("charged"));
+        for v in values.split(',').filter(|v| *v != "-") {
+            r.headers_mut()
+                .append("x-ratelimit-cost", v.parse().expect("a field value"));
+        }
+        return Some(r);
+    }
+    let value = path.strip_prefix("/cost-slow/")?;
+    let later = async {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        Ok::<_, Infallible>(Frame::data(Bytes::from_static(b"streamed")))
+    };
+    let body = BodyExt::boxed(StreamBody::new(futures_util::stream::once(later)));
+    let mut r = Response::new(body);
+    r.headers_mut()
+        .insert("x-ratelimit-cost", value.parse().expect("a field value"));
+    Some(r)
 }
 
 /// The byte at position `i` of a `/big/` body.

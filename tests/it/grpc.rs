@@ -467,3 +467,40 @@ async fn own_answers_are_trailers_only_on_the_wire() {
     assert_eq!(response.status(), StatusCode::NOT_FOUND);
     assert!(response.headers().get("grpc-status").is_none());
 }
+
+/// Contract §3d on gRPC: a limit counting the calls whose HTTP status is 2xx (every gRPC
+/// answer, success or not, is HTTP 200) checks before forwarding and charges when the
+/// response head arrives; the third call over a limit of two is RESOURCE_EXHAUSTED.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_is_charged_when_its_response_head_arrives() {
+    let upstream = GrpcUpstream::start().await;
+    let routes = r#"
+[[routes]]
+name = "echo"
+path_prefix = "/test.Echo"
+upstream = "app"
+
+  [[routes.limits]]
+  key = "ip"
+  requests = 2
+  window = "1h"
+  count = ["2xx"]
+"#;
+    let proxy = Proxy::start(config_from(&grpc_config("", routes), upstream.addr, &[])).await;
+    let mut grpc = client(&proxy).await;
+    let reply = say(&mut grpc, "/test.Echo/Say").await.expect("first call");
+    assert_eq!(reply.get_ref().text, "echo: hello");
+    let failed = say(&mut grpc, "/test.Echo/Fail")
+        .await
+        .expect_err("the upstream's own");
+    assert_eq!(
+        failed.code(),
+        Code::NotFound,
+        "charged too: its HTTP status is 200"
+    );
+    let status = say(&mut grpc, "/test.Echo/Say").await.expect_err("limited");
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    let text = proxy.server().metrics().render();
+    let counted = "tollgate_decisions_total{route=\"echo\",decision=\"counted_after\"}";
+    assert_eq!(crate::limits::metric_value(&text, counted), 2.0, "{text}");
+}

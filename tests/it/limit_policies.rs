@@ -191,6 +191,7 @@ async fn stored_count(proxy: &Proxy, db: Option<&TestDb>, bucket: &str, window_s
                     by: 1,
                     sliding: None,
                     enforce: None,
+                    check: false,
                 }])
                 .await
                 .expect("peek the memory store");

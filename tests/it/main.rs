@@ -12,6 +12,7 @@ mod bench_summary;
 mod body_size;
 mod bounds;
 mod breaker_timeouts;
+mod charge_after;
 mod cli;
 mod compose;
 mod cost;

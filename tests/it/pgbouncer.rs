@@ -385,7 +385,7 @@ async fn migrate_through(mode: PoolMode) {
         first.status.success(),
         "migrate through {mode:?} pgbouncer: {out}"
     );
-    assert!(out.contains("applied 6 migration(s)"), "{out}");
+    assert!(out.contains("applied 7 migration(s)"), "{out}");
     let second = migrate();
     let out = String::from_utf8_lossy(&second.stdout).into_owned();
     assert!(second.status.success(), "{out}");
@@ -516,6 +516,13 @@ async fn one_connection_store(
     store
 }
 
+/// What one statement's requests said of the row that each names first: its count after the
+/// last of them, and the units counted in all.
+fn row_answer(counted: &[Vec<tollgate::testing::store::Counted>], at: usize) -> (u32, u32) {
+    let count = counted.last().map_or(0, |c| c[at].count);
+    (count, counted.iter().map(|c| c[at].added).sum())
+}
+
 fn one(bucket: &str) -> tollgate::testing::store::Increment {
     tollgate::testing::store::Increment {
         bucket: std::sync::Arc::from(bucket),
@@ -523,6 +530,7 @@ fn one(bucket: &str) -> tollgate::testing::store::Increment {
         by: 1,
         sliding: None,
         enforce: None,
+        check: false,
     }
 }
 
@@ -717,17 +725,19 @@ async fn the_increment_is_prepared_only_on_a_connection_that_reaches_its_backend
             // At its limit a row is not counted whole, and the function counts the prefix
             // that the estimate admits: 2 of 3, then 1 of 2 (the second statement), then 0.
             // Alone, and in a batch of two, where the other row is counted by the plain
-            // batch statement alone.
+            // batch statement alone. A row of several units is several requests of one
+            // unit each, folded into one statement (a request of several units is decided
+            // whole, by the function: contract §3d).
             let mut alone = one(&format!("{bucket}-alone"));
             alone.sliding = Some(3);
             let mut answers = Vec::new();
-            for by in [2, 2, 1] {
-                alone.by = by;
+            for n in [2, 2, 1] {
+                let requests = vec![std::slice::from_ref(&alone); n];
                 let counted = store
-                    .increment(std::slice::from_ref(&alone))
+                    .increment_each(&requests)
                     .await
                     .expect("sliding increment at the limit");
-                answers.push((counted[0].count, counted[0].added));
+                answers.push(row_answer(&counted, 0));
             }
             assert_eq!(
                 answers,
@@ -740,15 +750,17 @@ async fn the_increment_is_prepared_only_on_a_connection_that_reaches_its_backend
             roomy.sliding = Some(100);
             answers.clear();
             let mut pairs = Vec::new();
-            for by in [2, 2, 1] {
-                near.by = by;
+            let first = [near.clone(), roomy.clone()];
+            for n in [2, 2, 1] {
+                let mut requests = vec![&first[..]];
+                requests.extend(vec![std::slice::from_ref(&near); n - 1]);
                 let counted = store
-                    .increment(&[near.clone(), roomy.clone()])
+                    .increment_each(&requests)
                     .await
                     .expect("sliding increment at the limit");
                 pairs.push((
-                    (counted[0].count, counted[0].added),
-                    (counted[1].count, counted[1].added),
+                    row_answer(&counted, 0),
+                    (counted[0][1].count, counted[0][1].added),
                 ));
             }
             assert_eq!(

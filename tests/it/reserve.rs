@@ -462,9 +462,10 @@ async fn an_outage_admits_from_units_held_then_counts_locally() {
     );
 }
 
-/// The share-size rule of contract §3c, held against `tollgate_reserve` itself on random rows:
-/// never more than `floor(left / (2 * instances))` unless that is 0, never 0 while anything
-/// is left, never more than asked, never past the limit.
+/// The share-size rule of contract §3c (with §3d's units a request needs), held against
+/// `tollgate_reserve` itself on random rows: never more than `floor(left / (2 * instances))`
+/// unless that is below what is needed, at least what is needed while that much is left and
+/// nothing otherwise, never more than asked (or needed), never past the limit.
 #[tokio::test]
 async fn the_share_size_rule_holds_for_random_rows() {
     use proptest::strategy::{Strategy, ValueTree};
@@ -475,10 +476,10 @@ async fn the_share_size_rule_holds_for_random_rows() {
     let mut proxy = started(&text, &upstream).await;
     proxy.shutdown().await;
     let pg = db.client().await;
-    let cases = (1i64..5000, 0u32..=100, 1i32..20, 1i64..10_000);
+    let cases = (1i64..5000, 0u32..=100, 1i32..20, 1i64..10_000, 1i64..8);
     let mut runner = proptest::test_runner::TestRunner::deterministic();
     for case in 0..300 {
-        let (requests, used_pct, instances, want) =
+        let (requests, used_pct, instances, want, need) =
             cases.new_tree(&mut runner).expect("case").current();
         let count = requests * i64::from(used_pct) / 100;
         let bucket = format!("prop:ip:{case}");
@@ -493,18 +494,21 @@ async fn the_share_size_rule_holds_for_random_rows() {
         let row = pg
             .query_one(
                 "SELECT granted, count FROM tollgate_reserve(ARRAY[$1], ARRAY[60::int8], \
-                 ARRAY[$2::int8], ARRAY[false], ARRAY[$3::int8], $4, 'prop', false)",
-                &[&bucket, &requests, &want, &instances],
+                 ARRAY[$2::int8], ARRAY[false], ARRAY[$3::int8], ARRAY[$5::int8], $4, 'prop', \
+                 false)",
+                &[&bucket, &requests, &want, &instances, &need],
             )
             .await
             .expect("grant");
         let (granted, after): (i64, i32) = (row.get(0), row.get(1));
         let left = requests - count;
-        let cap = (left / (2 * i64::from(instances))).max(1);
-        let seen = format!("requests {requests} count {count} instances {instances} want {want}: granted {granted}");
-        assert!(granted <= want, "{seen}");
-        if left > 0 {
-            assert!(granted >= 1, "{seen}");
+        let cap = (left / (2 * i64::from(instances))).max(need);
+        let seen = format!(
+            "requests {requests} count {count} instances {instances} want {want} need {need}: granted {granted}"
+        );
+        assert!(granted <= want.max(need), "{seen}");
+        if left >= need {
+            assert!(granted >= need, "{seen}");
             assert!(granted <= cap, "{seen}");
         } else {
             assert_eq!(granted, 0, "{seen}");

@@ -340,6 +340,7 @@ async fn memory_store_cached_denials_end_on_the_servers_clock() {
             by: 1,
             sliding: None,
             enforce: None,
+            check: false,
         };
         let peeked = proxy.server().store().peek(&[peek]).await.expect("peek");
         peeked[0].count

@@ -27,6 +27,7 @@ fn inc(bucket: &str, window_secs: u32, by: u32) -> Increment {
         by,
         sliding: None,
         enforce: None,
+        check: false,
     }
 }
 
@@ -288,7 +289,8 @@ async fn pg_concurrent_initialize_applies_each_migration_once() {
             (3, "0003_increment_function".to_owned()),
             (4, "0004_instances".to_owned()),
             (5, "0005_joint_decision".to_owned()),
-            (6, "0006_reserved_shares".to_owned())
+            (6, "0006_reserved_shares".to_owned()),
+            (7, "0007_request_cost".to_owned())
         ]
     );
     // The seed's schema, in schema public.
@@ -317,7 +319,8 @@ async fn pg_migrate_twice_applies_nothing_the_second_time() {
             "0003_increment_function",
             "0004_instances",
             "0005_joint_decision",
-            "0006_reserved_shares"
+            "0006_reserved_shares",
+            "0007_request_cost"
         ]
     );
     assert_eq!(first.fingerprint, FingerprintChange::Written);

@@ -570,6 +570,7 @@ async fn store_failure_warning_names_cause_and_database_once_a_second() {
         by: 1,
         sliding: None,
         enforce: None,
+        check: false,
     }];
     store.increment(&batch).await.expect("healthy");
     db.client()

@@ -1898,3 +1898,126 @@ fn reserve_is_read_and_must_agree_on_a_shared_prefix() {
         "boolean",
     );
 }
+
+/// `cost` (contract §3d): 1 by default, 1 to the limit's `requests`; limits sharing a bucket
+/// prefix may each have their own cost (one budget, dearer and cheaper requests).
+#[test]
+fn cost_is_read_between_one_and_the_limits_requests() {
+    let route = |name: &str, extra: &str| {
+        format!(
+            "[[routes]]\nname = \"{name}\"\nupstream = \"api\"\n[[routes.limits]]\nkey = \"ip\"\nrequests = 10\nwindow = \"1h\"\nscope = \"shared\"\n{extra}"
+        )
+    };
+    let c = load_ok(&format!(
+        "{UPSTREAM}{}{}",
+        route("a", "cost = 3\n"),
+        route("b", "")
+    ));
+    assert_eq!(c.routes[0].limits[0].cost, 3);
+    assert_eq!(c.routes[1].limits[0].cost, 1, "1 by default");
+    let full = load_ok(&format!("{UPSTREAM}{}", route("a", "cost = 10\n")));
+    assert_eq!(
+        full.routes[0].limits[0].cost, 10,
+        "requests itself is a cost"
+    );
+    assert_error(
+        &format!("{UPSTREAM}{}", route("a", "cost = 0\n")),
+        11,
+        8,
+        "routes[0].limits[0].cost",
+        "must be between 1 and",
+    );
+    assert_error(
+        &format!("{UPSTREAM}{}", route("a", "cost = 11\n")),
+        11,
+        8,
+        "routes[0].limits[0].cost",
+        "more than the limit's requests = 10",
+    );
+    assert_error(
+        &format!("{UPSTREAM}{}", route("a", "cost = \"3\"\n")),
+        11,
+        8,
+        "routes[0].limits[0].cost",
+        "integer",
+    );
+}
+
+/// `count` and `cost_header` (contract §3d): statuses 100-599 and classes, never an empty
+/// list; a header name that does not frame the body; neither together with `reserve`.
+#[test]
+fn count_and_cost_header_are_checked() {
+    let route = |extra: &str| {
+        format!(
+            "{UPSTREAM}[[routes]]\nname = \"a\"\nupstream = \"api\"\n[[routes.limits]]\nkey = \"ip\"\nrequests = 10\nwindow = \"1h\"\n{extra}"
+        )
+    };
+    let c = load_ok(&route("count = [401, \"5XX\"]\ncost_header = \"X-Cost\"\n"));
+    let limit = &c.routes[0].limits[0];
+    let Counting::Statuses(set) = &limit.count else {
+        panic!("a list of statuses: {:?}", limit.count);
+    };
+    assert!(set.contains(401) && set.contains(500) && set.contains(599));
+    assert!(!set.contains(400) && !set.contains(200));
+    assert_eq!(limit.count.to_string(), "[401, \"5xx\"]");
+    assert_eq!(
+        limit.cost_header.as_ref().map(|h| h.as_str()),
+        Some("x-cost")
+    );
+    assert!(limit.charged_after());
+    let plain = load_ok(&route("count = \"all\"\n"));
+    assert!(!plain.routes[0].limits[0].charged_after());
+    let e = |extra: &str| one_error(&route(extra));
+    let empty = e("count = []\n");
+    assert_eq!(empty.field, "routes[0].limits[0].count");
+    assert!(
+        empty.message.contains("at least one status"),
+        "{}",
+        empty.message
+    );
+    assert_eq!((empty.line, empty.col), (10, 9), "{empty}");
+    let out = e("count = [401, 600]\n");
+    assert_eq!(out.field, "routes[0].limits[0].count[1]");
+    assert!(
+        out.message.contains("600 is outside 100-599"),
+        "{}",
+        out.message
+    );
+    let class = e("count = [\"6xx\"]\n");
+    assert!(
+        class.message.contains("not a status class"),
+        "{}",
+        class.message
+    );
+    let word = e("count = \"some\"\n");
+    assert!(
+        word.message.contains("expected \"all\""),
+        "{}",
+        word.message
+    );
+    let framing = e("cost_header = \"Content-Length\"\n");
+    assert_eq!(framing.field, "routes[0].limits[0].cost_header");
+    assert!(
+        framing.message.contains("frames the response body"),
+        "{}",
+        framing.message
+    );
+    let bad_name = e("cost_header = \"x cost\"\n");
+    assert!(
+        bad_name.message.contains("not a valid header name"),
+        "{}",
+        bad_name.message
+    );
+    for extra in [
+        "reserve = true\ncount = [401]\n",
+        "reserve = true\ncost_header = \"x-cost\"\n",
+    ] {
+        let both = e(extra);
+        assert_eq!(both.field, "routes[0].limits[0].reserve", "{extra}");
+        assert!(
+            both.message.contains("cannot be combined"),
+            "{}",
+            both.message
+        );
+    }
+}

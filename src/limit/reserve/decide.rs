@@ -1,7 +1,8 @@
 //! A request with `reserve` limits (contract §3c; docs/architecture.md, "Reserved shares").
 //!
-//! 1. Each `reserve` limit takes a unit of this worker's share of its bucket; the limits whose
-//!    share is empty ask the store for shares, all in one statement.
+//! 1. Each `reserve` limit takes the request's units (its `cost`) of this worker's share of its
+//!    bucket; the limits whose share holds too few ask the store for shares, all in one
+//!    statement.
 //! 2. When no `reserve` limit denies, the request's other limits are decided as without
 //!    `reserve` (one more statement, the usual joint decision of those limits).
 //! 3. The outcomes are judged together. A denied request gives the units it took back to the
@@ -28,7 +29,7 @@ use crate::store::{Counted, ShareGrant, ShareWant, StoreError};
 enum Slot {
     /// Not a `reserve` limit: decided in step 2.
     Other,
-    /// A unit taken from a share.
+    /// The request's units, taken from a share.
     Held(Held),
     /// Nothing left in the row: the store granted nothing.
     Exhausted(ShareGrant),
@@ -181,12 +182,15 @@ impl Limiter {
         now_ms: i64,
     ) -> LimitOutcome {
         let counted = Counted {
-            // A fixed row: the count this request would have made, past the limit; a
-            // sliding one: its count, which the estimate of contract §3a says is full.
+            // A fixed row: its count, with too little room for this request's units (the
+            // grant needed at most them; a window that turned since the ask can have left
+            // fewer in the share: still denied, so at least that full); a sliding one: its
+            // count, which the estimate of contract §3a says is full.
             count: if plan.sliding {
                 grant.count
             } else {
-                grant.count.max(plan.requests).saturating_add(1)
+                let full = plan.requests.saturating_sub(plan.cost.max(1)) + 1;
+                grant.count.max(full)
             },
             window_end_ms: grant.window_end_ms,
             now_ms: grant.now_ms,
@@ -293,6 +297,8 @@ fn held_outcome(plan: &PlannedLimit, held: &Held) -> LimitOutcome {
         requests: plan.requests,
         window_secs: plan.window_secs,
         count: plan.requests - held.left.min(plan.requests),
+        cost: plan.cost,
+        added: true,
         reset_secs: seconds_until(0, i64::try_from(left_ms).unwrap_or(i64::MAX)),
         shadow: plan.shadow,
         sliding: None,

@@ -112,10 +112,17 @@ impl Share {
         now < self.ends
     }
 
-    /// Takes one unit: what the request is admitted from.
-    fn take_one(&mut self, now: Instant) -> Held {
-        self.unused -= 1;
-        self.used += 1;
+    /// Whether the share can admit a request of `cost` units now.
+    fn holds(&self, cost: u32, now: Instant) -> bool {
+        self.live(now) && self.unused >= cost.max(1)
+    }
+
+    /// Takes a request's `cost` units (it [`holds`](Share::holds) them): what the request is
+    /// admitted from.
+    fn take(&mut self, cost: u32, now: Instant) -> Held {
+        let cost = cost.max(1);
+        self.unused -= cost;
+        self.used += u64::from(cost);
         self.last_used = now;
         self.held()
     }
@@ -238,15 +245,16 @@ impl Shares {
         self.instances.live()
     }
 
-    /// A unit of `plan`'s bucket for a request on `worker`: from its own share, else from
-    /// another worker's, else the request waits for a grant under way or sends one.
+    /// The request's units (its `cost`) of `plan`'s bucket for a request on `worker`: from
+    /// its own share, else with units of other workers' shares, else the request waits for a
+    /// grant under way or sends one.
     pub fn take(&self, worker: usize, plan: &PlannedLimit) -> Take {
         let now = Instant::now();
         {
             let mut mine = self.worker(worker);
             if let Some(share) = mine.shares.get_mut(&*plan.bucket) {
-                if share.live(now) && share.unused > 0 {
-                    return Take::Taken(share.take_one(now));
+                if share.holds(plan.cost, now) {
+                    return Take::Taken(share.take(plan.cost, now));
                 }
                 if let Some(wait) = share.wait() {
                     return wait;
@@ -276,7 +284,11 @@ impl Shares {
             }
             None => learned.get(&*plan.policy).copied().unwrap_or(1),
         };
-        let want = share.want(expected);
+        // What this request still needs beside the units the share holds (of a window that
+        // has not ended: those of an ended one do not count).
+        let held = if share.live(now) { share.unused } else { 0 };
+        let need = plan.cost.max(1).saturating_sub(held).max(1);
+        let want = share.want(expected).max(need);
         share.granting = Some(watch::Sender::new(()));
         Take::Grant(ShareWant {
             bucket: plan.bucket.clone(),
@@ -284,14 +296,25 @@ impl Shares {
             requests: plan.requests,
             sliding: plan.sliding,
             want,
+            need,
         })
     }
 
-    /// Half of another worker's unused units of the bucket (at least one), moved to this
-    /// worker's share, which then gives one to the request.
+    /// Half of other workers' unused units of the bucket (at least what the request still
+    /// needs), moved to this worker's share, which then gives the request its units; `None`
+    /// when the workers together do not hold enough.
     fn steal(&self, worker: usize, plan: &PlannedLimit, now: Instant) -> Option<Held> {
         let count = self.workers.len();
         for other in (1..count).map(|k| (worker + k) % count) {
+            let needed = {
+                let mine = self.worker(worker);
+                let held = mine
+                    .shares
+                    .get(&*plan.bucket)
+                    .filter(|share| share.live(now))
+                    .map_or(0, |share| share.unused);
+                plan.cost.max(1).saturating_sub(held)
+            };
             let (units, from) = {
                 let mut theirs = self.worker(other);
                 let Some(share) = theirs.shares.get_mut(&*plan.bucket) else {
@@ -300,7 +323,7 @@ impl Shares {
                 if !share.live(now) || share.unused == 0 {
                     continue;
                 }
-                let units = share.unused.div_ceil(2);
+                let units = share.unused.div_ceil(2).max(needed).min(share.unused);
                 share.unused -= units;
                 (units, (share.window_start_secs, share.ends, share.row_left))
             };
@@ -309,15 +332,29 @@ impl Shares {
                 .shares
                 .entry(plan.bucket.clone())
                 .or_insert_with(|| Share::new(Shape::of(plan), now));
+            let mut aside = None;
             if share.window_start_secs != from.0 {
+                // Units of another window are not this one's: they go back (if their row
+                // still weighs), never admit here.
+                aside = share_of_ended(&plan.bucket, share);
                 share.window_start_secs = from.0;
+                share.unused = 0;
                 share.used = 0;
                 share.since = now;
             }
             share.ends = from.1;
             share.row_left = from.2;
             share.unused += units;
-            return Some(share.take_one(now));
+            let held = share
+                .holds(plan.cost, now)
+                .then(|| share.take(plan.cost, now));
+            drop(mine);
+            if let Some(aside) = aside {
+                self.asked().back.push(aside);
+            }
+            if held.is_some() {
+                return held;
+            }
         }
         None
     }
@@ -373,13 +410,7 @@ impl Shares {
         let mut aside = None;
         if share.window_start_secs != window_start_secs {
             // A new window: the old one's units go back if its row still weighs (sliding).
-            if share.unused > 0 && share.shape.sliding {
-                aside = Some(GiveBack {
-                    bucket: plan.bucket.clone(),
-                    window_start_secs: share.window_start_secs,
-                    unused: share.unused,
-                });
-            }
+            aside = share_of_ended(&plan.bucket, share);
             share.unused = 0;
             share.window_start_secs = window_start_secs;
             share.used = 0;
@@ -391,7 +422,9 @@ impl Shares {
         share.row_left = plan.requests.saturating_sub(grant.count);
         share.last_granted = grant.granted;
         end_grant(share);
-        let held = (share.live(now) && share.unused > 0).then(|| share.take_one(now));
+        let held = share
+            .holds(plan.cost, now)
+            .then(|| share.take(plan.cost, now));
         drop(mine);
         if let Some(aside) = aside {
             self.asked().back.push(aside);
@@ -406,14 +439,15 @@ impl Shares {
         }
     }
 
-    /// A unit taken for a request that another limit then denied goes back to this worker's
+    /// The units taken for a request that another limit then denied go back to this worker's
     /// share (contract §3c: a denied request takes nothing from the others' shares).
     pub fn put_back(&self, worker: usize, plan: &PlannedLimit, held: &Held) {
         let mut mine = self.worker(worker);
         if let Some(share) = mine.shares.get_mut(&*plan.bucket) {
             if share.ends == held.ends {
-                share.unused = share.unused.saturating_add(1);
-                share.used = share.used.saturating_sub(1);
+                let cost = plan.cost.max(1);
+                share.unused = share.unused.saturating_add(cost);
+                share.used = share.used.saturating_sub(u64::from(cost));
                 return;
             }
         }
@@ -540,6 +574,16 @@ pub fn shapes_in(config: &crate::config::Config) -> HashSet<Shape> {
 }
 
 /// The grant is over: whoever waited on it looks again.
+/// What goes back of `share`'s units when it moves to another window: a sliding row still
+/// weighs as the previous window; a fixed one's units are worth nothing once it ended.
+fn share_of_ended(bucket: &Arc<str>, share: &Share) -> Option<GiveBack> {
+    (share.unused > 0 && share.shape.sliding).then(|| GiveBack {
+        bucket: bucket.clone(),
+        window_start_secs: share.window_start_secs,
+        unused: share.unused,
+    })
+}
+
 fn end_grant(share: &mut Share) {
     if let Some(granting) = share.granting.take() {
         granting.send_replace(());
@@ -713,6 +757,49 @@ mod tests {
             next.want >= 12,
             "at least twice the last grant: {}",
             next.want
+        );
+    }
+
+    /// Contract §3d with §3c: a request of `cost` units takes them all from a share or none;
+    /// a share holding fewer asks the store for what it still needs (and other workers'
+    /// units count first), and a request denied by another limit puts all of them back.
+    #[test]
+    fn a_dear_request_takes_all_of_its_units_or_asks_for_what_it_still_needs() {
+        let shares = shares(2);
+        let dear = PlannedLimit {
+            cost: 4,
+            ..limit(9)
+        };
+        let Take::Grant(first) = shares.take(0, &dear) else {
+            panic!("nothing held yet");
+        };
+        assert_eq!((first.need, first.want), (4, 4), "the whole cost, at least");
+        let held = shares
+            .granted(0, &dear, &grant(6, 6), Instant::now())
+            .expect("4 of the 6 units");
+        assert_eq!(shares.worker(0).shares[&dear.bucket].unused, 2);
+        shares.put_back(0, &dear, &held);
+        assert_eq!(
+            shares.worker(0).shares[&dear.bucket].unused,
+            6,
+            "all 4 back"
+        );
+        let Take::Taken(_) = shares.take(0, &dear) else {
+            panic!("6 units hold a request of 4");
+        };
+        // Worker 1 has nothing; worker 0's 2 are not enough to steal a request of 4 from.
+        let Take::Grant(want) = shares.take(1, &dear) else {
+            panic!("2 units do not hold a request of 4");
+        };
+        assert_eq!(want.need, 2, "the stolen 2 count: {want:?}");
+        assert!(shares.worker(0).shares[&dear.bucket].unused < 2);
+        assert!(shares
+            .granted(1, &dear, &grant(0, 1000), Instant::now())
+            .is_none());
+        let cheap = limit(9);
+        assert!(
+            matches!(shares.take(1, &cheap), Take::Taken(_)),
+            "the units a dear request could not use serve a cheap one"
         );
     }
 }

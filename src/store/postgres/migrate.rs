@@ -73,6 +73,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "0006_reserved_shares",
         sql: include_str!("../../../migrations/0006_reserved_shares.sql"),
     },
+    Migration {
+        version: 7,
+        name: "0007_request_cost",
+        sql: include_str!("../../../migrations/0007_request_cost.sql"),
+    },
 ];
 
 /// What happened to the stored key fingerprint.

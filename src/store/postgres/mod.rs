@@ -66,6 +66,7 @@
 //! The connection URL can carry a password, so it is never logged or put in an error.
 //! tokio-postgres' own error messages do not contain it.
 
+mod charge;
 mod direct;
 mod errors;
 mod migrate;
@@ -102,7 +103,8 @@ use self::tls::MakeRustls;
 use super::coalesce::Folded;
 use super::settings::StoreConfig;
 use super::{
-    Counted, GiveBack, Increment, Peeked, ShareGrant, ShareWant, Store, StoreError, StoreFuture,
+    Charge, Counted, GiveBack, Increment, Peeked, ShareGrant, ShareWant, Store, StoreError,
+    StoreFuture,
 };
 use crate::error::Detail;
 
@@ -447,11 +449,11 @@ impl PostgresStore {
         self.health.set(result.is_ok());
     }
 
-    /// Requests decided in this order in ONE statement (see [`Store::increment_each`]). When no
-    /// request has a sliding limit next to another enforced one, every row is counted on its
-    /// own: the rows go to `tollgate_increment` and each request gets its share of them in
-    /// arrival order. Otherwise whether a request is counted in its sliding rows depends on
-    /// its other rows, and `tollgate_decide` walks the requests one by one ([`DECIDE_SQL`]).
+    /// Requests decided in this order in ONE statement (see [`Store::increment_each`]). When
+    /// every row can be counted on its own (no request has a sliding limit next to another
+    /// enforced one, takes several units of a limit, or checks one, see [`Folded::joint`]),
+    /// the rows go to `tollgate_increment` and each request gets its share of them in arrival
+    /// order. Otherwise `tollgate_decide` walks the requests one by one ([`DECIDE_SQL`]).
     async fn run_requests(
         &self,
         requests: &[&[Increment]],
@@ -487,15 +489,17 @@ impl PostgresStore {
         let mut e_req = Vec::with_capacity(entries);
         let mut e_by = Vec::with_capacity(entries);
         let mut e_limit = Vec::with_capacity(entries);
+        let mut e_check = Vec::with_capacity(entries);
         for (req, (request, place)) in requests.iter().zip(&folded.places).enumerate() {
             for (inc, &(row, _)) in request.iter().zip(place) {
                 e_row.push(i32::try_from(row + 1).unwrap_or(i32::MAX));
                 e_req.push(i32::try_from(req + 1).unwrap_or(i32::MAX));
                 e_by.push(i64::from(inc.by));
                 e_limit.push(inc.enforce.map(i64::from));
+                e_check.push(inc.check);
             }
         }
-        let params: [(&(dyn ToSql + Sync), Type); 9] = [
+        let params: [(&(dyn ToSql + Sync), Type); 10] = [
             (&buckets, Type::TEXT_ARRAY),
             (&windows, Type::INT8_ARRAY),
             (&amounts, Type::INT8_ARRAY),
@@ -504,6 +508,7 @@ impl PostgresStore {
             (&e_req, Type::INT4_ARRAY),
             (&e_by, Type::INT8_ARRAY),
             (&e_limit, Type::INT8_ARRAY),
+            (&e_check, Type::BOOL_ARRAY),
             (&self.async_commit, Type::BOOL),
         ];
         let result = self
@@ -674,6 +679,10 @@ impl Store for PostgresStore {
 
     fn give_back<'a>(&'a self, back: &'a [GiveBack]) -> StoreFuture<'a, Vec<u32>> {
         Box::pin(self.run_give_back(back))
+    }
+
+    fn charge<'a>(&'a self, charges: &'a [Charge]) -> StoreFuture<'a, ()> {
+        Box::pin(self.run_charge(charges))
     }
 
     fn peek<'a>(&'a self, batch: &'a [Increment]) -> StoreFuture<'a, Vec<Peeked>> {

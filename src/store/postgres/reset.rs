@@ -97,6 +97,7 @@ impl PostgresStore {
                 by: 0,
                 sliding: None,
                 enforce: None,
+                check: false,
             })
             .collect();
         let (names, windows) = columns(&batch)?;

@@ -1,5 +1,6 @@
 //! Reserved shares in PostgreSQL (contract §3c): the grant and the give-back, each one call of
-//! a function of `migrations/0006_reserved_shares.sql` for any number of buckets
+//! a function of `migrations/0006_reserved_shares.sql` (the grant as `0007_request_cost.sql`
+//! replaced it, with the units a request needs at least) for any number of buckets
 //! (docs/architecture.md, "Reserved shares").
 
 use tokio_postgres::types::{ToSql, Type};
@@ -10,11 +11,11 @@ use super::statements::count_from;
 use super::PostgresStore;
 use crate::store::{GiveBack, ShareGrant, ShareWant, StoreError};
 
-/// Parameters: buckets, window lengths, limits, sliding, wants, live instances, this
+/// Parameters: buckets, window lengths, limits, sliding, wants, needs, live instances, this
 /// instance's id, asynchronous commit. The function's rows come in no particular order: the
 /// join puts them in the order of the buckets asked for.
 const RESERVE_SQL: &str = "SELECT g.granted, g.count, g.previous, g.window_end_ms, g.now_ms \
-     FROM public.tollgate_reserve($1, $2, $3, $4, $5, $6, $7, $8) g \
+     FROM public.tollgate_reserve($1, $2, $3, $4, $5, $6, $7, $8, $9) g \
      JOIN unnest($1::text[]) WITH ORDINALITY AS a(bucket, o) ON a.bucket = g.bucket \
      ORDER BY a.o";
 
@@ -38,14 +39,16 @@ impl PostgresStore {
         let limits: Vec<i64> = wants.iter().map(|w| i64::from(w.requests)).collect();
         let sliding: Vec<bool> = wants.iter().map(|w| w.sliding).collect();
         let asked: Vec<i64> = wants.iter().map(|w| i64::from(w.want.max(1))).collect();
+        let needs: Vec<i64> = wants.iter().map(|w| i64::from(w.need.max(1))).collect();
         let instances = i32::try_from(instances.max(1)).unwrap_or(i32::MAX);
         let me = self.instance_id.as_str();
-        let params: [(&(dyn ToSql + Sync), Type); 8] = [
+        let params: [(&(dyn ToSql + Sync), Type); 9] = [
             (&buckets, Type::TEXT_ARRAY),
             (&windows, Type::INT8_ARRAY),
             (&limits, Type::INT8_ARRAY),
             (&sliding, Type::BOOL_ARRAY),
             (&asked, Type::INT8_ARRAY),
+            (&needs, Type::INT8_ARRAY),
             (&instances, Type::INT4),
             (&me, Type::TEXT),
             (&self.async_commit, Type::BOOL),

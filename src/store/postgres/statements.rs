@@ -6,6 +6,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use tokio_postgres::types::{ToSql, Type};
 
@@ -357,18 +358,19 @@ impl IncrementArgs<'_> {
     }
 }
 
-/// The joint decision (contract §3a with several limits): a call of `public.tollgate_decide`
-/// (`migrations/0005_joint_decision.sql`), for a batch in which some request has a sliding
-/// limit next to another enforced limit. Rows as for [`INCREMENT_SQL`] (`$1`..`$4`, `$3` the
+/// The joint decision: a call of `public.tollgate_decide` (the overload of
+/// `migrations/0007_request_cost.sql`), for a batch in which some request has a sliding limit
+/// next to another enforced limit (contract §3a), takes several units of a limit, or checks a
+/// limit charged after the response (§3d). Rows as for [`INCREMENT_SQL`] (`$1`..`$4`, `$3` the
 /// rows' summed units), then one entry per increment of every request, in arrival order:
 /// `$5 int4[]` its row (1-based), `$6 int4[]` its request (1-based, ascending), `$7 int8[]` its
-/// units, `$8 int8[]` its enforced limit (`NULL`: shadow), `$9 boolean` as `$5` above. The
-/// function walks the requests in order: a request is allowed for the units that every
-/// enforced limit admits, and only those are counted in its sliding rows. Same protocol and
-/// plan caching as [`INCREMENT_SQL`].
+/// units, `$8 int8[]` its enforced limit (`NULL`: shadow), `$9 boolean[]` whether it is a check,
+/// `$10 boolean` as `$5` above. The function walks the requests in order: a request is allowed
+/// when every enforced limit admits all of its units, and only then are they counted in its
+/// walked rows. Same protocol and plan caching as [`INCREMENT_SQL`].
 pub(super) const DECIDE_SQL: &str =
     "SELECT bucket, count, previous, window_end_ms, now_ms, added, fits \
-     FROM public.tollgate_decide($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+     FROM public.tollgate_decide($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
 
 /// The read-only twin of [`INCREMENT_SQL`] for `tollgate explain`: same window arithmetic,
 /// no write, 0 for a bucket without a row. `WITH ORDINALITY` keeps the batch order.
@@ -575,29 +577,37 @@ impl PooledClient {
 /// take: a zero window (division by zero) and a bucket twice (ON CONFLICT cannot update one
 /// row twice in a statement; the trait promises distinct buckets).
 pub(super) fn columns(batch: &[Increment]) -> Result<(Vec<&str>, Vec<i64>), StoreError> {
-    let mut seen = FastSet::with_capacity_and_hasher(batch.len(), Default::default());
-    let mut buckets = Vec::with_capacity(batch.len());
-    let mut windows = Vec::with_capacity(batch.len());
-    for inc in batch {
-        if inc.window_secs == 0 {
+    columns_of(batch.iter().map(|inc| (&inc.bucket, inc.window_secs)))
+}
+
+/// [`columns`] of any rows given as (bucket, window length).
+pub(super) fn columns_of<'a>(
+    rows: impl ExactSizeIterator<Item = (&'a Arc<str>, u32)>,
+) -> Result<(Vec<&'a str>, Vec<i64>), StoreError> {
+    let mut seen = FastSet::with_capacity_and_hasher(rows.len(), Default::default());
+    let mut buckets = Vec::with_capacity(rows.len());
+    let mut windows = Vec::with_capacity(rows.len());
+    for (bucket, window_secs) in rows {
+        if window_secs == 0 {
             return Err(StoreError::Query("a window of 0 seconds".into()));
         }
-        if !seen.insert(&*inc.bucket) {
+        if !seen.insert(&**bucket) {
             return Err(StoreError::Query(
                 "the same bucket twice in one batch".into(),
             ));
         }
-        buckets.push(&*inc.bucket);
-        windows.push(i64::from(inc.window_secs));
+        buckets.push(&**bucket);
+        windows.push(i64::from(window_secs));
     }
     Ok((buckets, windows))
 }
 
-/// Each request's answers from `tollgate_decide`'s rows ([`DECIDE_SQL`]). A fixed row counted
-/// every unit, so a request's count is its position, as for [`Folded::share`]. A sliding row
-/// lists, per entry in arrival order, the units counted and the units its estimate admitted;
-/// its count before the statement is the count after minus everything counted, and an
-/// entry's count is that plus what was counted up to and including it.
+/// Each request's answers from `tollgate_decide`'s rows ([`DECIDE_SQL`]). A plain fixed row
+/// counted every unit, so a request's count is its position, as for [`Folded::share`]. A walked
+/// row (sliding, or fixed with a request of several units or a check) lists, per entry in
+/// arrival order, the units counted and the units its own limit admitted; its count before the
+/// statement is the count after minus everything counted, and an entry's count is that plus
+/// what was counted up to and including it.
 pub(super) fn decided(
     requests: &[&[Increment]],
     folded: &Folded,
@@ -627,7 +637,7 @@ pub(super) fn decided(
             (None, None) => None,
             _ => {
                 return Err(StoreError::Query(
-                    "a sliding row's entries do not match".into(),
+                    "a walked row's entries do not match".into(),
                 ))
             }
         };
@@ -675,11 +685,12 @@ pub(super) fn decided(
                     };
                     let (count, next) = &mut walked[row];
                     let (Some(&a), Some(&f)) = (added.get(*next), fits.get(*next)) else {
-                        return Err(StoreError::Query("a sliding row lacks an entry".into()));
+                        return Err(StoreError::Query("a walked row lacks an entry".into()));
                     };
                     *next += 1;
                     let a = unit(a, inc.by);
-                    *count = count.saturating_add(a);
+                    // A row that saturated counted less than its entries' units.
+                    *count = count.saturating_add(a).min(answer.after.count);
                     Ok(Counted {
                         count: *count,
                         added: a,

@@ -98,6 +98,7 @@ async fn the_increment_future_stays_small() {
         by: 1,
         sliding: None,
         enforce: None,
+        check: false,
     }];
     let requests: [&[Increment]; 1] = [&batch];
     let size = std::mem::size_of_val(&store.run_requests(&requests));
