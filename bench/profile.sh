@@ -11,7 +11,7 @@
 # debug symbols are not installed), to compare what the database does per request between
 # two tollgate builds.
 #
-# Usage: [KNOB=value ...] bench/profile.sh [memory|nolimit|pg-hot|pg-10k]   (default memory)
+# Usage: [KNOB=value ...] bench/profile.sh [memory|nolimit|pg-hot|pg-10k|pg-hot-reserve]   (default memory)
 # Knobs: SECONDS_PROF [8] CONNS [32] WARMUP [2] FREQ [499] BASE_PORT [19300] PIN [1]
 #        WHO [tollgate|postgres]
 #        ACCESS_LOG [0] (1: tollgate at RUST_LOG=info, its access-log lines written to /dev/null,
@@ -40,7 +40,7 @@ OUT=${OUT:-$HERE/results/profile-$MODE-$(date -u +%Y%m%dT%H%M%SZ)}
 UP=$BASE_PORT; TG=$((BASE_PORT + 1)); ADM=$((BASE_PORT + 2))
 DB=tollgate_bench_profile
 
-case $MODE in memory | nolimit | pg-hot | pg-10k) ;; *) echo "unknown mode $MODE" >&2; exit 1 ;; esac
+case $MODE in memory | nolimit | pg-hot | pg-10k | pg-hot-reserve) ;; *) echo "unknown mode $MODE" >&2; exit 1 ;; esac
 case $WHO in tollgate) ;; postgres) [[ $MODE == pg-* ]] || { echo "WHO=postgres needs a pg mode" >&2; exit 1; } ;;
   *) echo "unknown WHO $WHO" >&2; exit 1 ;; esac
 command -v perf >/dev/null || { echo "missing perf (apt-get install -y linux-perf)" >&2; exit 1; }
@@ -73,6 +73,7 @@ wait_200 "http://127.0.0.1:$UP/" 10
   printf '[[routes]]\nname = "bench"\nupstream = "app"\n'
   case $MODE in
     memory | pg-hot) printf '  [[routes.limits]]\n  key = "ip"\n  requests = 2000000000\n  window = "1h"\n' ;;
+    pg-hot-reserve) printf '  [[routes.limits]]\n  key = "ip"\n  requests = 2000000000\n  window = "1h"\n  reserve = true\n' ;;
     pg-10k) printf '  [[routes.limits]]\n  key = "header:authorization"\n  requests = 2000000000\n  window = "1h"\n' ;;
   esac
 } >"$RUN/tollgate.toml"

@@ -26,6 +26,10 @@
 #               decided from shares taken from the database; not in the default MODES:
 #               MODES="memory memory-10k pg-hot pg-10k pg-hot-reserve pg-10k-reserve" gives the
 #               same-run ratios the summary checks against issue 49's targets
+#   pg-hot-cost-header
+#               as pg-hot, the limit charged after the response from the upstream's
+#               `x-ratelimit-cost` field (contract §3d; wrk asks /cost, where the upstream sets it):
+#               a check before forwarding and a charge after the head; not in the default MODES
 #   nolimit-hyper, memory-hyper
 #               nolimit and memory served by hyper's HTTP/1.1 server and client alone
 #               (`tollgate run --http1 hyper`): what tollgate's own HTTP/1.1 code is worth,
@@ -271,7 +275,7 @@ for m in $MODES; do
   case $m in
     nolimit | memory | memory-10k | pg-hot | pg-10k | pg-flood | pg-hot-sliding | pg-10k-sliding | \
       pg-hot-reserve | pg-10k-reserve | pg-hot-reserve-sliding | pg-10k-reserve-sliding | \
-      nolimit-hyper | memory-hyper)
+      pg-hot-cost-header | nolimit-hyper | memory-hyper)
       ORDER+=("tollgate-$m")
       [[ -n $BASE_BIN ]] && ORDER+=("base-$m") ;;
     *) echo "unknown mode $m" >&2; exit 1 ;;
@@ -341,6 +345,7 @@ EOF
       memory | pg-hot) printf '  [[routes.limits]]\n  key = "ip"\n  requests = 2000000000\n  window = "1h"\n' ;;
       memory-10k | pg-10k) printf '  [[routes.limits]]\n  key = "header:authorization"\n  requests = 2000000000\n  window = "1h"\n' ;;
       pg-flood) printf '  [[routes.limits]]\n  key = "ip"\n  requests = 10\n  window = "1h"\n' ;;
+      pg-hot-cost-header) printf '  [[routes.limits]]\n  key = "ip"\n  requests = 2000000000\n  window = "1h"\n  cost_header = "x-ratelimit-cost"\n' ;;
       pg-hot-sliding) printf '  [[routes.limits]]\n  key = "ip"\n  requests = 2000000000\n  window = "1h"\n  algorithm = "sliding"\n' ;;
       pg-10k-sliding) printf '  [[routes.limits]]\n  key = "header:authorization"\n  requests = 2000000000\n  window = "1h"\n  algorithm = "sliding"\n' ;;
     esac
@@ -354,8 +359,10 @@ for t in "${ORDER[@]}"; do
   m=${t#*-}
   if [[ $t == base-* ]]; then BIN[$t]=$BASE_BIN; else BIN[$t]=$TOLLGATE_BIN; fi
   port=$((BASE_PORT + 10 + i)); aport=$((BASE_PORT + 30 + i)); i=$((i + 1))
-  URL[$t]=http://127.0.0.1:$port/
-  [[ $m == *10k* ]] || H2URL[$t]=http://127.0.0.1:$port/
+  # The cost-header mode asks where the upstream reports a cost.
+  path=/; [[ $m == *cost-header* ]] && path=/cost
+  URL[$t]=http://127.0.0.1:$port$path
+  [[ $m == *10k* ]] || H2URL[$t]=http://127.0.0.1:$port$path
   ADMIN[$t]=http://127.0.0.1:$aport
   [[ $m == *10k* ]] && LUA[$t]=$HERE/lua/tokens.lua
   [[ $m == pg-flood ]] && EXPECT_DENY[$t]=1

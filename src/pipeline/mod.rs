@@ -370,20 +370,23 @@ impl Proxy {
         worker: usize,
     ) -> Decided {
         let route = &rt.routes[index];
+        // Whether a limit of the route is charged after the response: read once, and plans
+        // looked at only then (most routes have none).
+        let checks = rt.rules.routes[index].charged_after;
         let mut verdict = self.limiter.decide(worker, plans, outcomes).await;
         let local = matches!(verdict, Verdict::StoreFailed)
             && route.on_store_error == StoreErrorPolicy::Local;
         if local {
             verdict = self.limiter.decide_locally(plans, outcomes).await;
         }
-        self.count_policies(route, plans, outcomes, &verdict, local);
+        self.count_policies(route, plans, outcomes, &verdict, (local, checks));
         let decided = match verdict {
             Verdict::Allow { .. } if local => Decided::Forward(Decision::LocalAllowed),
             Verdict::Allow { shadow_limited } if shadow_limited => {
                 Decided::Forward(Decision::ShadowLimited)
             }
             // Admitted by a check: counted (or not) once the response says (contract §3d).
-            Verdict::Allow { .. } if plans.iter().any(|p| p.charged_after) => {
+            Verdict::Allow { .. } if checks && plans.iter().any(|p| p.charged_after) => {
                 Decided::Forward(Decision::CountedAfter)
             }
             Verdict::Allow { .. } => Decided::Forward(Decision::Allowed),
@@ -583,14 +586,15 @@ impl Proxy {
     /// did), or `counted_after` for a limit charged after the response (contract §3d); when
     /// the store failed, every limit that applied counts the route's decision.
     /// `local`: the verdict is the local fallback's (contract §5b), so its parts are counted as
-    /// `local_allowed` / `local_limited`.
+    /// `local_allowed` / `local_limited`. `checks`: the route has limits charged after the
+    /// response.
     fn count_policies(
         &self,
         route: &CompiledRoute,
         plans: &[PlannedLimit],
         outcomes: &[LimitOutcome],
         verdict: &Verdict,
-        local: bool,
+        (local, checks): (bool, bool),
     ) {
         if let Verdict::StoreFailed = verdict {
             let decision = match route.on_store_error {
@@ -608,9 +612,10 @@ impl Proxy {
         }
         for outcome in outcomes {
             let checked = || {
-                plans
-                    .iter()
-                    .any(|p| p.charged_after && Arc::ptr_eq(&p.policy, &outcome.policy))
+                checks
+                    && plans
+                        .iter()
+                        .any(|p| p.charged_after && Arc::ptr_eq(&p.policy, &outcome.policy))
             };
             let decision = match (outcome.exceeded(), outcome.shadow, local) {
                 (false, _, false) if checked() => Decision::CountedAfter,

@@ -381,3 +381,41 @@ async fn every_http1_path_charges_and_removes_the_cost_field() {
     })
     .await;
 }
+
+/// A store that stops answering between the check and the charge: the response still goes on
+/// (held at most `store.timeout`), and the failure is counted in `tollgate_store_errors_total`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_a_failing_charge_never_holds_the_response_back() {
+    let db = TestDb::new().await;
+    let relay = crate::common::faulty::FaultyTcp::start(db.server_addr(), true).await;
+    let upstream = Upstream::start().await;
+    let store = format!(
+        "url = \"{}\"\ntimeout = \"300ms\"\non_error = \"allow\"",
+        db.url_through(relay.addr)
+    );
+    let text = charged(&store, 10, "count = [\"2xx\"]");
+    let proxy = Arc::new(Proxy::start(config_from(&text, upstream.addr, &[])).await);
+    let client = h1_client();
+    assert_eq!(left(&get(&client, &proxy.url("/status/200")).await), 10);
+    let started = Instant::now();
+    let slow = {
+        let (client, url) = (client.clone(), proxy.url("/slow/400"));
+        tokio::spawn(async move { get(&client, &url).await })
+    };
+    // Checked and forwarded; the store goes away while the upstream takes its time.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    relay.stall();
+    let answer = slow.await.expect("the slow request");
+    let took = started.elapsed();
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
+    assert_eq!(answer.text(), "slow ok");
+    assert!(
+        took < Duration::from_millis(400 + 300 + 400),
+        "held back for {took:?}"
+    );
+    let text = proxy.server().metrics().render();
+    assert!(
+        metric_value(&text, "tollgate_store_errors_total") >= 1.0,
+        "the failed charge was not counted: {text}"
+    );
+}

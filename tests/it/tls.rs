@@ -104,6 +104,17 @@ upstream = "app"
   window = "366d"
 
 [[routes]]
+name = "charged"
+path_prefix = "/cost"
+upstream = "app"
+
+  [[routes.limits]]
+  key = "ip"
+  requests = 10
+  window = "366d"
+  cost_header = "x-ratelimit-cost"
+
+[[routes]]
 name = "rest"
 upstream = "app"
 "#,
@@ -147,6 +158,27 @@ async fn https_is_verified_and_limited_like_plain_http() {
     let plain = get(&h1_client(), &s.proxy.url("/api/x")).await;
     assert_eq!(plain.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(s.upstream.count(), 2);
+}
+
+/// Contract §3d over TLS: the upstream's reported cost is charged and its field removed.
+#[tokio::test]
+async fn https_requests_are_charged_what_the_upstream_reports() {
+    let s = setup().await;
+    let client = https_client(&s.pki);
+    let left = |response: &http::Response<hyper::body::Incoming>| {
+        let field = response.headers().get("ratelimit").expect("RateLimit");
+        crate::common::ratelimit::members(field.to_str().expect("text"))[0].param("r")
+    };
+    let url = |path: &str| format!("https://localhost:{}{path}", s.tls_addr.port());
+    let first = https_get(&client, &url("/cost/4")).await.expect("https");
+    assert_eq!(first.status(), StatusCode::OK);
+    assert!(
+        first.headers().get("x-ratelimit-cost").is_none(),
+        "the field went on"
+    );
+    assert_eq!(left(&first), 10);
+    let second = https_get(&client, &url("/cost/-")).await.expect("https");
+    assert_eq!(left(&second), 6, "4 charged");
 }
 
 #[tokio::test]
