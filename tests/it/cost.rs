@@ -152,20 +152,28 @@ impl<'a> Client<'a> {
     }
 }
 
-/// Route `/heavy` (cost 3) and route `/light` (cost 1) share the bucket `shared:ip` of 10
-/// units (same scope, key, `requests` and `window`).
-fn shared_bucket(store: &str, algorithm_name: &str) -> String {
+/// Route `/heavy` (cost 3) and route `/light` (cost 1) share the bucket `shared:ip` of
+/// `requests` units (same scope, key, `requests` and `window`); both sets of rate-limit fields.
+fn shared_bucket(store: &str, algorithm_name: &str, requests: u32) -> String {
     let algo = algorithm(algorithm_name);
-    let routes = route("heavy", &[limit("shared", "ip", 10, 3, &algo)])
-        + &route("light", &[limit("shared", "ip", 10, 1, &algo)]);
-    limits_config(store, "", &routes)
+    let routes = route("heavy", &[limit("shared", "ip", requests, 3, &algo)])
+        + &route("light", &[limit("shared", "ip", requests, 1, &algo)]);
+    limits_config(store, "rate_limit_headers = \"both\"", &routes)
+}
+
+/// `X-RateLimit-Remaining` of an answer whose route has one limit.
+fn legacy_left(answer: &Answer) -> u64 {
+    answer
+        .header("x-ratelimit-remaining")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no X-RateLimit-Remaining on a {} answer", answer.status))
 }
 
 /// Three requests of cost 3 leave 7, 4, then 1 unit; the fourth does not fit in 1 and is
 /// denied without taking it, so a request of cost 1 on the other route gets that unit.
 async fn leftover_units_serve_a_cheaper_request(store: &str, algorithm_name: &str) {
     let upstream = Upstream::start().await;
-    let mut proxy = start(&shared_bucket(store, algorithm_name), &upstream).await;
+    let mut proxy = start(&shared_bucket(store, algorithm_name, 10), &upstream).await;
     let client = Client::of(&proxy);
     for left in [7, 4, 1] {
         let what = format!("{algorithm_name}: cost 3 with {} units left", left + 3);
@@ -177,12 +185,14 @@ async fn leftover_units_serve_a_cheaper_request(store: &str, algorithm_name: &st
             10,
             "{what}: q is `requests`, not requests / cost"
         );
+        assert_eq!(legacy_left(&answer), left, "{what}: X-RateLimit-Remaining");
     }
     let what = format!("{algorithm_name}: cost 3 with 1 unit left (r stays 1: nothing taken)");
     let denied = client
         .expect("/heavy", None, DENIED, &[("shared:ip", 1)], &what)
         .await;
     assert_eq!(violated(&denied), json!(["shared:ip"]), "{what}");
+    assert_eq!(legacy_left(&denied), 1, "{what}: X-RateLimit-Remaining");
     assert!(
         denied.header("retry-after").is_some(),
         "{what}: Retry-After"
@@ -229,6 +239,34 @@ async fn pg_sliding_leftover_units_serve_a_cheaper_request() {
         [10],
         "one row (no previous window), counting 3 + 3 + 3 + 1 units"
     );
+}
+
+/// Contract §3d says a denied request's units are not added, "on either algorithm", without
+/// excepting cost 1; §3 (written before cost) lets a fixed window count denied requests. After
+/// the bucket is full, one denial of each cost: the row stays at 10.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_fixed_a_denied_request_of_cost_1_adds_nothing() {
+    let db = TestDb::new().await;
+    let upstream = Upstream::start().await;
+    let mut proxy = start(&shared_bucket(&pg(&db), "fixed", 10), &upstream).await;
+    let client = Client::of(&proxy);
+    for (path, n) in [("/heavy", 3), ("/light", 1)] {
+        for _ in 0..n {
+            client.expect(path, None, OK, &[], path).await;
+        }
+    }
+    for path in ["/light", "/heavy"] {
+        let what = format!("{path} on the full bucket");
+        client
+            .expect(path, None, DENIED, &[("shared:ip", 0)], &what)
+            .await;
+        assert_eq!(
+            row_counts(&db, "shared:ip:").await,
+            [10],
+            "after {what}: its units must not be added"
+        );
+    }
+    proxy.shutdown().await;
 }
 
 /// Route `/pair`: `user:x-user` (per `x-user` field) takes 2 of 10 units, `pool:global`
@@ -341,6 +379,85 @@ async fn pg_concurrent_requests_take_exactly_what_fits() {
     }
 }
 
+/// 40 requests of cost 3 and 40 of cost 1, all at once on one bucket of 100 units, spread over
+/// `proxies`: the admitted units never pass 100; a cost-1 request is denied only once all 100
+/// are taken, and otherwise at most 2 are left (too few for cost 3). Answers the admitted
+/// units and the cost-1 requests denied.
+async fn mixed_costs_fill_the_bucket(proxies: &[&Proxy], upstream: &Upstream) -> (usize, usize) {
+    let client = h1_client();
+    let mut tasks = Vec::new();
+    for i in 0..80 {
+        let path = if i % 2 == 0 { "/heavy" } else { "/light" };
+        let url = proxies[i % proxies.len()].url(path);
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            (path, get(&client, &url).await.status)
+        }));
+    }
+    let (mut units, mut light_denied) = (0, 0);
+    for task in tasks {
+        match task.await.expect("request task") {
+            (path, OK) => units += if path == "/heavy" { 3 } else { 1 },
+            (path, DENIED) => light_denied += usize::from(path == "/light"),
+            (path, other) => panic!("{path}: unexpected {other}"),
+        }
+    }
+    let forwarded: usize = upstream
+        .requests()
+        .iter()
+        .map(|r| if r.uri.starts_with("/heavy") { 3 } else { 1 })
+        .sum();
+    assert_eq!(forwarded, units, "units of the forwarded requests");
+    assert!(units <= 100, "{units} units admitted of 100");
+    if light_denied > 0 {
+        assert_eq!(units, 100, "a cost-1 request was denied with units left");
+    } else {
+        assert!(
+            units >= 98,
+            "{units} units admitted: a cost-3 request denied with 3 left"
+        );
+    }
+    (units, light_denied)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_mixed_costs_fill_the_bucket() {
+    for algorithm_name in ["fixed", "sliding"] {
+        let upstream = Upstream::start().await;
+        let mut proxy = start(&shared_bucket(MEMORY, algorithm_name, 100), &upstream).await;
+        let _ = mixed_costs_fill_the_bucket(&[&proxy], &upstream).await;
+        proxy.shutdown().await;
+    }
+}
+
+/// The same over two instances on one database: the row counts exactly the admitted units.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_mixed_costs_fill_the_bucket_across_instances() {
+    for algorithm_name in ["fixed", "sliding"] {
+        let db = TestDb::new().await;
+        let upstream = Upstream::start().await;
+        let text = shared_bucket(&pg(&db), algorithm_name, 100);
+        let mut a = start(&text, &upstream).await;
+        let mut b = start(&text, &upstream).await;
+        let (units, light_denied) = mixed_costs_fill_the_bucket(&[&a, &b], &upstream).await;
+        // Whether a denied cost-1 request adds its unit to a fixed window is
+        // `pg_fixed_a_denied_request_of_cost_1_adds_nothing`'s question; here, none of the
+        // denied cost-3 requests' units may be in the row.
+        let row = row_counts(&db, "shared:ip:").await;
+        let most = if algorithm_name == "fixed" {
+            units + light_denied
+        } else {
+            units
+        };
+        assert!(
+            row.len() == 1 && (units..=most).contains(&(row[0] as usize)),
+            "{algorithm_name}: row {row:?}, {units} units admitted, {light_denied} cost-1 denials"
+        );
+        a.shutdown().await;
+        b.shutdown().await;
+    }
+}
+
 /// Route `/four` takes 4 of `four:ip`'s 20 units per request and `/three` 3 of `three:ip`'s
 /// 20; both limits reserve shares (contract §3c).
 fn reserving(store: &str) -> String {
@@ -352,10 +469,15 @@ fn reserving(store: &str) -> String {
 
 /// With shares, a request of cost N takes N units: requests one after another on one
 /// instance admit exactly floor(20 / N), and `r` (the row's units left plus the instance's
-/// unused ones) falls by N.
-async fn shares_hand_out_units(store: &str) {
+/// unused ones) falls by N. On PostgreSQL the test first waits for the instance to hear
+/// reclaims (`LISTEN`): until then it gives idle shares back, and `r` can miss units that are
+/// on their way back to the row when a slow machine makes a share idle between two requests.
+async fn shares_hand_out_units(store: &str, listens: bool) {
     let upstream = Upstream::start().await;
     let mut proxy = start(&reserving(store), &upstream).await;
+    if listens {
+        proxy.until_hearing_resets(Duration::from_secs(30)).await;
+    }
     let client = Client::of(&proxy);
     for (name, cost, fits) in [("four", 4, 5), ("three", 3, 6)] {
         let path = format!("/{name}");
@@ -376,7 +498,7 @@ async fn shares_hand_out_units(store: &str) {
 /// The memory store decides `reserve` limits in memory (contract §3c): same answers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_reserve_takes_cost_units() {
-    shares_hand_out_units(MEMORY).await;
+    shares_hand_out_units(MEMORY, false).await;
 }
 
 /// On PostgreSQL, once the instance has stopped (its unused units given back), each row
@@ -385,7 +507,7 @@ async fn memory_reserve_takes_cost_units() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pg_reserve_takes_cost_units_and_gives_the_rest_back() {
     let db = TestDb::new().await;
-    shares_hand_out_units(&pg(&db)).await;
+    shares_hand_out_units(&pg(&db), true).await;
     assert_eq!(row_counts(&db, "four:ip:").await, [20], "5 * 4 units");
     assert_eq!(
         row_counts(&db, "three:ip:").await,
@@ -510,7 +632,7 @@ fn says_left(line: &str, n: u32) -> bool {
 async fn pg_explain_shows_units() {
     let db = TestDb::new().await;
     let upstream = Upstream::start().await;
-    let text = shared_bucket(&pg(&db), "fixed");
+    let text = shared_bucket(&pg(&db), "fixed", 10);
     let mut proxy = start(&text, &upstream).await;
     let client = Client::of(&proxy);
     for left in [7, 4, 1] {
