@@ -339,7 +339,7 @@ impl Limiter {
             };
         }
         if let Some(shares) = &self.shares {
-            if plans.iter().any(|p| p.reserve) {
+            if plans.iter().any(|p| p.reserve) && self.shares_usable(shares, worker).await {
                 // Boxed: the reserved path calls this one for the request's other limits.
                 return Box::pin(self.decide_reserved(shares, worker, plans, outcomes)).await;
             }
@@ -415,6 +415,20 @@ impl Limiter {
         let started = Instant::now();
         let answer = self.within_budget(worker, self.store.charge(charges)).await;
         self.settle(attempt, started.elapsed(), answer);
+    }
+
+    /// Whether a `reserve` limit can be decided from shares: once the listener has started
+    /// (waited for within the decision's budget, at start). A request that finds it still
+    /// silent past the budget is decided per request, as without `reserve`.
+    async fn shares_usable(&self, shares: &reserve::Shares, worker: usize) -> bool {
+        if shares.settled() {
+            return true;
+        }
+        let settled = Box::pin(async {
+            shares.until_settled().await;
+            Ok(())
+        });
+        self.within_budget(worker, settled).await.is_ok()
     }
 
     /// A store call under the decision's budget, kept on worker `worker`'s lane.

@@ -23,6 +23,7 @@
 //! [`Folded`] is how a store turns that list into rows and hands each request its share.
 
 use std::collections::{BTreeMap, HashSet};
+use std::future::Future;
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
@@ -231,38 +232,29 @@ async fn dispatch(
                 Err(_) => break,
             }
         }
-        if free > 0 && !charges.is_empty() {
-            if let Some(statement) = ChargeStatement::build(&mut charges, &in_flight) {
-                let buckets: Vec<Arc<str>> = statement.rows.keys().cloned().collect();
-                in_flight.extend(buckets.iter().cloned());
-                free -= 1;
-                on_statement();
-                let inner = inner.clone();
-                let done_tx = done_tx.clone();
-                tokio::spawn(async move {
-                    statement.run(inner).await;
-                    let _ = done_tx.send(buckets);
-                });
+        let mut sent = Sent {
+            in_flight: &mut in_flight,
+            free: &mut free,
+            on_statement: &on_statement,
+            done: &done_tx,
+        };
+        if *sent.free > 0 && !charges.is_empty() {
+            if let Some(statement) = ChargeStatement::build(&mut charges, sent.in_flight) {
+                let buckets = statement.rows.keys().cloned().collect();
+                sent.launch(buckets, statement.run(inner.clone()));
             }
         }
-        if free > 0 && !grants.is_empty() {
-            if let Some(statement) = GrantStatement::build(&mut grants, &in_flight) {
-                let buckets: Vec<Arc<str>> = statement.buckets().cloned().collect();
-                in_flight.extend(buckets.iter().cloned());
-                free -= 1;
-                on_statement();
-                let inner = inner.clone();
-                let done_tx = done_tx.clone();
-                tokio::spawn(async move {
-                    statement.run(inner).await;
-                    let _ = done_tx.send(buckets);
-                });
+        if *sent.free > 0 && !grants.is_empty() {
+            if let Some(statement) = GrantStatement::build(&mut grants, sent.in_flight) {
+                let buckets = statement.buckets().cloned().collect();
+                sent.launch(buckets, statement.run(inner.clone()));
             }
         }
-        while free > 0 && !pending.is_empty() {
+        while *sent.free > 0 && !pending.is_empty() {
             // The jobs whose buckets are free move out in order and the others keep their
             // places; both vectors keep their allocations from round to round (a new vector
             // per round, grown one push at a time, cost several allocations per statement).
+            let in_flight = &*sent.in_flight;
             let in_use =
                 |job: &mut Job| job.increments.iter().any(|i| in_flight.contains(&i.bucket));
             ready.extend(pending.extract_if(.., |job| !in_use(job)));
@@ -276,17 +268,34 @@ async fn dispatch(
             if statement.jobs.is_empty() {
                 continue;
             }
-            let buckets: Vec<Arc<str>> = statement.rows.keys().cloned().collect();
-            in_flight.extend(buckets.iter().cloned());
-            free -= 1;
-            on_statement();
-            let inner = inner.clone();
-            let done_tx = done_tx.clone();
-            tokio::spawn(async move {
-                statement.run(inner).await;
-                let _ = done_tx.send(buckets);
-            });
+            let buckets = statement.rows.keys().cloned().collect();
+            sent.launch(buckets, statement.run(inner.clone()));
         }
+    }
+}
+
+/// What the dispatcher keeps of the statements under way.
+struct Sent<'a> {
+    /// Buckets of statements under way: no second statement of a bucket leaves meanwhile.
+    in_flight: &'a mut HashSet<Arc<str>, foldhash::fast::RandomState>,
+    /// Statements that may still leave (pool connections not in use).
+    free: &'a mut usize,
+    on_statement: &'a OnStatement,
+    /// Where a finished statement hands its buckets back.
+    done: &'a mpsc::UnboundedSender<Vec<Arc<str>>>,
+}
+
+impl Sent<'_> {
+    /// Sends one statement (`run`), whose `buckets` stay in flight until it returns.
+    fn launch(&mut self, buckets: Vec<Arc<str>>, run: impl Future<Output = ()> + Send + 'static) {
+        self.in_flight.extend(buckets.iter().cloned());
+        *self.free -= 1;
+        (self.on_statement)();
+        let done = self.done.clone();
+        tokio::spawn(async move {
+            run.await;
+            let _ = done.send(buckets);
+        });
     }
 }
 

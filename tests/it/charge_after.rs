@@ -17,6 +17,12 @@ use crate::limits::metric_value;
 /// A route `/` limited by `ip` to `requests` per window with `extra` (the limit's `count`,
 /// `cost_header`, `cost`), on `store`.
 fn charged(store: &str, requests: u32, extra: &str) -> String {
+    charged_with(store, "", requests, extra)
+}
+
+/// [`charged`] with `server` lines (`workers = 1`: every request on the test's own thread, whose
+/// log the test captures).
+fn charged_with(store: &str, server: &str, requests: u32, extra: &str) -> String {
     let route = format!(
         r#"
 [[routes]]
@@ -31,7 +37,7 @@ upstream = "app"
   {extra}
 "#
     );
-    limits_config(store, "", &route)
+    limits_config(store, server, &route)
 }
 
 /// `r` of the `RateLimit` field: the units left before this request's charge.
@@ -160,7 +166,8 @@ async fn pg_counts_a_class_and_never_its_own_answers() {
 /// a value above `requests` charges `requests`.
 async fn the_upstream_reports_the_cost(store: &str) {
     let upstream = Upstream::start().await;
-    let text = charged(store, 100, "cost_header = \"x-ratelimit-cost\"\n  cost = 2");
+    let extra = "cost_header = \"x-ratelimit-cost\"\n  cost = 2";
+    let text = charged_with(store, "workers = 1", 100, extra);
     let proxy = Proxy::start(config_from(&text, upstream.addr, &[])).await;
     let client = h1_client();
     let (log, _guard) = CapturedLog::warnings();

@@ -24,6 +24,19 @@ fn compose_file_is_valid_and_complete() {
             "service {name} has no health check"
         );
     }
+    // The database keeps its data in a named volume: `docker compose down` must not lose
+    // every counter and the key fingerprint without a word (only `down -v` drops them).
+    let data: Vec<&str> = services["postgres"]["volumes"]
+        .as_sequence()
+        .expect("postgres volumes")
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect();
+    assert_eq!(data, ["pgdata:/var/lib/postgresql/data"]);
+    assert!(
+        doc["volumes"].get("pgdata").is_some(),
+        "the named volume is declared"
+    );
     for replica in ["tollgate-a", "tollgate-b"] {
         let service = &services[replica];
         assert_eq!(service["build"], ".", "{replica} builds the Dockerfile");

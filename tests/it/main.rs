@@ -19,6 +19,7 @@ mod cost;
 mod denial_members;
 mod direct_upstream;
 mod failover;
+mod grafana;
 mod grpc;
 mod h1_wire;
 mod h1_wire_fields;

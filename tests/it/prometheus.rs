@@ -35,7 +35,7 @@ fn promtool() -> String {
 }
 
 /// promtool's exit status, stdout and stderr, with `stdin` fed to it.
-fn run_promtool(args: &[&str], stdin: &str) -> (bool, String, String) {
+pub(crate) fn run_promtool(args: &[&str], stdin: &str) -> (bool, String, String) {
     let mut child = Command::new(promtool())
         .args(args)
         .stdin(Stdio::piped())
@@ -57,7 +57,7 @@ fn run_promtool(args: &[&str], stdin: &str) -> (bool, String, String) {
     )
 }
 
-async fn scrape(admin: SocketAddr, accept: Option<&str>) -> Answer {
+pub(crate) async fn scrape(admin: SocketAddr, accept: Option<&str>) -> Answer {
     let mut req = Request::get(format!("http://{admin}/metrics"));
     if let Some(accept) = accept {
         req = req.header("accept", accept);
@@ -75,7 +75,7 @@ fn sample(text: &str, series: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
 
-fn temp_dir(name: &str) -> PathBuf {
+pub(crate) fn temp_dir(name: &str) -> PathBuf {
     let dir =
         std::env::temp_dir().join(format!("tollgate-prometheus-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);

@@ -316,7 +316,8 @@ mod tests {
     use crate::metrics::Metrics;
     use crate::store::{Clock, Increment, Peeked, Store, StoreFuture};
 
-    /// A store that grants `units` of every bucket after `delay`, and counts its grants.
+    /// A store that grants `units` of every bucket after `delay`, and counts its grants; an
+    /// increment answers a count of 1.
     struct SlowGrants {
         delay: Duration,
         units: u32,
@@ -324,8 +325,17 @@ mod tests {
     }
 
     impl Store for SlowGrants {
-        fn increment<'a>(&'a self, _: &'a [Increment]) -> StoreFuture<'a, Vec<Counted>> {
-            Box::pin(async { Err(StoreError::Query("not used".into())) })
+        fn increment<'a>(&'a self, batch: &'a [Increment]) -> StoreFuture<'a, Vec<Counted>> {
+            let now_ms = crate::store::unix_now_ms();
+            let counted = Counted {
+                count: 1,
+                window_end_ms: (now_ms / 3_600_000 + 1) * 3_600_000,
+                now_ms,
+                added: 1,
+                previous: 0,
+                fits: 1,
+            };
+            Box::pin(async move { Ok(vec![counted; batch.len()]) })
         }
         fn peek<'a>(&'a self, _: &'a [Increment]) -> StoreFuture<'a, Vec<Peeked>> {
             Box::pin(async { Err(StoreError::Query("not used".into())) })
@@ -366,13 +376,71 @@ mod tests {
     }
 
     fn limiter(store: Arc<SlowGrants>) -> Limiter {
+        let limiter = unsettled(store, Duration::from_secs(5));
+        // The listener has started: shares are taken.
+        if let Some(shares) = limiter.shares() {
+            shares.on_event(crate::store::ResetEvent::Hearing(true));
+        }
+        limiter
+    }
+
+    /// A limiter whose listener has not said anything yet, deciding within `timeout`.
+    fn unsettled(store: Arc<SlowGrants>, timeout: Duration) -> Limiter {
         let metrics = Arc::new(Metrics::new());
         let shares = Arc::new(Shares::new(
             1,
             Arc::new(Instances::new(Default::default())),
             metrics.reserved_units.clone(),
         ));
-        Limiter::new(store, Duration::from_secs(5), 1, metrics, Clock::system()).with_shares(shares)
+        Limiter::new(store, timeout, 1, metrics, Clock::system()).with_shares(shares)
+    }
+
+    /// No share is taken before the listener has started: its start sets aside every share
+    /// held, and units set aside wait for the next tick, neither usable nor back in the row (a
+    /// flood right after start was denied early on one instance with budget left). A request
+    /// waits for the listener within its budget, then takes a share; past the budget it is
+    /// counted per request.
+    #[tokio::test]
+    async fn no_share_is_taken_before_the_listener_has_started() {
+        let store = Arc::new(SlowGrants {
+            delay: Duration::ZERO,
+            units: 10,
+            calls: AtomicUsize::new(0),
+        });
+        let plans = [PlannedLimit {
+            reserve: true,
+            ..plan("k:ip", 1000, 3600, false)
+        }];
+        let mut outcomes = Outcomes::new();
+        let waiting = unsettled(store.clone(), Duration::from_secs(5));
+        let shares = waiting.shares().expect("shares");
+        let listener = async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert_eq!(
+                store.calls.load(Ordering::SeqCst),
+                0,
+                "a share before the listener"
+            );
+            shares.on_event(crate::store::ResetEvent::Missed);
+        };
+        let (verdict, ()) = tokio::join!(waiting.decide(0, &plans, &mut outcomes), listener);
+        assert!(matches!(verdict, Verdict::Allow { .. }), "{verdict:?}");
+        assert_eq!(
+            store.calls.load(Ordering::SeqCst),
+            1,
+            "a share once it listens"
+        );
+        let silent = unsettled(store.clone(), Duration::from_millis(50));
+        let verdict = silent.decide(0, &plans, &mut outcomes).await;
+        assert!(
+            matches!(verdict, Verdict::Allow { .. }),
+            "counted per request: {verdict:?}"
+        );
+        assert_eq!(
+            store.calls.load(Ordering::SeqCst),
+            1,
+            "no share from a silent listener"
+        );
     }
 
     /// A request cancelled while its grant is under way (its client went away) leaves neither

@@ -204,6 +204,11 @@ pub struct Shares {
     /// Whether this instance hears other instances' reclaim requests (`LISTEN` works). Until
     /// the listener says so, shares go back when idle, as without it.
     hearing: AtomicBool,
+    /// Whether the listener has said anything yet (started listening, or found it cannot).
+    /// Until then no share is taken: its start sets aside every share held (a reset may have
+    /// been missed), and units set aside are neither usable nor back in the row until the
+    /// next tick, which would deny early with budget left (one instance must be exact).
+    settled: watch::Sender<bool>,
     asked: Mutex<Asked>,
     reserved_units: Gauge,
 }
@@ -225,6 +230,7 @@ impl Shares {
                 .collect(),
             instances,
             hearing: AtomicBool::new(false),
+            settled: watch::Sender::new(false),
             asked: Mutex::new(Asked::default()),
             reserved_units,
         }
@@ -238,6 +244,18 @@ impl Shares {
 
     fn asked(&self) -> MutexGuard<'_, Asked> {
         self.asked.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether shares may be taken: the listener has started (see [`Shares::on_event`]).
+    pub fn settled(&self) -> bool {
+        *self.settled.borrow()
+    }
+
+    /// Waits until shares may be taken (at start: until the listener's first word).
+    pub async fn until_settled(&self) {
+        let mut settled = self.settled.subscribe();
+        // The sender lives as long as `self`: `wait_for` fails only once it is gone.
+        let _ = settled.wait_for(|settled| *settled).await;
     }
 
     /// Live instances, as the registry last said: what share sizes divide by.
@@ -470,8 +488,14 @@ impl Shares {
             ResetEvent::Reclaim(bucket) => self.set_aside_where(|b, _| &**b == bucket),
             ResetEvent::Returned(_) => {}
             // A reset or a reclaim may have been missed: nothing held is sure to be wanted.
-            ResetEvent::Missed => self.set_aside_where(|_, _| true),
-            ResetEvent::Hearing(hearing) => self.hearing.store(hearing, Ordering::Release),
+            ResetEvent::Missed => {
+                self.set_aside_where(|_, _| true);
+                self.settled.send_replace(true);
+            }
+            ResetEvent::Hearing(hearing) => {
+                self.hearing.store(hearing, Ordering::Release);
+                self.settled.send_replace(true);
+            }
         }
     }
 
