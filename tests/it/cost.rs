@@ -464,7 +464,8 @@ fn reserving(store: &str) -> String {
     let reserve = "  reserve = true";
     let routes = route("four", &[limit("four", "ip", 20, 4, reserve)])
         + &route("three", &[limit("three", "ip", 20, 3, reserve)]);
-    limits_config(store, "", &routes)
+    // One worker: shares are per worker, and `r` across workers is the next test's matter.
+    limits_config(store, "workers = 1", &routes)
 }
 
 /// With shares, a request of cost N takes N units: requests one after another on one
@@ -514,6 +515,52 @@ async fn pg_reserve_takes_cost_units_and_gives_the_rest_back() {
         [18],
         "6 * 3 units, after the give-back at shutdown"
     );
+}
+
+/// Contract §3c: `r` is what the row leaves plus the unused units of this *instance*, however
+/// its workers share them out. One instance with two workers, a reserving limit of 60 units
+/// at cost 2, requests one after another over 8 connections in turn (each connection stays
+/// on the worker that accepted it, so both workers serve some): every answer's `r` is exactly
+/// 60 minus the units admitted so far. (A correct instance gives these figures whatever the
+/// workers' shares; one that reports a worker's own share can only be caught when the
+/// connections land on both workers, which 8 connections make all but certain.)
+async fn r_counts_every_workers_units(store: &str, listens: bool) {
+    let upstream = Upstream::start().await;
+    let limits = [limit("spread", "ip", 60, 2, "  reserve = true")];
+    let text = limits_config(store, "workers = 2", &route("spread", &limits));
+    let mut proxy = start(&text, &upstream).await;
+    if listens {
+        proxy.until_hearing_resets(Duration::from_secs(30)).await;
+    }
+    let clients: Vec<Client> = (0..8).map(|_| Client::of(&proxy)).collect();
+    let mut seen = Vec::new();
+    for n in 1..=31u64 {
+        let answer = clients[n as usize % clients.len()]
+            .get("/spread", None)
+            .await;
+        let r = param_of(&answer, "ratelimit", "spread:ip", "r");
+        seen.push((n, answer.status.as_u16(), r));
+    }
+    let want: Vec<(u64, u16, u64)> = (1..=31u64)
+        .map(|n| (n, if n <= 30 { 200 } else { 429 }, 60 - 2 * n.min(30)))
+        .collect();
+    assert_eq!(
+        seen, want,
+        "(request, status, r) of 31 requests of cost 2 on 60 units"
+    );
+    proxy.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_reserve_r_counts_every_workers_units() {
+    r_counts_every_workers_units(MEMORY, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_reserve_r_counts_every_workers_units() {
+    let db = TestDb::new().await;
+    r_counts_every_workers_units(&pg(&db), true).await;
+    assert_eq!(row_counts(&db, "spread:ip:").await, [60], "30 * 2 units");
 }
 
 /// Writes `text` to a configuration file of this test's own.
