@@ -241,34 +241,6 @@ async fn pg_sliding_leftover_units_serve_a_cheaper_request() {
     );
 }
 
-/// Contract §3d says a denied request's units are not added, "on either algorithm", without
-/// excepting cost 1; §3 (written before cost) lets a fixed window count denied requests. After
-/// the bucket is full, one denial of each cost: the row stays at 10.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pg_fixed_a_denied_request_of_cost_1_adds_nothing() {
-    let db = TestDb::new().await;
-    let upstream = Upstream::start().await;
-    let mut proxy = start(&shared_bucket(&pg(&db), "fixed", 10), &upstream).await;
-    let client = Client::of(&proxy);
-    for (path, n) in [("/heavy", 3), ("/light", 1)] {
-        for _ in 0..n {
-            client.expect(path, None, OK, &[], path).await;
-        }
-    }
-    for path in ["/light", "/heavy"] {
-        let what = format!("{path} on the full bucket");
-        client
-            .expect(path, None, DENIED, &[("shared:ip", 0)], &what)
-            .await;
-        assert_eq!(
-            row_counts(&db, "shared:ip:").await,
-            [10],
-            "after {what}: its units must not be added"
-        );
-    }
-    proxy.shutdown().await;
-}
-
 /// Route `/pair`: `user:x-user` (per `x-user` field) takes 2 of 10 units, `pool:global`
 /// takes 5 of 40. Route `/user` has only `user:x-user`, at cost 1.
 fn two_limits(store: &str) -> String {
