@@ -136,9 +136,14 @@ impl Denial {
             // A cached sliding denial: `t` is still the end of the window; `Retry-After`
             // is the moment the entry ends.
             Some(k) => {
+                let len_ms = i64::from(plan.window_secs) * 1000;
                 let sliding = plan.sliding.then(|| SlidingOutcome {
                     admitted: false,
-                    weighted_previous: 0.0,
+                    weighted_previous: weighted_previous(
+                        k.previous,
+                        k.window_end_ms - now_ms,
+                        len_ms,
+                    ),
                     retry_secs: seconds_until(now_ms, k.until_ms),
                 });
                 (k.count, sliding)

@@ -157,10 +157,12 @@ impl LimitOutcome {
         }
     }
 
-    /// `r`: for a sliding limit `floor(requests - estimate)`, at least 0 (contract §3a).
+    /// `r`, in units: for a sliding limit `floor(requests - estimate)`, at least 0 (contract
+    /// §3a), admitted or not (a request denied for want of its `cost` units leaves the units
+    /// that are left, contract §3d).
     pub fn remaining(&self) -> u32 {
         match &self.sliding {
-            Some(s) if s.admitted => {
+            Some(s) => {
                 let left = f64::from(self.requests) - s.weighted_previous - f64::from(self.count);
                 if left <= 0.0 {
                     0
@@ -168,7 +170,6 @@ impl LimitOutcome {
                     left.floor().min(f64::from(self.requests)) as u32
                 }
             }
-            Some(_) => 0,
             None => self.requests.saturating_sub(self.count),
         }
     }
