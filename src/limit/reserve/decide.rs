@@ -85,6 +85,12 @@ impl Limiter {
             self.put_back(shares, worker, plans, &slots);
             return Verdict::StoreFailed;
         }
+        // `r` is the instance's, not this worker's (contract §3c).
+        for (plan, slot) in plans.iter().zip(slots.iter_mut()) {
+            if let Slot::Held(held) = slot {
+                held.left = shares.instance_left(worker, plan, held);
+            }
+        }
         let verdict = self.decide_the_rest(worker, plans, &slots, outcomes).await;
         if !matches!(verdict, Verdict::Allow { .. }) {
             self.put_back(shares, worker, plans, &slots);

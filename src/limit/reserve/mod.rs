@@ -137,7 +137,9 @@ impl Share {
     fn held(&self) -> Held {
         Held {
             left: self.row_left.saturating_add(self.unused),
+            unused: self.unused,
             ends: self.ends,
+            window_start_secs: self.window_start_secs,
         }
     }
 
@@ -170,10 +172,15 @@ impl Share {
 /// A unit taken from a share: what the request's rate-limit fields say of the limit.
 #[derive(Debug, Clone, Copy)]
 pub struct Held {
-    /// What the row leaves plus this worker's unused units (`r`, contract §3c).
+    /// What the row leaves plus this worker's unused units ([`Shares::instance_left`] makes
+    /// it the instance's, `r` of contract §3c).
     pub left: u32,
+    /// This worker's unused units of the share, after the request took its own.
+    pub unused: u32,
     /// When the share's window ends.
     pub ends: Instant,
+    /// The share's window (unix seconds, the store's clock).
+    pub window_start_secs: i64,
 }
 
 /// What [`Shares::take`] found.
@@ -244,6 +251,28 @@ impl Shares {
 
     fn asked(&self) -> MutexGuard<'_, Asked> {
         self.asked.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `r` of `held` (taken on `worker`) for the whole instance, as contract §3c has it: what
+    /// the row leaves plus the unused units of every worker's share of the bucket in the same
+    /// window. The row's figure is the least any of those shares last heard from the store
+    /// (the row only fills within a window, so the least is the freshest).
+    pub fn instance_left(&self, worker: usize, plan: &PlannedLimit, held: &Held) -> u32 {
+        let count = self.workers.len();
+        let mut row_left = u64::from(held.left.saturating_sub(held.unused));
+        let mut unused = u64::from(held.unused);
+        for other in (1..count).map(|k| (worker + k) % count) {
+            let theirs = self.worker(other);
+            let Some(share) = theirs.shares.get(&*plan.bucket) else {
+                continue;
+            };
+            if share.window_start_secs == held.window_start_secs {
+                unused += u64::from(share.unused);
+                row_left = row_left.min(u64::from(share.row_left));
+            }
+        }
+        let left = row_left.saturating_add(unused);
+        u32::try_from(left).unwrap_or(u32::MAX).min(plan.requests)
     }
 
     /// Whether shares may be taken: the listener has started (see [`Shares::on_event`]).
