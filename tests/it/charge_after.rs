@@ -3,7 +3,6 @@
 //! upstream's response head arrived (before the body ends), tollgate's own answers never
 //! charged, the cost field removed before the client, and the `counted_after` decision.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
@@ -62,10 +61,10 @@ async fn row_count(db: &TestDb) -> i32 {
 /// `count = [401, 403]`: responses the upstream answers 200 are never counted, so the limit
 /// never fills; 401s are, so exactly `requests` reach the client, then 429 without reaching
 /// the upstream.
-async fn only_listed_statuses_count(store: &str) -> Arc<Proxy> {
+async fn only_listed_statuses_count(store: &str) {
     let upstream = Upstream::start().await;
     let text = charged(store, 3, "count = [401, 403]");
-    let proxy = Arc::new(Proxy::start(config_from(&text, upstream.addr, &[])).await);
+    let proxy = Proxy::start(config_from(&text, upstream.addr, &[])).await;
     let client = h1_client();
     for _ in 0..6 {
         let answer = get(&client, &proxy.url("/status/200")).await;
@@ -86,7 +85,6 @@ async fn only_listed_statuses_count(store: &str) -> Arc<Proxy> {
     let text = proxy.server().metrics().render();
     let counted = "tollgate_decisions_total{route=\"login\",decision=\"counted_after\"}";
     assert_eq!(metric_value(&text, counted), 9.0, "{text}");
-    proxy
 }
 
 #[tokio::test]
@@ -224,7 +222,7 @@ async fn pg_charges_what_the_upstream_reports() {
 async fn charged_when_the_head_arrives(store: &str) {
     let upstream = Upstream::start().await;
     let text = charged(store, 50, "cost_header = \"x-ratelimit-cost\"");
-    let proxy = Arc::new(Proxy::start(config_from(&text, upstream.addr, &[])).await);
+    let proxy = Proxy::start(config_from(&text, upstream.addr, &[])).await;
     let client = h2c_client();
     let slow = {
         let (client, url) = (client.clone(), proxy.url("/cost-slow/7"));
@@ -268,7 +266,7 @@ async fn pg_charges_an_h2_stream_when_its_head_arrives() {
 async fn in_flight_requests_bound_what_gets_through(store: &str) -> usize {
     let upstream = Upstream::start().await;
     let text = charged(store, 10, "count = [401]");
-    let proxy = Arc::new(Proxy::start(config_from(&text, upstream.addr, &[])).await);
+    let proxy = Proxy::start(config_from(&text, upstream.addr, &[])).await;
     let client = h1_client();
     let mut tasks = Vec::new();
     for _ in 0..32 {
@@ -401,7 +399,7 @@ async fn pg_a_failing_charge_never_holds_the_response_back() {
         db.url_through(relay.addr)
     );
     let text = charged(&store, 10, "count = [\"2xx\"]");
-    let proxy = Arc::new(Proxy::start(config_from(&text, upstream.addr, &[])).await);
+    let proxy = Proxy::start(config_from(&text, upstream.addr, &[])).await;
     let client = h1_client();
     assert_eq!(left(&get(&client, &proxy.url("/status/200")).await), 10);
     let started = Instant::now();
