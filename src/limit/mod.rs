@@ -101,8 +101,8 @@ pub struct LimitOutcome {
     pub count: u32,
     /// The units this request takes (`cost`, contract §3d).
     pub cost: u32,
-    /// Whether this request's units are in `count`: always for a fixed window of cost 1 (its
-    /// count may include denied requests, contract §3); otherwise only when it was allowed.
+    /// Whether this request's units are in `count`: only when it was allowed (a denied
+    /// request's units are not added, on either algorithm, contract §3d).
     pub added: bool,
     /// Whole seconds until this window ends (at least 1).
     pub reset_secs: u64,

@@ -78,6 +78,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "0007_request_cost",
         sql: include_str!("../../../migrations/0007_request_cost.sql"),
     },
+    Migration {
+        version: 8,
+        name: "0008_denied_adds_nothing",
+        sql: include_str!("../../../migrations/0008_denied_adds_nothing.sql"),
+    },
 ];
 
 /// What happened to the stored key fingerprint.
