@@ -56,3 +56,4 @@ mod store;
 mod store_failures;
 mod tls;
 mod upgrades;
+mod usage;
