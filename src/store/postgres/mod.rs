@@ -559,9 +559,10 @@ impl PostgresStore {
                 for row in &rows {
                     let bucket: &str = row.try_get(0).map_err(query_error)?;
                     // The plain upsert answers `bucket, count, window_end_ms, now_ms` (a fixed
-                    // window: every unit counted); the plain sliding statement has `previous`
-                    // after `count` (the rows it answers for are counted whole); the function
-                    // has `added` (NULL: every unit counted) and `previous` in between.
+                    // row's first LEAST(amount, cap) units counted); the plain sliding
+                    // statement has `previous` after `count` (the rows it answers for are
+                    // counted whole); the function has `added` (NULL: as the plain upsert)
+                    // and `previous` in between.
                     let (added, previous, end) = match row.len() {
                         4 => (None, 0, 2),
                         5 => (None, count_from(row.try_get(2).map_err(query_error)?)?, 3),
@@ -588,7 +589,11 @@ impl PostgresStore {
                                     "the increment returned no row for a bucket".into(),
                                 )
                             })?;
-                        let added = added.map_or(inc.by, |a| {
+                        // NULL: the upsert counted the row's first LEAST(amount, cap) units.
+                        let whole = fixed_cap(inc).map_or(inc.by, |cap| {
+                            u32::try_from(cap.clamp(0, i64::from(inc.by))).unwrap_or(0)
+                        });
+                        let added = added.map_or(whole, |a| {
                             u32::try_from(a.clamp(0, i64::from(inc.by))).unwrap_or(0)
                         });
                         Ok(Counted {
