@@ -9,6 +9,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri};
 
 use crate::config::{self, Config, KeyPart, LimitConfig};
 use crate::key::BucketHasher;
+use crate::limit::overrides::Overrides;
 use crate::limit::{PlannedLimit, Plans};
 use crate::pipeline::plan::{self, Rules};
 use crate::store::postgres::{self, InitError, PostgresStore};
@@ -49,6 +50,16 @@ pub fn command_request(
     let Ok(uri) = url.parse::<Uri>() else {
         return Err("URL does not parse".to_string());
     };
+    Ok(CommandRequest {
+        method,
+        uri,
+        headers: command_headers(header_args)?,
+    })
+}
+
+/// The `--header 'Name: value'` arguments of a command (`explain`, `reset`, `override`), as
+/// a request would carry them: a repeated name is kept twice.
+pub fn command_headers(header_args: &[String]) -> Result<HeaderMap, String> {
     let mut headers = HeaderMap::new();
     for arg in header_args {
         let Some((name, value)) = arg.split_once(':') else {
@@ -62,11 +73,7 @@ pub fn command_request(
         };
         headers.append(name, value);
     }
-    Ok(CommandRequest {
-        method,
-        uri,
-        headers,
-    })
+    Ok(headers)
 }
 
 /// The one-off commands' budget for a call to the store beyond making its connection: the
@@ -187,9 +194,12 @@ pub fn plan_and_say_route(
         .body(String::new())
         .map_err(|e| usage_error(command, &e.to_string()))?;
     *req.headers_mut() = request.headers.clone();
+    // The file's limits as they stand: overrides are the database's (contract §3e).
+    let overrides = Overrides::default();
     let asker = plan::Asker {
         peer: ip,
         ip_buckets: None,
+        overrides: &overrides,
     };
     let mut limits = Plans::new();
     let plan = match plan::plan(&rules, hasher, &mut req, asker, &mut limits) {

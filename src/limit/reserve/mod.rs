@@ -297,6 +297,18 @@ impl Shares {
     /// grant under way or sends one.
     pub fn take(&self, worker: usize, plan: &PlannedLimit) -> Take {
         let now = Instant::now();
+        let stale = {
+            let mine = self.worker(worker);
+            let share = mine.shares.get(&*plan.bucket);
+            share.is_some_and(|share| share.shape.requests != plan.requests)
+        };
+        if stale {
+            // An override of the bucket was set, removed or ended (contract §3e): units
+            // granted under the old `requests` must not admit under the new one.
+            self.set_aside_where(|b, share| {
+                **b == *plan.bucket && share.shape.requests != plan.requests
+            });
+        }
         {
             let mut mine = self.worker(worker);
             if let Some(share) = mine.shares.get_mut(&*plan.bucket) {
@@ -367,7 +379,7 @@ impl Shares {
                 let Some(share) = theirs.shares.get_mut(&*plan.bucket) else {
                     continue;
                 };
-                if !share.live(now) || share.unused == 0 {
+                if !share.live(now) || share.unused == 0 || share.shape.requests != plan.requests {
                     continue;
                 }
                 let units = share.unused.div_ceil(2).max(needed).min(share.unused);
