@@ -385,7 +385,7 @@ async fn migrate_through(mode: PoolMode) {
         first.status.success(),
         "migrate through {mode:?} pgbouncer: {out}"
     );
-    assert!(out.contains("applied 7 migration(s)"), "{out}");
+    assert!(out.contains("applied 8 migration(s)"), "{out}");
     let second = migrate();
     let out = String::from_utf8_lossy(&second.stdout).into_owned();
     assert!(second.status.success(), "{out}");

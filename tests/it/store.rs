@@ -290,7 +290,8 @@ async fn pg_concurrent_initialize_applies_each_migration_once() {
             (4, "0004_instances".to_owned()),
             (5, "0005_joint_decision".to_owned()),
             (6, "0006_reserved_shares".to_owned()),
-            (7, "0007_request_cost".to_owned())
+            (7, "0007_request_cost".to_owned()),
+            (9, "0009_overrides".to_owned())
         ]
     );
     // The seed's schema, in schema public.
@@ -320,7 +321,8 @@ async fn pg_migrate_twice_applies_nothing_the_second_time() {
             "0004_instances",
             "0005_joint_decision",
             "0006_reserved_shares",
-            "0007_request_cost"
+            "0007_request_cost",
+            "0009_overrides"
         ]
     );
     assert_eq!(first.fingerprint, FingerprintChange::Written);

@@ -78,6 +78,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "0007_request_cost",
         sql: include_str!("../../../migrations/0007_request_cost.sql"),
     },
+    Migration {
+        version: 9,
+        name: "0009_overrides",
+        sql: include_str!("../../../migrations/0009_overrides.sql"),
+    },
 ];
 
 /// What happened to the stored key fingerprint.
