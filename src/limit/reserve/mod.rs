@@ -527,7 +527,8 @@ impl Shares {
             // What this instance holds of the bucket now goes back at the next tick; units
             // granted after the ask are not what it asked for.
             ResetEvent::Reclaim(bucket) => self.set_aside_where(|b, _| &**b == bucket),
-            ResetEvent::Returned(_) => {}
+            // A share taken under other `requests` goes back at its next use (`take`).
+            ResetEvent::Returned(_) | ResetEvent::Overrides => {}
             // A reset or a reclaim may have been missed: nothing held is sure to be wanted.
             ResetEvent::Missed => {
                 self.set_aside_where(|_, _| true);
