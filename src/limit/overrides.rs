@@ -45,7 +45,8 @@ pub struct Overrides {
 }
 
 impl Overrides {
-    /// Overrides holding `map` (a command's, or a test's).
+    /// Overrides holding `map`.
+    #[cfg(test)]
     pub fn of(map: OverrideMap) -> Overrides {
         let overrides = Overrides::default();
         overrides.replace(map);

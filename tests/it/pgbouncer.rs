@@ -883,7 +883,7 @@ async fn a_crowded_socket_table_never_delays_a_decision() {
 /// among them. Answers `(backend pid, value)`, one per server connection. A question the
 /// role's own `statement_timeout` cancels (a fresh backend's first statement loads its
 /// catalog caches) is asked again in a new transaction.
-async fn ask_every_server_connection(
+pub(super) async fn ask_every_server_connection(
     bouncer: &PgBouncer,
     url: &str,
     user: &str,
