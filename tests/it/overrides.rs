@@ -5,7 +5,8 @@
 //! in the past does not apply and one that passes stops applying; `remove` restores; `list`
 //! shows digests and notes and the raw token appears nowhere; a cut `LISTEN` session and a
 //! transaction-mode PgBouncer (where `LISTEN` cannot work) still converge by the re-read; a
-//! reload keeps overrides; the memory store and bad arguments are refused in one line.
+//! reload keeps overrides, in process and through SIGHUP to a real `tollgate run`; the memory
+//! store and bad arguments are refused in one line.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -511,6 +512,58 @@ async fn a_reload_keeps_overrides() {
     assert_eq!(ask(&client, a, "acme").await, (StatusCode::OK, Some(10)));
     assert_eq!(ask(&client, a, "other").await, (StatusCode::OK, Some(4)));
     assert_eq!(in_force(a), Some(1));
+}
+
+/// SIGHUP to a real `tollgate run` process swaps the file's limits and keeps the overrides.
+#[tokio::test]
+async fn sighup_keeps_overrides() {
+    let db = TestDb::new().await;
+    let upstream = Upstream::start().await;
+    let text = config_text(&db.url);
+    let path = config_file("sighup", &text, &upstream);
+    let process = super::operations::Process::start(&path);
+    let addr = process.address("listening").await;
+    process
+        .wait_for("overrides loaded", |v| {
+            (v["message"] == "overrides: loaded from the database").then_some(())
+        })
+        .await;
+    set(&path, "acme", "10", &[]).await;
+    process
+        .wait_for("overrides read again", |v| {
+            (v["message"] == "overrides: read again" && v["count"] == 1).then_some(())
+        })
+        .await;
+    let changed = std::fs::read_to_string(&path)
+        .expect("config")
+        .replace("requests = 3", "requests = 4");
+    std::fs::write(&path, changed).expect("write config");
+    process.signal("HUP");
+    process
+        .wait_for("reload applied", |v| {
+            (v["message"] == "reload: configuration applied").then_some(())
+        })
+        .await;
+    let client = h1_client();
+    let q = |token: &str| {
+        let req = Request::get(format!("http://{addr}/api"))
+            .header("authorization", format!("Bearer {token}"))
+            .body(Full::default())
+            .expect("request");
+        let client = client.clone();
+        async move {
+            let answer = send(&client, req).await;
+            let field = answer.header("ratelimit-policy").expect("RateLimit-Policy");
+            (answer.status, members(field)[0].param("q"))
+        }
+    };
+    assert_eq!(q("acme").await, (StatusCode::OK, 10), "the override kept");
+    assert_eq!(
+        q("other").await,
+        (StatusCode::OK, 4),
+        "the file's new limit"
+    );
+    let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
 }
 
 /// With the memory store, `override` exits 1 and says that overrides need the database.
