@@ -132,62 +132,80 @@ impl<'c> Work<'c> {
         out: &mut Out<'_>,
     ) -> Result<(), crate::store::StoreError> {
         match self {
-            Work::Set { limit, set, ended } => {
-                let old = pg.set_override(&set).await?;
-                say!(
-                    out,
-                    "override    bucket {}: requests {} -> {}{}{}",
-                    set.key.bucket(),
-                    requests_text(old, limit),
-                    set.requests,
-                    set.until
-                        .as_ref()
-                        .map_or(String::new(), |u| format!(" until {u}")),
-                    if set.requests == 0 { " (blocked)" } else { "" }
-                );
-                if ended {
-                    say!(
-                        out,
-                        "ended       until has passed: the override is stored but does not apply"
-                    );
-                }
-                say!(
-                    out,
-                    "notified    every running instance applies it within a second"
-                );
-            }
-            Work::Remove { limit, key } => match pg.remove_override(&key).await? {
-                Some((requests, in_force)) => {
-                    let old = in_force.then_some(requests);
-                    say!(
-                        out,
-                        "removed     bucket {}: requests {} -> {} (the file's)",
-                        key.bucket(),
-                        requests_text(old, limit),
-                        limit.requests
-                    );
-                    say!(
-                        out,
-                        "notified    every running instance applies it within a second"
-                    );
-                }
-                None => say!(
-                    out,
-                    "removed     nothing: bucket {} has no override; requests stay {} (the file's)",
-                    key.bucket(),
-                    limit.requests
-                ),
-            },
+            Work::Set { limit, set, ended } => run_set(pg, limit, &set, ended, out).await,
+            Work::Remove { limit, key } => run_remove(pg, limit, &key, out).await,
             Work::List { limit } => {
                 let policy = limit.map(|l| (l.scope.as_str(), l.key.label()));
                 let policy = policy.as_ref().map(|(s, l)| (*s, l.as_str()));
                 for row in pg.list_overrides(policy).await? {
                     say!(out, "{}", listed_line(&row, config));
                 }
+                Ok(())
             }
         }
-        Ok(())
     }
+}
+
+const NOTIFIED: &str = "notified    every running instance applies it within a second";
+
+/// `override set`: the bucket, the `requests` it had and has now.
+async fn run_set(
+    pg: &PostgresStore,
+    limit: &LimitConfig,
+    set: &OverrideSet,
+    ended: bool,
+    out: &mut Out<'_>,
+) -> Result<(), crate::store::StoreError> {
+    let old = pg.set_override(set).await?;
+    let until = set
+        .until
+        .as_ref()
+        .map_or(String::new(), |u| format!(" until {u}"));
+    let blocked = if set.requests == 0 { " (blocked)" } else { "" };
+    say!(
+        out,
+        "override    bucket {}: requests {} -> {}{until}{blocked}",
+        set.key.bucket(),
+        requests_text(old, limit),
+        set.requests,
+    );
+    if ended {
+        say!(
+            out,
+            "ended       until has passed: the override is stored but does not apply"
+        );
+    }
+    say!(out, "{NOTIFIED}");
+    Ok(())
+}
+
+/// `override remove`: the bucket, the `requests` it had and has now (the file's).
+async fn run_remove(
+    pg: &PostgresStore,
+    limit: &LimitConfig,
+    key: &OverrideKey,
+    out: &mut Out<'_>,
+) -> Result<(), crate::store::StoreError> {
+    let bucket = key.bucket();
+    let file = limit.requests;
+    match pg.remove_override(key).await? {
+        Some((requests, true)) => {
+            say!(out, "removed     bucket {bucket}: requests {requests} -> {file} (the file's)");
+            say!(out, "{NOTIFIED}");
+        }
+        Some((requests, false)) => {
+            say!(
+                out,
+                "removed     bucket {bucket}: an ended override (requests {requests}); requests stay {file} (the file's)"
+            );
+            say!(out, "{NOTIFIED}");
+        }
+        None => say!(
+            out,
+            "removed     nothing: bucket {bucket} has no override; requests stay {file} (the file's)"
+        ),
+    }
+    Ok(())
 }
 
 /// `120 (the file's)` or the override's `requests` it replaced.
