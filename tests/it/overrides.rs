@@ -514,6 +514,42 @@ async fn a_reload_keeps_overrides() {
     assert_eq!(in_force(a), Some(1));
 }
 
+/// Ten thousand overrides load at start and are applied as one: the instance counts them,
+/// and the one of a real token among them decides its requests, beside a token without one.
+#[tokio::test]
+async fn ten_thousand_overrides_load_and_apply() {
+    let db = TestDb::new().await;
+    let upstream = Upstream::start().await;
+    let text = config_text(&db.url);
+    let path = config_file("many", &text, &upstream);
+    // Migrated (and the fingerprint stored) by a first instance, then filled behind its back.
+    let first = Proxy::start(config_from(&text, upstream.addr, &[])).await;
+    first.until_store_ready(Duration::from_secs(10)).await;
+    db.client()
+        .await
+        .batch_execute(
+            "INSERT INTO tollgate_overrides (scope, label, digest, requests, note) \
+             SELECT 'api', 'authorization', encode(sha256(n::text::bytea), 'hex'), n % 100, 'bulk' \
+             FROM generate_series(1, 10000) AS n",
+        )
+        .await
+        .expect("10,000 overrides");
+    set(&path, "acme", "10", &[]).await;
+    let proxy = Proxy::start(config_from(&text, upstream.addr, &[])).await;
+    assert_eq!(in_force(&proxy), Some(10_001), "read before serving");
+    let client = h1_client();
+    assert_eq!(
+        ask(&client, &proxy, "acme").await,
+        (StatusCode::OK, Some(10))
+    );
+    assert_eq!(
+        ask(&client, &proxy, "other").await,
+        (StatusCode::OK, Some(FILE_REQUESTS))
+    );
+    drop(first);
+    let _ = std::fs::remove_dir_all(path.parent().expect("dir"));
+}
+
 /// SIGHUP to a real `tollgate run` process swaps the file's limits and keeps the overrides.
 #[tokio::test]
 async fn sighup_keeps_overrides() {

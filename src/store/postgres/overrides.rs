@@ -8,6 +8,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
 use super::errors::query_error;
+use super::pool::statement_bound;
 use super::PostgresStore;
 use crate::limit::overrides::{Override, OverrideMap};
 use crate::store::StoreError;
@@ -102,18 +103,21 @@ pub struct ListedOverride {
 }
 
 impl PostgresStore {
-    /// Every override in force, as the decision path's map, within `store.timeout`.
+    /// Every override in force, as the decision path's map. The whole table is read, so the
+    /// wait is the server's own bound on tollgate's statements (`store.timeout` and a second),
+    /// not a decision's budget: ten thousand rows from a distant database must not fail.
     pub async fn load_overrides(&self) -> Result<OverrideMap, StoreError> {
         self.require_initialized()?;
         let sql = load_sql();
-        let rows = self
-            .bounded(|| async {
-                let conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
-                conn.run(|| conn.query_typed(&sql, &[]))
-                    .await
-                    .map_err(|e| self.fail(e))
-            })
-            .await?;
+        let read = async {
+            let conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
+            conn.run(|| conn.query_typed(&sql, &[]))
+                .await
+                .map_err(|e| self.fail(e))
+        };
+        let rows = tokio::time::timeout(statement_bound(self.timeout), read)
+            .await
+            .map_err(|_| StoreError::Timeout)??;
         rows.iter().map(loaded).collect()
     }
 
