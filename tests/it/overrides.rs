@@ -21,7 +21,8 @@ use crate::common::pgbouncer::{PgBouncer, PoolMode};
 use crate::common::ratelimit::members;
 use crate::common::*;
 
-/// Route `api` (`/api`): 3 requests per hour per `Authorization` value.
+/// Route `api` (`/api`): 3 requests per hour per `Authorization` value; route `bulk`
+/// (`/bulk`): 100 per hour per `Authorization` value, taken in reserved shares.
 const API_ROUTE: &str = r#"
 [[routes]]
 name = "api"
@@ -32,6 +33,17 @@ upstream = "app"
   key = "header:authorization"
   requests = 3
   window = "1h"
+
+[[routes]]
+name = "bulk"
+path_prefix = "/bulk"
+upstream = "app"
+
+  [[routes.limits]]
+  key = "header:authorization"
+  requests = 100
+  window = "1h"
+  reserve = true
 "#;
 
 /// The limit's `requests` in the file.
@@ -116,7 +128,17 @@ async fn set(path: &Path, token: &str, requests: &str, extra: &[&str]) -> String
 
 /// One request of `token` to `proxy`: its status and the `q` its `RateLimit-Policy` names.
 async fn ask(client: &H1Client, proxy: &Proxy, token: &str) -> (StatusCode, Option<u64>) {
-    let req = Request::get(proxy.url("/api"))
+    ask_at(client, proxy, "/api", token).await
+}
+
+/// [`ask`] on `path`.
+async fn ask_at(
+    client: &H1Client,
+    proxy: &Proxy,
+    path: &str,
+    token: &str,
+) -> (StatusCode, Option<u64>) {
+    let req = Request::get(proxy.url(path))
         .header("authorization", format!("Bearer {token}"))
         .body(Full::default())
         .expect("request");
@@ -273,6 +295,58 @@ async fn set_raises_one_tokens_limit_everywhere_within_a_second_and_remove_resto
     )
     .await;
     assert!(out.contains("removed     nothing"), "{out}");
+}
+
+/// Units of a reserved share taken under the file's 100 never admit a request once an
+/// override lowered the token's limit to 3; raised again, it is admitted on both instances.
+#[tokio::test]
+async fn a_reserved_share_never_admits_past_a_lowered_override() {
+    let two = Two::start("reserve").await;
+    let (a, b, path) = (&two.a, &two.b, &two.path);
+    let client = h1_client();
+    for _ in 0..5 {
+        let answer = ask_at(&client, a, "/bulk", "heavy").await;
+        assert_eq!(answer, (StatusCode::OK, Some(100)));
+    }
+    let header = bearer("heavy");
+    let lower = [
+        "set",
+        "--limit",
+        "bulk:authorization",
+        "--header",
+        &header,
+        "--requests",
+        "3",
+    ];
+    succeeds(path, &lower).await;
+    until_in_force(&[a, b], 1, Duration::from_secs(5)).await;
+    for proxy in [a, a, b] {
+        let answer = ask_at(&client, proxy, "/bulk", "heavy").await;
+        assert_eq!(answer, (StatusCode::TOO_MANY_REQUESTS, Some(3)));
+    }
+    let raise = [
+        "set",
+        "--limit",
+        "bulk:authorization",
+        "--header",
+        &header,
+        "--requests",
+        "1000",
+    ];
+    succeeds(path, &raise).await;
+    until_in_force(&[a, b], 1, Duration::from_secs(5)).await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    for proxy in [a, b] {
+        // The raised limit is read within a second; the one before may still answer meanwhile.
+        loop {
+            let answer = ask_at(&client, proxy, "/bulk", "heavy").await;
+            if answer == (StatusCode::OK, Some(1000)) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "not admitted again: {answer:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
 }
 
 /// `--requests 0` blocks a token from its first request; an `--until` in the past is stored

@@ -785,6 +785,32 @@ mod tests {
         assert_eq!(shares.worker(1).shares[&plan.bucket].unused, 4);
     }
 
+    /// Contract §3e: units granted under one `requests` never admit a request planned with
+    /// another (an override set, removed or ended): every worker's share of the bucket is set
+    /// aside for the next give-back and the request asks the store under the new limit.
+    #[test]
+    fn a_share_granted_under_other_requests_is_given_back_not_used() {
+        let shares = shares(2);
+        let plan = limit(5);
+        take_granting(&shares, 0, &plan, 9);
+        let Take::Taken(_) = shares.take(1, &plan) else {
+            panic!("worker 1 takes from worker 0's units");
+        };
+        let lowered = PlannedLimit {
+            requests: 3,
+            ..plan.clone()
+        };
+        let Take::Grant(want) = shares.take(0, &lowered) else {
+            panic!("units of the old limit were used");
+        };
+        assert_eq!(want.requests, 3);
+        let back: u32 = shares.asked().back.iter().map(|b| b.unused).sum();
+        assert_eq!(back, 7, "both workers' unused units go back");
+        for worker in 0..2 {
+            assert_eq!(shares.worker(worker).shares[&plan.bucket].unused, 0);
+        }
+    }
+
     /// Requests that find a grant under way wait for it, and the grant asks for them too.
     #[test]
     fn one_grant_per_worker_and_bucket_is_in_flight() {
