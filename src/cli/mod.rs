@@ -356,6 +356,33 @@ mod tests {
         );
     }
 
+    /// `--requests -1` reaches the command, which refuses it in one line (contract §1), rather
+    /// than clap taking `-1` for an unknown flag and printing its usage block.
+    #[test]
+    fn override_set_takes_a_negative_requests_as_a_value() {
+        let cli = Cli::try_parse_from([
+            "tollgate",
+            "override",
+            "set",
+            "--limit",
+            "api:authorization",
+            "--header",
+            "Authorization: Bearer x",
+            "--requests",
+            "-1",
+        ])
+        .expect("parses");
+        let Some(Command::Override(OverrideAction::Set {
+            subject, requests, ..
+        })) = cli.command
+        else {
+            panic!("not override set");
+        };
+        assert_eq!(requests, "-1");
+        assert_eq!(subject.limit, "api:authorization");
+        assert_eq!(subject.headers, ["Authorization: Bearer x"]);
+    }
+
     #[test]
     fn run_is_the_default_command() {
         let cli = Cli::try_parse_from(["tollgate"]).expect("parses");
