@@ -391,7 +391,8 @@ mod tests {
         [[routes]]\nname = \"api\"\npath_prefix = \"/\"\nupstream = \"a\"\n\
         [[routes.limits]]\nkey = \"header:authorization\"\nrequests = 100\nwindow = \"1m\"\n\
         [[routes.limits]]\nkey = \"ip\"\nrequests = 5\nwindow = \"1m\"\n\
-        [[routes.limits]]\nkey = \"global\"\nrequests = 1000\nwindow = \"1m\"\n";
+        [[routes.limits]]\nkey = \"global\"\nrequests = 1000\nwindow = \"1m\"\n\
+        [[routes.limits]]\nkey = [\"header:x-tenant\", \"ip\"]\nrequests = 50\nwindow = \"1m\"\n";
 
     fn config() -> Config {
         crate::config::load_str(std::path::Path::new("p.toml"), CONFIG, &|_| None).expect("valid")
@@ -441,6 +442,25 @@ mod tests {
         );
         let ip = key_of(&subject("api:ip", Some("192.0.2.7"), &[])).expect("ip");
         assert!(ip.bucket().starts_with("api:ip:"), "{}", ip.bucket());
+        // A list key takes all of its parts, and makes the proxy's bucket of them.
+        let both = key_of(&subject(
+            "api:x-tenant+ip",
+            Some("192.0.2.7"),
+            &["X-Tenant: t1"],
+        ))
+        .expect("both parts");
+        let mut tenant = HeaderMap::new();
+        tenant.insert("x-tenant", "t1".parse().expect("value"));
+        let who = RequestIdentity {
+            client: IpAddr::from([192, 0, 2, 7]),
+            ipv6_prefix: 64,
+            headers: &tenant,
+            ip_buckets: None,
+        };
+        let list = &config.routes[0].limits[3].key;
+        let expected = key::bucket_for("api", list, &who, &hasher).expect("bucket");
+        assert_eq!(both.bucket(), *expected);
+        assert!(key_of(&subject("api:x-tenant+ip", None, &["X-Tenant: t1"])).is_err());
     }
 
     #[test]
