@@ -13,6 +13,9 @@
 # of one decision with start-up, migrations and the first statements taken out. Modes:
 #   pg-hot          one `ip` limit (fixed window), one hot bucket
 #   pg-hot-sliding  the same with `algorithm = "sliding"` (contract §3a)
+#   pg-hot-two      the `ip` limit and a `global` one on the same route: a request with two
+#                   enforced limits, decided together (contract §3d: one that denies takes
+#                   nothing from the other)
 # The backends' callgrind files stay in OUT (callgrind_annotate them, or diff two builds:
 # the largest file of a run is the decision connection's).
 #
@@ -101,6 +104,7 @@ served() {
     printf '[[routes]]\nname = "bench"\nupstream = "app"\n'
     printf '  [[routes.limits]]\n  key = "ip"\n  requests = 2000000000\n  window = "1h"\n'
     if [[ $mode == *-sliding ]]; then printf '  algorithm = "sliding"\n'; fi
+    if [[ $mode == *-two ]]; then printf '  [[routes.limits]]\n  key = "global"\n  requests = 2000000000\n  window = "1h"\n'; fi
   } >"$RUN/tollgate.toml"
   # An older build may not know the mode's settings (sliding came with SPEC revision 2).
   if ! "$bin" --config "$RUN/tollgate.toml" check >"$RUN/check.log" 2>&1; then

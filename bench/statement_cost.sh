@@ -72,7 +72,9 @@ k_vars=$(for i in 1 2 3 4 5 6 7 8; do printf '\\set b%d random(1, 1250) + %d\n' 
 hot_args=('ARRAY[:b1]::text[]' 'ARRAY[:w]::int8[]' 'ARRAY[:a]::int8[]')
 k_args=('ARRAY[:b1,:b2,:b3,:b4,:b5,:b6,:b7,:b8]::text[]' 'ARRAY[:w,:w,:w,:w,:w,:w,:w,:w]::int8[]'
   'ARRAY[:a,:a,:a,:a,:a,:a,:a,:a]::int8[]')
-function_sql() { echo "SELECT * FROM public.tollgate_increment($1, $2, $3, NULL, true);"; }
+# The function's call on fixed rows, each capped at a limit it never reaches (contract §3d: a
+# fixed row is counted only while its units fit; the 0008 overload).
+function_sql() { echo "SELECT * FROM public.tollgate_increment($1, $2, $3, NULL, $4, true);"; }
 # The seed's upsert as f1d8ece sent it (with the function's answer columns).
 # A fourth argument, if given, is the input's WHERE clause.
 upsert_sql() {
@@ -115,28 +117,32 @@ PY
 }
 hot_lim='ARRAY[2000000000]::int8[]'
 k_lim='ARRAY[2000000000,2000000000,2000000000,2000000000,2000000000,2000000000,2000000000,2000000000]::int8[]'
-{ echo "$hot_vars"; source_sql FIXED_UPSERT_SQL "${hot_args[@]}"; } >"$RUN/hot-fixed.sql"
-{ echo "$k_vars"; source_sql FIXED_UPSERT_SQL "${k_args[@]}"; } >"$RUN/10k-fixed.sql"
-{ echo "$hot_vars"; source_sql SLIDING_UPSERT_SQL "${hot_args[@]}" "$hot_lim"; } >"$RUN/hot-sliding.sql"
-{ echo "$k_vars"; source_sql SLIDING_UPSERT_SQL "${k_args[@]}" "$k_lim"; } >"$RUN/10k-sliding.sql"
+# A sliding row has no fixed cap.
+hot_nocap='ARRAY[NULL]::int8[]'
+k_nocap='ARRAY[NULL,NULL,NULL,NULL,NULL,NULL,NULL,NULL]::int8[]'
+# `fixed` caps every row at a limit it never reaches, as an enforced limit far from full does.
+{ echo "$hot_vars"; source_sql FIXED_UPSERT_SQL "${hot_args[@]}" "$hot_lim"; } >"$RUN/hot-fixed.sql"
+{ echo "$k_vars"; source_sql FIXED_UPSERT_SQL "${k_args[@]}" "$k_lim"; } >"$RUN/10k-fixed.sql"
+{ echo "$hot_vars"; source_sql SLIDING_UPSERT_SQL "${hot_args[@]}" "$hot_lim" "$hot_nocap"; } >"$RUN/hot-sliding.sql"
+{ echo "$k_vars"; source_sql SLIDING_UPSERT_SQL "${k_args[@]}" "$k_lim" "$k_nocap"; } >"$RUN/10k-sliding.sql"
 # `slideone`: SLIDING_ONE_SQL, what a direct connection sends for a batch of one sliding row
 # (the hot workload only: a 10k batch is never one row).
 { echo "$hot_vars"; source_sql SLIDING_ONE_SQL ':b1' ':w' ':a' '2000000000'; } >"$RUN/hot-slideone.sql"
 # `slidefn`: the function's call with every row sliding, what a pooled connection sends for a
 # sliding batch (and a direct one for the rows at their limit).
-{ echo "$hot_vars"; echo "SELECT * FROM public.tollgate_increment(${hot_args[0]}, ${hot_args[1]}, ${hot_args[2]}, $hot_lim, true);"; } >"$RUN/hot-slidefn.sql"
-{ echo "$k_vars"; echo "SELECT * FROM public.tollgate_increment(${k_args[0]}, ${k_args[1]}, ${k_args[2]}, $k_lim, true);"; } >"$RUN/10k-slidefn.sql"
+{ echo "$hot_vars"; echo "SELECT * FROM public.tollgate_increment(${hot_args[0]}, ${hot_args[1]}, ${hot_args[2]}, $hot_lim, $hot_nocap, true);"; } >"$RUN/hot-slidefn.sql"
+{ echo "$k_vars"; echo "SELECT * FROM public.tollgate_increment(${k_args[0]}, ${k_args[1]}, ${k_args[2]}, $k_lim, $k_nocap, true);"; } >"$RUN/10k-slidefn.sql"
 # `reserve`: the share grant, one unit per call, on limits that never run out.
 reserve_sql() {   # reserve_sql BUCKETS WINDOWS LIMITS SLIDING WANTS
   echo "SELECT * FROM public.tollgate_reserve($1, $2, $3, $4, $5, 1, 'bench', true);"
 }
 { echo "$hot_vars"; reserve_sql "${hot_args[0]}" "${hot_args[1]}" "$hot_lim" 'ARRAY[false]' "${hot_args[2]}"; } >"$RUN/hot-reserve.sql"
 { echo "$k_vars"; reserve_sql "${k_args[0]}" "${k_args[1]}" "$k_lim" 'ARRAY[false,false,false,false,false,false,false,false]' "${k_args[2]}"; } >"$RUN/10k-reserve.sql"
-{ echo "$hot_vars"; function_sql "${hot_args[@]}"; } >"$RUN/hot-function.sql"
+{ echo "$hot_vars"; function_sql "${hot_args[@]}" "$hot_lim"; } >"$RUN/hot-function.sql"
 { echo "$hot_vars"; direct_sql "${hot_args[@]}"; } >"$RUN/hot-direct.sql"
 { echo "$k_vars"; direct_sql "${k_args[@]}"; } >"$RUN/10k-direct.sql"
 { echo "$hot_vars"; upsert_sql "${hot_args[@]}"; } >"$RUN/hot-upsert.sql"
-{ echo "$k_vars"; function_sql "${k_args[@]}"; } >"$RUN/10k-function.sql"
+{ echo "$k_vars"; function_sql "${k_args[@]}" "$k_lim"; } >"$RUN/10k-function.sql"
 { echo "$k_vars"; upsert_sql "${k_args[@]}"; } >"$RUN/10k-upsert.sql"
 
 postgres_cpu_seconds() {   # all postgres processes, with the backends that have exited

@@ -178,8 +178,8 @@ impl Metrics {
         let sweep_last_success = Gauge::<f64, AtomicU64>::default();
         let config_last_reload_successful = Gauge::default();
         config_last_reload_successful.set(1);
-        // Both results exist from the start, so the first failure is an increase.
-        for result in ["success", "failure"] {
+        // Every result exists from the start, so the first failure is an increase.
+        for result in ["success", "unchanged", "failure"] {
             let _ = config_reloads.get_or_create(&ResultLabels { result });
         }
         registry.register(
@@ -219,7 +219,7 @@ impl Metrics {
         );
         registry.register(
             "config_reloads",
-            "Configuration reloads by result",
+            "Configuration reloads by result: success (applied), unchanged (applied, the same as what served), failure (rejected)",
             config_reloads.clone(),
         );
         registry.register(
@@ -348,12 +348,15 @@ impl Metrics {
             .observe(seconds);
     }
 
+    /// A reload's `result`: `success` (applied), `unchanged` (applied, and the same as what
+    /// served) or `failure` (rejected; the previous configuration keeps serving).
     pub fn reload(&self, result: &'static str) {
         self.config_reloads
             .get_or_create(&ResultLabels { result })
             .inc();
+        // An unchanged file is what serves: as good as an applied one.
         self.config_last_reload_successful
-            .set(i64::from(result == "success"));
+            .set(i64::from(result != "failure"));
     }
 
     /// A sweep round ended without an error at `now_ms` (unix milliseconds); it may have
@@ -860,5 +863,10 @@ tollgate_wait_seconds_bucket{le=\"+Inf\"} 1
         assert_eq!(metrics.config_last_reload_successful.get(), 0);
         metrics.reload("success");
         assert_eq!(metrics.config_last_reload_successful.get(), 1);
+        metrics.reload("failure");
+        metrics.reload("unchanged");
+        assert_eq!(metrics.config_last_reload_successful.get(), 1);
+        let text = metrics.render_as(Format::Prometheus);
+        assert!(text.contains("tollgate_config_reloads_total{result=\"unchanged\"} 1\n"));
     }
 }

@@ -204,6 +204,9 @@ pub struct RunningServer {
     shutdown_timeout: Duration,
     /// Settings a reload cannot change, to warn about.
     started_with: Arc<Config>,
+    /// The digest of what the configuration that serves was built from, to tell a reload
+    /// that changes nothing (`reload::serving_digest`).
+    serving: std::sync::Mutex<[u8; 32]>,
     fatal: mpsc::Receiver<String>,
     background: Vec<JoinHandle<()>>,
     /// This instance's row in the registry of live instances (contract §5b), deleted on shutdown.
@@ -402,6 +405,7 @@ impl Server {
             permits,
             max_connections,
             shutdown_timeout: config.server.shutdown_timeout,
+            serving: std::sync::Mutex::new(reload::serving_digest(&config)),
             started_with: config,
             fatal,
             background,

@@ -2,82 +2,33 @@
 //! and the store's current counts (docs/operations.md, "Explain").
 
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use crate::config::Config;
-use crate::key::BucketHasher;
 use crate::limit::PlannedLimit;
-use crate::store::{Increment, Peeked, Store};
 
 use super::output::{say, units_text, Out};
-use super::request::{
-    command_store, plan_and_say_route, request_of, say_not_applying, StoreProblem,
-};
+use super::reading::{read, Counts, LimitReading};
+use super::request::{say_not_applying, say_planned, CommandPlan, Planned, StoreProblem};
 use super::RequestArgs;
 
 /// `tollgate explain`: the route, limits and buckets of a request, their counts in the store,
-/// and whether it would be allowed now; reads, never increments.
+/// and whether it would be allowed now; reads, never increments. What it reads is `usage`'s
+/// reading too ([`read`]).
 pub async fn explain(out: &mut Out<'_>, config: Config, args: &RequestArgs) -> ExitCode {
-    let request = match request_of(args, "explain") {
-        Ok(r) => r,
+    let reading = match read(&config, args, "explain").await {
+        Ok(reading) => reading,
         Err(code) => return code,
     };
-    let hasher = BucketHasher::new(config.keys.secret.as_deref());
-    let plan = match plan_and_say_route(&config, &hasher, args.ip, &request, "explain", out) {
-        Ok(plan) => plan,
-        Err(code) => return code,
+    if let Err(code) = say_planned(&config, &reading.planned, out) {
+        return code;
+    }
+    let Planned::Route(plan) = &reading.planned.planned else {
+        return ExitCode::SUCCESS;
     };
     // What the store says, or why it says nothing: either way every limit and its bucket is
     // shown, since those come from the configuration alone (issue 19).
-    let planned: Vec<&PlannedLimit> = plan.planned().collect();
-    let counts = if planned.is_empty() {
-        Ok(Vec::new())
-    } else {
-        explain_counts(&config, &hasher, &planned, out).await
-    };
-    let (mut counts, problem) = match counts {
-        Ok(counts) => (counts.into_iter(), None),
-        Err(problem) => {
-            let kind = if config.store.url.is_some() {
-                "postgres"
-            } else {
-                "memory"
-            };
-            say!(out, "store       {kind}: {}", problem.line);
-            (Vec::new().into_iter(), Some(problem))
-        }
-    };
-    let mut would_allow = true;
-    for (limit, planned) in plan.limits() {
-        let Some(planned) = planned else {
-            say_not_applying(limit, &request.headers, out);
-            continue;
-        };
-        let head = format!(
-            "limit       {}{}: {} per {}s{}{}, bucket {}",
-            planned.policy,
-            if planned.shadow { " (shadow)" } else { "" },
-            planned.requests,
-            planned.window_secs,
-            if planned.sliding { " sliding" } else { "" },
-            units_text(limit),
-            planned.bucket,
-        );
-        let Some(peeked) = counts.next() else {
-            say!(out, "{head}, count unknown");
-            continue;
-        };
-        let (standing, fits) = standing(planned, &peeked);
-        if !fits && !planned.shadow {
-            would_allow = false;
-        }
-        say!(
-            out,
-            "{head}, {standing}, window resets in {}s -> {}",
-            crate::limit::seconds_until(peeked.now_ms, peeked.window_end_ms),
-            if fits { "within" } else { "exceeded" }
-        );
-    }
+    let (readings, problem) = say_store(&config, &reading.counts, out);
+    let would_allow = say_limits(plan, &reading.request.headers, readings, out);
     if let Some(problem) = problem {
         say!(out, "decision    unknown: the counters could not be read");
         eprintln!(
@@ -98,126 +49,147 @@ pub async fn explain(out: &mut Out<'_>, config: Config, args: &RequestArgs) -> E
     ExitCode::SUCCESS
 }
 
-/// `explain`'s one read of the counters of `planned` (one round trip), in that order, and
-/// the `store` line that says where they come from. The memory store's counts live in the
-/// running process: a fresh one here reads 0.
-async fn explain_counts(
+/// The `store` line: where the counts come from, or why there are none. Returns the
+/// readings, and the problem that kept them from being read.
+fn say_store<'r>(
     config: &Config,
-    hasher: &BucketHasher,
-    planned: &[&PlannedLimit],
+    counts: &'r Counts,
     out: &mut Out<'_>,
-) -> Result<Vec<Peeked>, StoreProblem> {
-    let (store, line): (Arc<dyn Store>, &str) = match &config.store.url {
-        Some(_) => (
-            command_store(config, hasher).await?,
-            "store       postgres: counts as the database has them now",
-        ),
+) -> (&'r [LimitReading], Option<&'r StoreProblem>) {
+    // The memory store's counts live in the running process: a fresh one here reads 0.
+    let (kind, read_line) = match config.store.url {
+        Some(_) => ("postgres", "counts as the database has them now"),
         None => (
-            Arc::new(crate::store::memory::MemoryStore::new()),
-            "store       memory: counts live inside the running process; shown as 0 here",
+            "memory",
+            "counts live inside the running process; shown as 0 here",
         ),
     };
-    let probe: Vec<Increment> = planned
-        .iter()
-        .map(|p| Increment {
-            bucket: p.bucket.clone(),
-            window_secs: p.window_secs,
-            by: 0,
-            sliding: None,
-            enforce: None,
-            check: false,
-        })
-        .collect();
-    match store.peek(&probe).await {
-        Ok(peeked) if peeked.len() == probe.len() => {
-            say!(out, "{line}");
-            Ok(peeked)
+    match counts {
+        Counts::Unread => (&[], None),
+        Counts::Read(readings) => {
+            say!(out, "store       {kind}: {read_line}");
+            (readings, None)
         }
-        Ok(_) => Err(StoreProblem::failed("the store answered oddly")),
-        Err(err) => Err(StoreProblem::failed(err)),
+        Counts::Failed(problem) => {
+            say!(out, "store       {kind}: {}", problem.line);
+            (&[], Some(problem))
+        }
     }
 }
 
-/// Where one limit stands for `explain`, in units (contract §3d), and whether this request's
-/// `cost` units would fit: a fixed window by its count (`count + cost <= requests`); a sliding
-/// one by contract §3a's estimate `previous * (window - elapsed) / window + count + cost`, with
-/// the rule the stores admit by.
-fn standing(planned: &PlannedLimit, peeked: &Peeked) -> (String, bool) {
-    let cost = planned.cost.max(1);
-    if !planned.sliding {
-        let fits = u64::from(peeked.count) + u64::from(cost) <= u64::from(planned.requests);
-        let left = planned.requests.saturating_sub(peeked.count);
-        return (format!("count {}, {left} left", peeked.count), fits);
+/// One `limit` line per limit of the route, in the file's order, with its reading (in plan
+/// order) where it applies. Returns whether every enforced limit would let the request in.
+fn say_limits(
+    plan: &CommandPlan,
+    headers: &http::HeaderMap,
+    readings: &[LimitReading],
+    out: &mut Out<'_>,
+) -> bool {
+    let mut readings = readings.iter();
+    let mut would_allow = true;
+    for (limit, planned) in plan.limits() {
+        let Some(planned) = planned else {
+            say_not_applying(limit, headers, out);
+            continue;
+        };
+        let units = units_text(limit);
+        let Some(r) = readings.next() else {
+            say!(out, "{}, count unknown", head(planned, false, &units));
+            continue;
+        };
+        if !r.fits && !r.limit.shadow {
+            would_allow = false;
+        }
+        say!(
+            out,
+            "{}, {}, window resets in {}s -> {}",
+            head(&r.limit, r.overridden, &units),
+            standing(r),
+            r.reset_secs,
+            if r.fits { "within" } else { "exceeded" }
+        );
     }
-    let len_ms = i64::from(planned.window_secs) * 1000;
-    let left_ms = (peeked.window_end_ms - peeked.now_ms).clamp(0, len_ms);
-    let weighs = crate::limit::weighted_previous(peeked.previous, left_ms, len_ms);
-    let estimate = weighs + f64::from(peeked.count) + f64::from(cost);
-    let fits = crate::store::memory::sliding_admits(
-        planned.requests,
-        peeked.previous,
-        peeked.count,
-        cost,
-        left_ms,
-        len_ms,
-    ) == cost;
-    (
-        format!(
-            "count {}, previous window {} (weighs {weighs:.2}), estimate {estimate:.2} with this request",
-            peeked.count, peeked.previous
-        ),
-        fits,
+    would_allow
+}
+
+/// `limit       POLICY: N per Ws sliding cost 3, bucket B`: the limit as it applies, `N`
+/// marked when an override set it (contract §3e).
+fn head(l: &PlannedLimit, overridden: bool, units: &str) -> String {
+    format!(
+        "limit       {}{}: {}{} per {}s{}{}, bucket {}",
+        l.policy,
+        if l.shadow { " (shadow)" } else { "" },
+        l.requests,
+        if overridden { " (override)" } else { "" },
+        l.window_secs,
+        if l.sliding { " sliding" } else { "" },
+        units,
+        l.bucket,
+    )
+}
+
+/// Where a limit stands, in units (contract §3d): a fixed window's count and units left; a
+/// sliding one's counts and contract §3a's estimate with this request's `cost` units.
+fn standing(r: &LimitReading) -> String {
+    if !r.limit.sliding {
+        return format!("count {}, {} left", r.count, r.left);
+    }
+    let estimate = r.used + f64::from(r.limit.cost.max(1));
+    format!(
+        "count {}, previous window {} (weighs {:.2}), estimate {estimate:.2} with this request",
+        r.count, r.previous, r.weighs
     )
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
 
-    fn planned(requests: u32, sliding: bool) -> PlannedLimit {
-        PlannedLimit {
-            policy: Arc::from("login:ip"),
-            bucket: Arc::from("login:ip:00"),
-            requests,
-            window_secs: 60,
-            shadow: false,
-            sliding,
-            reserve: false,
-            cost: 1,
-            charged_after: false,
-        }
-    }
-
-    fn peeked(count: u32, previous: u32, now_ms: i64, window_end_ms: i64) -> Peeked {
-        Peeked {
+    fn reading(sliding: bool, count: u32, previous: u32, weighs: f64) -> LimitReading {
+        LimitReading {
+            limit: PlannedLimit {
+                policy: Arc::from("login:ip"),
+                bucket: Arc::from("login:ip:00"),
+                requests: 5,
+                window_secs: 60,
+                shadow: false,
+                sliding,
+                reserve: false,
+                cost: 1,
+                charged_after: false,
+            },
+            overridden: false,
             count,
             previous,
-            now_ms,
-            window_end_ms,
+            weighs,
+            used: weighs + f64::from(count),
+            left: 1,
+            fits: true,
+            reset_secs: 30,
         }
     }
 
     #[test]
-    fn a_fixed_window_fits_while_one_more_stays_within() {
+    fn a_fixed_window_shows_its_count_and_what_is_left() {
+        assert_eq!(standing(&reading(false, 4, 0, 0.0)), "count 4, 1 left");
+    }
+
+    #[test]
+    fn a_sliding_window_shows_the_estimate_with_this_request() {
         assert_eq!(
-            standing(&planned(5, false), &peeked(4, 0, 0, 60_000)),
-            ("count 4, 1 left".to_owned(), true)
-        );
-        assert_eq!(
-            standing(&planned(5, false), &peeked(5, 0, 0, 60_000)),
-            ("count 5, 0 left".to_owned(), false)
+            standing(&reading(true, 2, 4, 2.0)),
+            "count 2, previous window 4 (weighs 2.00), estimate 5.00 with this request"
         );
     }
 
     #[test]
-    fn a_sliding_window_weighs_the_previous_one() {
-        // Half-way through the window, 4 from the previous window weigh 2: 2 + 2 + 1 = 5 fits 5.
-        let (text, fits) = standing(&planned(5, true), &peeked(2, 4, 30_000, 60_000));
-        assert!(fits, "{text}");
-        assert!(text.contains("weighs 2.00"), "{text}");
-        assert!(text.contains("estimate 5.00"), "{text}");
-        // One more in the current window passes 5.
-        let (text, fits) = standing(&planned(5, true), &peeked(3, 4, 30_000, 60_000));
-        assert!(!fits, "{text}");
+    fn the_head_says_when_an_override_set_requests() {
+        let r = reading(true, 0, 0, 0.0);
+        assert_eq!(
+            head(&r.limit, true, " cost 3"),
+            "limit       login:ip: 5 (override) per 60s sliding cost 3, bucket login:ip:00"
+        );
     }
 }

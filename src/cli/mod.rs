@@ -17,9 +17,11 @@ mod logging;
 mod migrate;
 mod output;
 mod overrides;
+mod reading;
 mod request;
 mod reset;
 mod run;
+mod usage;
 
 pub use check::{certificate_errors, check};
 pub use explain::explain;
@@ -29,6 +31,7 @@ pub use output::Out;
 pub use overrides::overrides;
 pub use reset::reset;
 pub use run::run;
+pub use usage::usage;
 
 /// The whole `tollgate` command, for `main.rs`: parses the arguments, sets up the log, loads
 /// the configuration and hands it to one command. `env` reads the process environment; only
@@ -38,11 +41,12 @@ pub use run::run;
 /// reader has gone (a closed pipe) is dropped without changing the exit code.
 pub fn main(env: Env) -> ExitCode {
     let cli = Cli::parse();
-    // `explain` and `reset` end every failure with a line of their own on stderr (one clear
-    // line, README "Command line"); the store's failure log would say it again as a WARN.
+    // `explain`, `usage`, `reset` and `override` end every failure with a line of their own
+    // on stderr (one clear line, README "Command line"); the store's failure log would say it
+    // again as a WARN.
     let quiet = matches!(
         cli.command,
-        Some(Command::Explain(_) | Command::Reset(_) | Command::Override(_))
+        Some(Command::Explain(_) | Command::Usage(_) | Command::Reset(_) | Command::Override(_))
     );
     // Kept to the end of `main`: dropping it writes out the log's last lines (after the
     // runtime, whose workers hand over their last access-log lines as they go).
@@ -92,6 +96,7 @@ pub fn main(env: Env) -> ExitCode {
             runtime.block_on(migrate(config, accept_new_key, &mut out))
         }
         Command::Explain(args) => runtime.block_on(explain(&mut out, config, &args)),
+        Command::Usage(args) => runtime.block_on(usage(&mut out, config, &args)),
         Command::Reset(args) => runtime.block_on(reset(&mut out, config, &args)),
         Command::Override(action) => runtime.block_on(overrides(&mut out, config, &action)),
     };
@@ -136,6 +141,9 @@ pub enum Command {
     /// Show which route and limits a request would meet, and whether it would be allowed now
     /// (reads the counters, never increments them)
     Explain(RequestArgs),
+    /// What `explain` reads, as one JSON object: per limit that applies, its bucket, requests,
+    /// window, algorithm, units used and left, and seconds until the window ends
+    Usage(RequestArgs),
     /// Forget what a request's buckets counted (current window, and the previous one), in the
     /// database and in every running instance's cache of denials
     Reset(RequestArgs),
@@ -207,7 +215,7 @@ pub enum Http1Stack {
     Hyper,
 }
 
-/// A request given on the command line, as `explain` and `reset` take it.
+/// A request given on the command line, as `explain`, `usage` and `reset` take it.
 #[derive(clap::Args)]
 pub struct RequestArgs {
     /// Client address the request comes from

@@ -1,5 +1,6 @@
-//! What `explain` and `reset` share: the request given on the command line, the route and
-//! buckets the proxy would give it (`crate::pipeline::plan`), and the store they read or reset.
+//! What `explain`, `usage` and `reset` share: the request given on the command line, the
+//! route and buckets the proxy would give it (`crate::pipeline::plan`), and the store they
+//! read or reset.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -167,18 +168,33 @@ impl CommandPlan {
     }
 }
 
-/// The first half of `explain` and `reset`: plans `request` with the proxy's own
-/// [`plan::plan`] and prints the request and route lines. `Err` is the exit code to stop with:
-/// a usage error, or success when no limit is to be shown (no route, no limits, or a request
-/// the proxy answers itself).
-pub fn plan_and_say_route(
+/// What the proxy would do with a command's request before counting, from [`plan::plan`].
+pub enum Planned {
+    /// The proxy answers it itself (status and reason), counts nothing and forwards nothing.
+    Refused(crate::error::RequestError),
+    /// No route matches: the proxy answers 404.
+    NoRoute,
+    /// It matches a route (whose limits may be none, or none that apply).
+    Route(CommandPlan),
+}
+
+/// A command's request planned as the proxy plans it, and its `request` line.
+pub struct PlannedRequest {
+    /// `METHOD authority path from ADDR`, without the query (it may carry credentials).
+    pub line: String,
+    pub planned: Planned,
+}
+
+/// Plans `request` with the proxy's own [`plan::plan`], for every command that names a
+/// request (`explain`, `usage`, `reset`). `Err` is the exit code of a usage error of
+/// `command`, its one line on stderr already written.
+pub fn plan_request(
     config: &Config,
     hasher: &BucketHasher,
     ip: IpAddr,
     request: &CommandRequest,
     command: &str,
-    out: &mut Out<'_>,
-) -> Result<CommandPlan, ExitCode> {
+) -> Result<PlannedRequest, ExitCode> {
     // The proxy answers such a request 400; here it is a command line that says too little.
     if request.uri.authority().is_none() && !request.headers.contains_key(http::header::HOST) {
         return Err(usage_error(
@@ -190,7 +206,7 @@ pub fn plan_and_say_route(
     let mut req = Request::builder()
         .method(request.method.clone())
         .uri(request.uri.clone())
-        // No body: `explain` and `reset` describe a request by its head.
+        // No body: the commands describe a request by its head.
         .body(String::new())
         .map_err(|e| usage_error(command, &e.to_string()))?;
     *req.headers_mut() = request.headers.clone();
@@ -202,43 +218,76 @@ pub fn plan_and_say_route(
         overrides: &overrides,
     };
     let mut limits = Plans::new();
-    let plan = match plan::plan(&rules, hasher, &mut req, asker, &mut limits) {
+    let method = &request.method;
+    let planned = match plan::plan(&rules, hasher, &mut req, asker, &mut limits) {
         Ok(plan) => plan,
         Err(refusal) => {
-            // As given, but without the query, as every other request line (it may carry
-            // credentials).
             let authority = request.uri.authority().map_or("", |a| a.as_str());
+            return Ok(PlannedRequest {
+                line: format!("{method} {authority}{} from {ip}", request.uri.path()),
+                planned: Planned::Refused(refusal.error),
+            });
+        }
+    };
+    let authority = planned.authority.as_ref().map_or("", |a| a.as_str());
+    let line = format!("{method} {authority}{} from {ip}", planned.path);
+    let planned = match planned.route {
+        None => Planned::NoRoute,
+        Some(route) => Planned::Route(CommandPlan {
+            rules,
+            limits,
+            route,
+        }),
+    };
+    Ok(PlannedRequest { line, planned })
+}
+
+/// The first half of `reset`: [`plan_request`] and [`say_planned`]. `Err` is the exit code
+/// to stop with: a usage error, or success when no limit is to be shown.
+pub fn plan_and_say_route(
+    config: &Config,
+    hasher: &BucketHasher,
+    ip: IpAddr,
+    request: &CommandRequest,
+    command: &str,
+    out: &mut Out<'_>,
+) -> Result<CommandPlan, ExitCode> {
+    let planned = plan_request(config, hasher, ip, request, command)?;
+    say_planned(config, &planned, out)?;
+    match planned.planned {
+        Planned::Route(plan) => Ok(plan),
+        _ => Err(ExitCode::SUCCESS),
+    }
+}
+
+/// The `request` and `route` lines of `explain` and `reset`. `Err(success)` when there is no
+/// limit to show: no route, no limits, or a request the proxy answers itself.
+pub fn say_planned(
+    config: &Config,
+    planned: &PlannedRequest,
+    out: &mut Out<'_>,
+) -> Result<(), ExitCode> {
+    say!(out, "request     {}", planned.line);
+    let plan = match &planned.planned {
+        Planned::Refused(error) => {
             say!(
                 out,
-                "request     {} {authority}{} from {ip}",
-                request.method,
-                request.uri.path()
-            );
-            say!(
-                out,
-                "refused     {} ({}): the proxy answers it itself, counts nothing and forwards \
-                 nothing",
-                refusal.error.status().as_u16(),
-                refusal.error
+                "refused     {} ({error}): the proxy answers it itself, counts nothing and \
+                 forwards nothing",
+                error.status().as_u16(),
             );
             return Err(ExitCode::SUCCESS);
         }
+        Planned::NoRoute => {
+            say!(
+                out,
+                "route       none: the request would get 404 and not be forwarded"
+            );
+            return Err(ExitCode::SUCCESS);
+        }
+        Planned::Route(plan) => plan,
     };
-    let authority = plan.authority.as_ref().map_or("", |a| a.as_str());
-    say!(
-        out,
-        "request     {} {authority}{} from {ip}",
-        request.method,
-        plan.path
-    );
-    let Some(route) = plan.route else {
-        say!(
-            out,
-            "route       none: the request would get 404 and not be forwarded"
-        );
-        return Err(ExitCode::SUCCESS);
-    };
-    let route_config = &config.routes[route];
+    let route_config = &config.routes[plan.route];
     say!(
         out,
         "route       {} -> upstream {}",
@@ -249,11 +298,7 @@ pub fn plan_and_say_route(
         say!(out, "limits      none: the request would be forwarded");
         return Err(ExitCode::SUCCESS);
     }
-    Ok(CommandPlan {
-        rules,
-        limits,
-        route,
-    })
+    Ok(())
 }
 
 /// `limit ...: does not apply (no X header)` for a limit whose key the request lacks.

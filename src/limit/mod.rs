@@ -102,8 +102,8 @@ pub struct LimitOutcome {
     pub count: u32,
     /// The units this request takes (`cost`, contract §3d).
     pub cost: u32,
-    /// Whether this request's units are in `count`: always for a fixed window of cost 1 (its
-    /// count may include denied requests, contract §3); otherwise only when it was allowed.
+    /// Whether this request's units are in `count`: only when it was allowed (a denied
+    /// request's units are not added, on either algorithm, contract §3d).
     pub added: bool,
     /// Whole seconds until this window ends (at least 1).
     pub reset_secs: u64,
@@ -163,14 +163,7 @@ impl LimitOutcome {
     /// that are left, contract §3d).
     pub fn remaining(&self) -> u32 {
         match &self.sliding {
-            Some(s) => {
-                let left = f64::from(self.requests) - s.weighted_previous - f64::from(self.count);
-                if left <= 0.0 {
-                    0
-                } else {
-                    left.floor().min(f64::from(self.requests)) as u32
-                }
-            }
+            Some(s) => sliding_left(self.requests, s.weighted_previous, self.count),
             None => self.requests.saturating_sub(self.count),
         }
     }
@@ -184,6 +177,18 @@ impl LimitOutcome {
 /// The previous window's share of a sliding estimate: `previous * left / len`.
 pub fn weighted_previous(previous: u32, left_ms: i64, len_ms: i64) -> f64 {
     f64::from(previous) * left_ms.clamp(0, len_ms.max(1)) as f64 / len_ms.max(1) as f64
+}
+
+/// A sliding limit's units left, `floor(requests - estimate)` and at least 0 (contract §3a),
+/// the estimate being `weighted_previous + count`: the rate-limit headers' `r`, and `usage`'s
+/// `left`.
+pub fn sliding_left(requests: u32, weighted_previous: f64, count: u32) -> u32 {
+    let left = f64::from(requests) - weighted_previous - f64::from(count);
+    if left <= 0.0 {
+        0
+    } else {
+        left.floor().min(f64::from(requests)) as u32
+    }
 }
 
 /// Milliseconds until a sliding limit would admit a request of `cost` units, if nothing else

@@ -5,7 +5,9 @@
 //! does not wait for the disk; the warnings and the swap happen on the caller's runtime.
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
+
+use sha2::{Digest, Sha256};
 
 use super::RunningServer;
 use crate::config::{self, Config};
@@ -81,13 +83,12 @@ impl RunningServer {
             Err(err) => Err(ReloadRejected::Runtime(err.to_string())),
         };
         match prepared {
-            Ok((runtime, certs)) => {
+            Ok((runtime, certs, digest)) => {
                 if let (Some(current), Some(certs)) = (&self.tls, certs) {
                     current.store(certs);
                 }
                 self.proxy.replace_runtime(runtime);
-                self.metrics.reload("success");
-                tracing::info!("reload: configuration applied");
+                self.applied(digest);
                 true
             }
             Err(ReloadRejected::Certs(err)) => {
@@ -104,6 +105,59 @@ impl RunningServer {
     }
 }
 
+impl RunningServer {
+    /// Counts and logs an applied reload: `unchanged` when what it was built from is what
+    /// already served (an operator who edited another file, or signalled before saving, is
+    /// told so instead of "applied"), else `success`. Either way the new rules were swapped
+    /// in: a reload that changes nothing costs what any reload costs, and a wrong guess here
+    /// could only mislabel one, never keep a change from applying.
+    fn applied(&self, digest: [u8; 32]) {
+        let unchanged = {
+            let mut serving = self.serving.lock().unwrap_or_else(PoisonError::into_inner);
+            std::mem::replace(&mut *serving, digest) == digest
+        };
+        if unchanged {
+            self.metrics.reload("unchanged");
+            tracing::info!("reload: configuration unchanged: the file, and the certificates and CA files it names, say what already serves");
+        } else {
+            self.metrics.reload("success");
+            tracing::info!("reload: configuration applied");
+        }
+    }
+}
+
+/// What a configuration serves from, as a digest, to tell a reload that changes nothing: the
+/// configuration in its `Debug` form (every value the file and the environment gave, after
+/// the reload kept what it cannot change, but not the file's path; comments and layout leave
+/// no trace), then the path and bytes of each file it names that a reload reads again
+/// (certificates, their keys, upstream CA files): a certificate renewed under the same path
+/// is a change. Each part is length-prefixed. Reads files: call it on tokio's blocking pool,
+/// or at start.
+pub(super) fn serving_digest(config: &Config) -> [u8; 32] {
+    let mut hash = Sha256::new();
+    let mut part = |bytes: &[u8]| {
+        hash.update((bytes.len() as u64).to_le_bytes());
+        hash.update(bytes);
+    };
+    let values = Config {
+        source: Default::default(),
+        ..config.clone()
+    };
+    part(format!("{values:?}").as_bytes());
+    let certs = config.server.certs.iter().flat_map(|c| [&c.cert, &c.key]);
+    let ca_files = config.upstreams.iter().filter_map(|u| u.ca_file.as_ref());
+    for path in certs.chain(ca_files) {
+        part(path.as_os_str().as_encoded_bytes());
+        // An unreadable file fails the reload anyway; its digest only has to differ from
+        // any contents.
+        match std::fs::read(path) {
+            Ok(bytes) => part(&bytes),
+            Err(err) => part(format!("unreadable: {err}").as_bytes()),
+        }
+    }
+    hash.finalize().into()
+}
+
 /// Why a reload's preparation failed.
 enum ReloadRejected {
     Certs(String),
@@ -111,12 +165,10 @@ enum ReloadRejected {
 }
 
 /// The blocking part of a reload: the listeners' certificates (when there are TLS
-/// listeners), then the routes and upstream pools (which read CA files). Certificates load
-/// first: a bad one fails the whole reload and nothing changes.
-fn prepare_reload(
-    config: Config,
-    tls: bool,
-) -> Result<(Runtime, Option<Arc<rustls::ServerConfig>>), ReloadRejected> {
+/// listeners), then the routes and upstream pools (which read CA files), and the
+/// [`serving_digest`] of it all. Certificates load first: a bad one fails the whole reload
+/// and nothing changes.
+fn prepare_reload(config: Config, tls: bool) -> Result<Prepared, ReloadRejected> {
     let certs = if tls {
         let certs = crate::tls::server_config(&config.server.certs)
             .map_err(|err| ReloadRejected::Certs(err.to_string()))?;
@@ -124,7 +176,11 @@ fn prepare_reload(
     } else {
         None
     };
+    let digest = serving_digest(&config);
     let runtime =
         Runtime::build(Arc::new(config)).map_err(|err| ReloadRejected::Runtime(err.to_string()))?;
-    Ok((runtime, certs))
+    Ok((runtime, certs, digest))
 }
+
+/// A reload ready to swap in: the rules, the listeners' certificates, the [`serving_digest`].
+type Prepared = (Runtime, Option<Arc<rustls::ServerConfig>>, [u8; 32]);

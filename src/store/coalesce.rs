@@ -396,10 +396,13 @@ pub(crate) struct Folded {
     pub rows: Vec<Increment>,
     /// Per request, per increment: (row, offset of its first unit in the row).
     pub places: Vec<Vec<(usize, u32)>>,
-    /// Some request has a sliding limit next to another enforced limit (whether its sliding
-    /// rows count it depends on the other rows), takes several units of a limit (they are
-    /// counted all together or not at all), or checks a limit charged after the response
-    /// (nothing is added): the store must decide request by request.
+    /// Some request has an enforced limit next to another limit (a request that one limit
+    /// denies is counted in none of its rows, contract §3d, so whether a row counts it depends
+    /// on the other rows), takes several units of a limit (they are counted all together or
+    /// not at all), or checks a limit charged after the response (nothing is added), or two
+    /// requests enforce different limits on one row: the store must decide request by
+    /// request. Otherwise each row is counted on its own, its units in arrival order while
+    /// they fit under the row's `enforce` (its requests' common enforced limit).
     pub joint: bool,
 }
 
@@ -425,9 +428,9 @@ impl Folded {
                 let ord = index[&inc.bucket];
                 let row = rows[ord].get_or_insert_with(|| Increment {
                     by: 0,
-                    enforce: None,
                     ..inc.clone()
                 });
+                joint |= row.enforce != inc.enforce;
                 if row.window_secs != inc.window_secs || row.sliding != inc.sliding {
                     return Err(StoreError::Query(
                         "one bucket with two windows in one statement".into(),
@@ -441,13 +444,11 @@ impl Folded {
                 place.push((ord, row.by));
                 row.by = row.by.saturating_add(inc.by);
             }
-            // Conservative: a request whose one enforced limit is its sliding one would do
-            // with the row-by-row path too. A request of several units (contract §3d) is
-            // counted whole or not at all, which a row's prefix of units cannot say; a check
-            // adds nothing, which a row's sum cannot say either.
-            joint |= request.len() > 1
-                && request.iter().any(|inc| inc.sliding.is_some())
-                && request.iter().any(|inc| inc.enforce.is_some());
+            // A request of several units (contract §3d) is counted whole or not at all, which
+            // a row's prefix of units cannot say; a check adds nothing, which a row's sum
+            // cannot say either. Several limits of which none is enforced never deny: each
+            // row counts them on its own.
+            joint |= request.len() > 1 && request.iter().any(|inc| inc.enforce.is_some());
             joint |= request.iter().any(|inc| inc.by > 1 || inc.check);
             places.push(place);
         }
@@ -597,15 +598,16 @@ fn fail_all(jobs: Vec<Job>, err: StoreError) {
     }
 }
 
-/// One waiter's part of its row's answer. Fixed windows count every unit: the waiter's count
-/// is where its last unit landed ([`position`]). A sliding window admits a prefix of the row's
-/// units (unit `k` is admitted while the estimate stays within the limit, and the estimate
-/// grows with `k`), so units `1 ..= added` were admitted in arrival order: a waiter whose units
-/// all fall in that prefix was admitted, at its position; the others were not counted and see
-/// the row's count without them.
+/// One waiter's part of its row's answer. A row that counted all its units (far from its
+/// limit, or without an enforced one): the waiter's count is where its last unit landed
+/// ([`position`]). Otherwise the row admitted a prefix of its units (unit `k` is admitted while
+/// the count, or a sliding window's estimate, stays within the limit, and both grow with `k`),
+/// so units `1 ..= added` were admitted in arrival order: a waiter whose units all fall in that
+/// prefix was admitted, at its position; the others were not counted and see the row's count
+/// without them (contract §3d: a denied unit is not added).
 ///
-/// Only for rows counted on their own: a sliding row's requests have no other enforced limit,
-/// so what its estimate admits is what is counted (`fits` = `added`).
+/// Only for rows counted on their own: a row's requests have no other enforced limit, so what
+/// its limit admits is what is counted (`fits` = `added`).
 fn share(after: Counted, total: u32, offset: u32, by: u32) -> Counted {
     if after.added >= total {
         return Counted {

@@ -715,10 +715,10 @@ fn enforced_admits(inc: &Increment, window: &Window, fits: u32) -> bool {
 }
 
 /// Counts `inc` into its bucket's `window` for a request that is `allowed` or not. A check
-/// (`inc.check`) counts nothing. A fixed window counts a unit request always (its count may include denied requests, contract §3,
-/// the seed's upsert); a request of more units only when allowed (a denied request's units
-/// are not added, §3d). A sliding one counts the units of an allowed request that its own
-/// estimate admits (`fits`). Returns the window to keep, and the answer.
+/// (`inc.check`) counts nothing, nor does a denied request (its units are not added, on either
+/// algorithm, contract §3d). A fixed window counts an allowed request's units; a sliding one
+/// those of them that its own estimate admits (`fits`). Returns the window to keep, and the
+/// answer.
 fn count_into(
     window: Window,
     inc: &Increment,
@@ -729,7 +729,7 @@ fn count_into(
     let mut held = window;
     let added = match inc.sliding {
         _ if inc.check => 0,
-        None if inc.by <= 1 || allowed => inc.by,
+        None if allowed => inc.by,
         None => 0,
         Some(_) => {
             held.keep_ms = held.end_ms + (held.end_ms - held.start_ms);
@@ -887,11 +887,11 @@ mod tests {
         assert_eq!((c.added, c.previous), (10, 0));
     }
 
-    /// Contract §3d: a fixed window's request of several units is counted only when it is
-    /// allowed, so a denied dear request leaves the units for a cheaper one; a request of one
-    /// unit is counted either way (contract §3, as the seed's upsert does).
+    /// Contract §3d: a fixed window counts a request only when it is allowed, so a denied dear
+    /// request leaves the units for a cheaper one, and a denied request of one unit adds
+    /// nothing either; a request that another limit denies is counted in none of its rows.
     #[test]
-    fn a_fixed_window_counts_a_dear_request_only_when_it_fits() {
+    fn a_fixed_window_counts_a_request_only_when_it_fits() {
         let now = Arc::new(AtomicI64::new(3_600_000 * 10));
         let store = bounded(100, &now);
         let of = |by| Increment {
@@ -910,8 +910,8 @@ mod tests {
         let c = store.count(&[of(1)]).expect("count")[0];
         assert_eq!(
             (c.added, c.count),
-            (1, 11),
-            "a unit request is counted, denied or not"
+            (0, 10),
+            "a denied unit request is not counted either"
         );
         // Two limits: one denying keeps the other's dear units out too.
         let pair = [
@@ -924,7 +924,16 @@ mod tests {
         ];
         let c = store.count(&pair).expect("pair");
         assert_eq!((c[0].added, c[0].count), (0, 0), "denied by f");
-        assert_eq!((c[1].added, c[1].count), (0, 11));
+        assert_eq!((c[1].added, c[1].count), (0, 10));
+        let pair = [
+            Increment {
+                enforce: Some(100),
+                ..inc("g", 100)
+            },
+            of(1),
+        ];
+        let c = store.count(&pair).expect("pair of units");
+        assert_eq!((c[0].added, c[0].count), (0, 0), "a unit denied by f");
     }
 
     fn bounded(n: usize, now: &Arc<AtomicI64>) -> MemoryStore {

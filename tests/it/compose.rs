@@ -37,9 +37,21 @@ fn compose_file_is_valid_and_complete() {
         doc["volumes"].get("pgdata").is_some(),
         "the named volume is declared"
     );
+    // The image `docker build -t TAG .` gives (the Dockerfile's first lines say how), so that
+    // building it either way serves both, instead of two tags built twice.
+    let dockerfile = std::fs::read_to_string(repo("Dockerfile")).expect("Dockerfile");
+    let tag = dockerfile
+        .split("docker build -t ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .expect("the Dockerfile says how to build it");
     for replica in ["tollgate-a", "tollgate-b"] {
         let service = &services[replica];
         assert_eq!(service["build"], ".", "{replica} builds the Dockerfile");
+        assert_eq!(
+            service["image"], tag,
+            "{replica} runs the image docker build makes"
+        );
         let volumes: Vec<&str> = service["volumes"]
             .as_sequence()
             .expect("volumes")
@@ -191,6 +203,56 @@ fn the_build_context_holds_what_the_dockerfile_copies_and_nothing_big() {
     assert!(
         copied >= 4,
         "found only {copied} COPY sources in the Dockerfile"
+    );
+}
+
+/// The bytes of the files under `dir` (a path relative to the repository) that the build
+/// context holds, descending only where something may be included.
+fn context_bytes(patterns: &[String], dir: &str) -> u64 {
+    let mut total = 0;
+    let full = if dir.is_empty() { repo(".") } else { repo(dir) };
+    for entry in std::fs::read_dir(&full).expect("read dir") {
+        let entry = entry.expect("entry");
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let path = if dir.is_empty() {
+            name
+        } else {
+            format!("{dir}/{name}")
+        };
+        let kind = entry.file_type().expect("file type");
+        if kind.is_dir() {
+            let inside = format!("!{path}/");
+            if in_build_context(patterns, &path) || patterns.iter().any(|p| p.starts_with(&inside))
+            {
+                total += context_bytes(patterns, &path);
+            }
+        } else if in_build_context(patterns, &path) {
+            total += entry.metadata().expect("metadata").len();
+        }
+    }
+    total
+}
+
+/// docs/operations.md gives the context's size (the sources, about 1.6 MB); past 3 MB
+/// something large got in, or the docs' figure is far off.
+#[test]
+fn the_build_context_is_the_sources_and_stays_small() {
+    let ignore = std::fs::read_to_string(repo(".dockerignore")).expect(".dockerignore");
+    let patterns: Vec<String> = ignore
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(String::from)
+        .collect();
+    let bytes = context_bytes(&patterns, "");
+    let sources = context_bytes(&patterns, "src");
+    assert!(
+        sources > bytes / 2,
+        "the context ({bytes} B) is mostly src/ ({sources} B)"
+    );
+    assert!(
+        bytes < 3_000_000,
+        "the build context is {bytes} bytes: see .dockerignore and docs/operations.md"
     );
 }
 

@@ -251,8 +251,9 @@ async fn header_mode(mode: &str, draft: bool, legacy: bool) {
         ("Bearer b", StatusCode::OK, 1, 1, None),
         // Now ip is the most restrictive: 0 left against authorization's 1.
         ("Bearer c", StatusCode::OK, 0, 1, Some((3, 0))),
-        // ip exceeded (and "Bearer a" used up): denied, both at 0.
-        ("Bearer a", StatusCode::TOO_MANY_REQUESTS, 0, 0, None),
+        // ip exceeded: denied, and "Bearer a" keeps its 1 (a request one limit denies takes
+        // nothing from the others, contract §3d).
+        ("Bearer a", StatusCode::TOO_MANY_REQUESTS, 0, 1, None),
     ];
     for (i, (token, status, ip_left, auth_left, most)) in steps.into_iter().enumerate() {
         let answer = get_with(&client, &url, &[("authorization", token)]).await;

@@ -57,3 +57,4 @@ mod store;
 mod store_failures;
 mod tls;
 mod upgrades;
+mod usage;

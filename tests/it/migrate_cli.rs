@@ -68,7 +68,7 @@ async fn migrate_applies_once_then_is_a_no_op() {
         "{}",
         String::from_utf8_lossy(&first.stderr)
     );
-    assert!(stdout.contains("applied 8 migration(s)"), "{stdout}");
+    assert!(stdout.contains("applied 9 migration(s)"), "{stdout}");
     assert!(stdout.contains("key fingerprint stored"), "{stdout}");
 
     let second = migrate(&path, "alpha", &[]);
@@ -83,7 +83,7 @@ async fn migrate_applies_once_then_is_a_no_op() {
         .await
         .expect("query")
         .get(0);
-    assert_eq!(n, 8);
+    assert_eq!(n, 9);
     // The fingerprint is not the secret.
     let stored: String = pg
         .query_one(
@@ -239,7 +239,8 @@ async fn explain_reads_postgres_counts_without_incrementing() {
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        assert!(stdout.contains("count 3,"), "{stdout}");
+        // Two allowed; the third, denied, added nothing (contract §3d).
+        assert!(stdout.contains("count 2,"), "{stdout}");
         assert!(stdout.contains("decision    limited (429)"), "{stdout}");
         assert!(!stdout.contains("127.0.0.1:"), "{stdout}");
     }
@@ -249,7 +250,7 @@ async fn explain_reads_postgres_counts_without_incrementing() {
         .await
         .expect("one row")
         .get(0);
-    assert_eq!(count, 3, "explain changed the count");
+    assert_eq!(count, 2, "explain changed the count");
 }
 
 /// A configuration for `explain` against `url`: one `ip` limit of 5 per 366 days with

@@ -454,6 +454,69 @@ async fn a_rejected_reload_shows_until_one_is_applied() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A reload whose file says what already serves is counted as `unchanged` and logged as such
+/// (a comment changes nothing); one that changes a limit is a `success`; after a rejected
+/// reload, the serving file again is `unchanged` and clears the failure gauge.
+#[tokio::test]
+async fn a_reload_that_changes_nothing_is_counted_as_unchanged() {
+    let captured = crate::common::log::CapturedLog::new();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(captured.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let upstream = Upstream::start().await;
+    let good = config_text("").replace("@UPSTREAM@", &upstream.addr.to_string());
+    let proxy = Proxy::start(config_from(&good, upstream.addr, &[])).await;
+    let admin = proxy.server().admin_addr.expect("admin listener");
+    let before = scrape(admin, None).await.text();
+    let reloads = |text: &str| {
+        ["success", "unchanged", "failure"].map(|result| {
+            let series = format!("tollgate_config_reloads_total{{result=\"{result}\"}}");
+            sample(text, &series).unwrap_or_else(|| panic!("no {series}: {text}"))
+        })
+    };
+    assert_eq!(reloads(&before), [0.0, 0.0, 0.0]);
+    let dir = temp_dir("unchanged");
+    let path = dir.join("proxy.toml");
+    let reload = |text: String| {
+        std::fs::write(&path, text).expect("write");
+        proxy.server().reload_from(&path, |_| None)
+    };
+    assert!(reload(good.clone()).await);
+    assert!(reload(format!("# edited by hand\n{good}")).await);
+    let text = scrape(admin, None).await.text();
+    assert_eq!(reloads(&text), [0.0, 2.0, 0.0]);
+    let unchanged = captured
+        .lines()
+        .into_iter()
+        .filter(|l| l.contains("reload: configuration unchanged"))
+        .count();
+    assert_eq!(unchanged, 2, "{}", captured.text());
+    assert!(!captured.text().contains("configuration applied"));
+
+    let raised = good.replace("requests = 2\n", "requests = 20\n");
+    assert_ne!(raised, good);
+    assert!(reload(raised.clone()).await);
+    assert!(!reload(format!("{raised}\nbogus = 1\n")).await);
+    let text = scrape(admin, None).await.text();
+    assert_eq!(reloads(&text), [1.0, 2.0, 1.0]);
+    assert_eq!(
+        sample(&text, "tollgate_config_last_reload_successful"),
+        Some(0.0)
+    );
+    assert!(reload(raised).await);
+    let text = scrape(admin, None).await.text();
+    assert_eq!(reloads(&text), [1.0, 3.0, 1.0]);
+    assert_eq!(
+        sample(&text, "tollgate_config_last_reload_successful"),
+        Some(1.0)
+    );
+    assert!(captured.text().contains("reload: configuration applied"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Polls `/metrics` until `series` has `value`, for at most 10 s; the last page.
 async fn until_sample(admin: SocketAddr, series: &str, value: f64) -> String {
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -291,6 +291,7 @@ async fn pg_concurrent_initialize_applies_each_migration_once() {
             (5, "0005_joint_decision".to_owned()),
             (6, "0006_reserved_shares".to_owned()),
             (7, "0007_request_cost".to_owned()),
+            (8, "0008_denied_adds_nothing".to_owned()),
             (9, "0009_overrides".to_owned())
         ]
     );
@@ -322,6 +323,7 @@ async fn pg_migrate_twice_applies_nothing_the_second_time() {
             "0005_joint_decision",
             "0006_reserved_shares",
             "0007_request_cost",
+            "0008_denied_adds_nothing",
             "0009_overrides"
         ]
     );

@@ -65,6 +65,8 @@ struct Setup {
     tls_addr: std::net::SocketAddr,
     default_cert: CertConfig,
     other_cert: CertConfig,
+    /// The text it started with (`@UPSTREAM@` unfilled).
+    text: String,
 }
 
 async fn setup() -> Setup {
@@ -129,6 +131,7 @@ upstream = "app"
         tls_addr,
         default_cert,
         other_cert,
+        text,
     }
 }
 
@@ -408,6 +411,40 @@ async fn reload_swaps_certificates_and_a_bad_one_changes_nothing() {
         presented_leaf(&s, "b.test").await,
         TestPki::leaf_der(&new_cert)
     );
+}
+
+/// A certificate renewed under the same path is a change, though the file is the same: the
+/// reload counts `success` and serves the new certificate; the same again is `unchanged`.
+#[tokio::test]
+async fn a_certificate_renewed_in_place_is_a_change() {
+    let s = setup().await;
+    let reloads = |result: &str| {
+        let series = format!("tollgate_config_reloads_total{{result=\"{result}\"}}");
+        let text = s.proxy.server().metrics().render();
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix(&series)?
+                    .strip_prefix(' ')?
+                    .parse::<f64>()
+                    .ok()
+            })
+            .unwrap_or_else(|| panic!("no {series}"))
+    };
+    let config = || config_from(&s.text, s.upstream.addr, &[]);
+    assert!(s.proxy.server().reload(config()).await);
+    assert_eq!((reloads("success"), reloads("unchanged")), (0.0, 1.0));
+    // The same paths, a new certificate and key.
+    let renewed = s.pki.issue("renewed", &["b.test", "*.wild.test"]);
+    std::fs::copy(&renewed.cert, &s.other_cert.cert).expect("renew the certificate");
+    std::fs::copy(&renewed.key, &s.other_cert.key).expect("renew the key");
+    assert!(s.proxy.server().reload(config()).await);
+    assert_eq!((reloads("success"), reloads("unchanged")), (1.0, 1.0));
+    assert_eq!(
+        presented_leaf(&s, "b.test").await,
+        TestPki::leaf_der(&renewed)
+    );
+    assert!(s.proxy.server().reload(config()).await);
+    assert_eq!((reloads("success"), reloads("unchanged")), (1.0, 2.0));
 }
 
 #[test]

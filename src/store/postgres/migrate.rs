@@ -79,6 +79,11 @@ const MIGRATIONS: &[Migration] = &[
         sql: include_str!("../../../migrations/0007_request_cost.sql"),
     },
     Migration {
+        version: 8,
+        name: "0008_denied_adds_nothing",
+        sql: include_str!("../../../migrations/0008_denied_adds_nothing.sql"),
+    },
+    Migration {
         version: 9,
         name: "0009_overrides",
         sql: include_str!("../../../migrations/0009_overrides.sql"),

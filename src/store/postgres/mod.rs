@@ -102,7 +102,7 @@ use self::errors::{cause, describe, is_transient, query_error, Cause, FailureLog
 use self::migrate::MIGRATION_LOCK;
 use self::pool::{connect_deadline, connection_config, statement_bound, LastConnectError};
 use self::statements::{
-    columns, count_from, decided, FastMap, IncrementArgs, DECIDE_SQL, PEEK_SQL,
+    columns, count_from, decided, fixed_cap, FastMap, IncrementArgs, DECIDE_SQL, PEEK_SQL,
 };
 use self::tls::MakeRustls;
 use super::coalesce::Folded;
@@ -455,8 +455,8 @@ impl PostgresStore {
     }
 
     /// Requests decided in this order in ONE statement (see [`Store::increment_each`]). When
-    /// every row can be counted on its own (no request has a sliding limit next to another
-    /// enforced one, takes several units of a limit, or checks one, see [`Folded::joint`]),
+    /// every row can be counted on its own (no request has an enforced limit next to another
+    /// limit, takes several units of a limit, or checks one, see [`Folded::joint`]),
     /// the rows go to `tollgate_increment` and each request gets its share of them in arrival
     /// order. Otherwise `tollgate_decide` walks the requests one by one ([`DECIDE_SQL`]).
     async fn run_requests(
@@ -468,8 +468,8 @@ impl PostgresStore {
             let counted = self.run_increment(&folded.rows).await?;
             return Ok(folded.share(requests, &counted));
         }
-        // Boxed: the rare path (a sliding limit next to another enforced limit) need not
-        // widen the common one's future.
+        // Boxed: the rarer path (several limits of a request) need not widen the common
+        // one's future.
         Box::pin(self.run_decide(requests, &folded)).await
     }
 
@@ -546,6 +546,7 @@ impl PostgresStore {
             windows,
             amounts: batch.iter().map(|inc| i64::from(inc.by)).collect(),
             limits,
+            caps: batch.iter().map(fixed_cap).collect(),
             async_commit: self.async_commit,
         };
         let result = self

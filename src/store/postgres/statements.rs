@@ -12,7 +12,7 @@ use tokio_postgres::types::{ToSql, Type};
 
 use super::errors::query_error;
 use super::pool::PooledClient;
-use crate::store::coalesce::{position, Folded};
+use crate::store::coalesce::Folded;
 use crate::store::{Counted, Increment, StoreError};
 
 /// Maps and sets over bucket names: names made by tollgate (policy labels and digests), never
@@ -25,14 +25,16 @@ pub(super) type FastSet<K> = HashSet<K, foldhash::fast::RandomState>;
 /// `<scope>:global` that client buckets have, and rolled back anyway.
 const PROBE_BUCKET: &str = "tollgate readiness probe";
 
-/// The batch increment (contract §3, §3a, 6): a call of `public.tollgate_increment`
-/// (`migrations/0003_increment_function.sql`, replaced by `0005_joint_decision.sql` with the
-/// same parameters and answer; it holds the seed's atomic
-/// `INSERT ... ON CONFLICT ... DO UPDATE ... RETURNING` and the sliding-window variant).
+/// The batch increment (contract §3, §3a, §3d, 6): a call of `public.tollgate_increment`, the
+/// overload of `migrations/0008_denied_adds_nothing.sql` (it holds the seed's atomic
+/// `INSERT ... ON CONFLICT ... DO UPDATE ... RETURNING`, which counts a fixed row's units only
+/// while they fit under its cap, and the sliding-window variant; a row at its limit is walked
+/// unit by unit, so a denied unit is never added).
 /// Parameters: `$1 text[]` buckets, `$2 int8[]` window lengths in seconds, `$3 int8[]`
 /// amounts (`int8`, so a `u32` never overflows on the way in), `$4 int8[]` sliding limits
 /// (`NULL` for a fixed window; the whole array `NULL` when the batch has no sliding limit),
-/// `$5 boolean` = commit with `synchronous_commit = off` (`store.synchronous_commit = false`).
+/// `$5 int8[]` per fixed row the enforced limit (`NULL`: none, a shadow limit), `$6 boolean` =
+/// commit with `synchronous_commit = off` (`store.synchronous_commit = false`).
 ///
 /// It is sent as the unnamed statement (`query_typed`: Parse, Bind, Describe, Execute and
 /// Sync in one round trip) unless the connection provably reaches its backend directly
@@ -48,7 +50,7 @@ const PROBE_BUCKET: &str = "tollgate readiness probe";
 /// `increment_turns_synchronous_commit_off_for_its_own_transaction_only` reads it back).
 pub(super) const INCREMENT_SQL: &str =
     "SELECT bucket, count, added, previous, window_end_ms, now_ms \
-     FROM public.tollgate_increment($1, $2, $3, $4, $5)";
+     FROM public.tollgate_increment($1, $2, $3, $4, $5, $6)";
 
 /// The text of the increment statement (for tests and for operators who want to `EXPLAIN`
 /// it); parameters as documented on [`INCREMENT_SQL`].
@@ -56,11 +58,18 @@ pub fn increment_sql() -> &'static str {
     INCREMENT_SQL
 }
 
-/// The fixed-window part of `public.tollgate_increment` (`migrations/0005_joint_decision.sql`)
+/// The fixed-window part of `public.tollgate_increment` (`migrations/0008_denied_adds_nothing.sql`)
 /// as a statement of its own: the seed's atomic upsert, with [`INCREMENT_SQL`]'s first three
-/// parameters and the four columns `bucket, count, window_end_ms, now_ms`. Only for a batch
-/// without a sliding limit (its parameters come only from [`IncrementArgs::fixed`]), and only
-/// prepared on a connection that reaches its backend directly (`PooledClient::increment`).
+/// parameters, `$4 int8[]` its fixed rows' caps (its `$5`), and the four columns `bucket,
+/// count, window_end_ms, now_ms`. Only for a batch without a sliding limit (its parameters
+/// come only from [`IncrementArgs::fixed`]), and only prepared on a connection that reaches
+/// its backend directly (`PooledClient::increment`).
+///
+/// A row with a cap (its requests' enforced limit) is counted only when all its units fit
+/// under it (`old + amount <= cap`, the latest count that `ON CONFLICT` locked), so a denied
+/// unit is never added (contract §3d); a row left out is one at its limit, and
+/// `PooledClient::increment` sends it to the function, which counts the prefix that fits.
+/// The rows it answers for are counted whole.
 ///
 /// Why a second text: prepared once, the plain upsert costs the server less than the prepared
 /// call of the function (PL/pgSQL's call and the tuplestore that `RETURN QUERY` fills; about
@@ -82,7 +91,8 @@ WITH input AS (
            b.amount,
            b.win,
            (floor(extract(epoch FROM now()))::int8 / b.win) * b.win AS start_secs
-    FROM unnest($1::text[], $2::int8[], $3::int8[]) AS b(bucket, win, amount)
+    FROM unnest($1::text[], $2::int8[], $3::int8[], $4::int8[]) AS b(bucket, win, amount, cap)
+    WHERE b.cap IS NULL OR b.amount <= b.cap
 )
 INSERT INTO public.rate_limits AS r (bucket, window_start, count, expires_at)
 SELECT i.bucket,
@@ -93,6 +103,10 @@ FROM input i
 ORDER BY i.bucket
 ON CONFLICT (bucket, window_start) DO UPDATE
     SET count = LEAST(r.count::int8 + EXCLUDED.count, 2147483647)::int4
+    WHERE COALESCE(r.count::int8 + EXCLUDED.count
+                   <= (SELECT c.cap FROM unnest($1::text[], $4::int8[]) AS c(bucket, cap)
+                       WHERE c.bucket = r.bucket),
+                   true)
 RETURNING r.bucket,
           r.count,
           floor(extract(epoch FROM r.expires_at) * 1000)::int8,
@@ -100,8 +114,8 @@ RETURNING r.bucket,
 
 /// A batch with a sliding limit (and no joint decision), on a direct connection: one plain
 /// statement instead of the function's three (a locking insert, then the read of the current
-/// and previous rows and an update). Parameters: [`INCREMENT_SQL`]'s `$1`..`$4` (`$4` per row
-/// the sliding limit, `NULL` for a fixed window). Columns: `bucket, count, previous,
+/// and previous rows and an update). Parameters: [`INCREMENT_SQL`]'s `$1`..`$5` (`$4` per row
+/// the sliding limit, `NULL` for a fixed window; `$5` a fixed row's cap). Columns: `bucket, count, previous,
 /// window_end_ms, now_ms`, for the rows it counted.
 ///
 /// Each row is counted whole or not at all. A sliding row's `cap` is what its estimate leaves
@@ -109,8 +123,9 @@ RETURNING r.bucket,
 /// unit `k` is admitted while `previous * weight + old + k <= limit`, so all `amount` units fit
 /// exactly when `old + amount <= cap`). A new row is inserted when `amount <= cap`; a row that
 /// exists is updated when its latest count (the locked version `ON CONFLICT` sees, not this
-/// statement's snapshot) plus `amount` is within `cap`. Fixed rows have no cap and are always
-/// counted, saturating as in [`FIXED_UPSERT_SQL`]. A row left out is one whose units do not
+/// statement's snapshot) plus `amount` is within `cap`. A fixed row's cap is `$5`, its enforced
+/// limit (`NULL`: none, always counted, saturating as in [`FIXED_UPSERT_SQL`]), so a denied
+/// unit is never added on either algorithm (contract §3d). A row left out is one whose units do not
 /// all fit: only near the limit. `PooledClient::increment` sends those rows to the function,
 /// which counts the admitted prefix of them; the answer is the same as the function's for the
 /// whole batch, at the cost of a second statement for the rows at their limit.
@@ -128,8 +143,10 @@ WITH input AS (
            b.win,
            b.amount,
            b.lim,
+           b.fixed_cap,
            (floor(extract(epoch FROM now()))::int8 / b.win) * b.win AS start_secs
-    FROM unnest($1::text[], $2::int8[], $3::int8[], $4::int8[]) AS b(bucket, win, amount, lim)
+    FROM unnest($1::text[], $2::int8[], $3::int8[], $4::int8[], $5::int8[])
+         AS b(bucket, win, amount, lim, fixed_cap)
 ), caps AS (
     SELECT i.bucket,
            i.win,
@@ -142,6 +159,7 @@ WITH input AS (
                                   * ((i.start_secs + i.win)::float8 - extract(epoch FROM now()))
                                   / i.win),
                      2147483647)
+               ELSE i.fixed_cap
            END AS cap
     FROM input i
     LEFT JOIN public.rate_limits p
@@ -155,7 +173,7 @@ WITH input AS (
            LEAST(c.amount, 2147483647)::int4,
            to_timestamp(c.start_secs + CASE WHEN c.lim IS NULL THEN 1 ELSE 2 END * c.win)
     FROM caps c
-    WHERE c.lim IS NULL OR c.amount <= c.cap
+    WHERE c.cap IS NULL OR c.amount <= c.cap
     ORDER BY c.bucket
     ON CONFLICT (bucket, window_start) DO UPDATE
         SET count = LEAST(r.count::int8 + EXCLUDED.count, 2147483647)::int4
@@ -278,6 +296,9 @@ pub(super) struct IncrementArgs<'a> {
     /// Per row its sliding limit (`None`: a fixed window); `None` as a whole when no limit of
     /// the batch is sliding (the function then runs only its fixed-window upsert).
     pub(super) limits: Option<Vec<Option<i64>>>,
+    /// Per row, a fixed window's cap: the enforced limit of its requests, past which a unit
+    /// is denied and not added (`None`: no enforced limit, or a sliding row).
+    pub(super) caps: Vec<Option<i64>>,
     pub(super) async_commit: bool,
 }
 
@@ -285,12 +306,13 @@ impl IncrementArgs<'_> {
     /// The function's parameters. Typed, so that the unnamed statement needs no Describe
     /// round trip first: the batch is ONE round trip and leaves nothing on the server
     /// connection.
-    pub(super) fn function(&self) -> [(&(dyn ToSql + Sync), Type); 5] {
+    pub(super) fn function(&self) -> [(&(dyn ToSql + Sync), Type); 6] {
         [
             (&self.buckets, Type::TEXT_ARRAY),
             (&self.windows, Type::INT8_ARRAY),
             (&self.amounts, Type::INT8_ARRAY),
             (&self.limits, Type::INT8_ARRAY),
+            (&self.caps, Type::INT8_ARRAY),
             (&self.async_commit, Type::BOOL),
         ]
     }
@@ -298,20 +320,21 @@ impl IncrementArgs<'_> {
     /// The plain upsert's parameters: `None` for a batch with a sliding limit, which only
     /// the function counts right. The one way to reach [`FIXED_UPSERT_SQL`], so a sliding
     /// batch can never be counted as a fixed one.
-    pub(super) fn fixed(&self) -> Option<[(&(dyn ToSql + Sync), Type); 3]> {
+    pub(super) fn fixed(&self) -> Option<[(&(dyn ToSql + Sync), Type); 4]> {
         self.limits.is_none().then_some([
             (&self.buckets as &(dyn ToSql + Sync), Type::TEXT_ARRAY),
             (&self.windows, Type::INT8_ARRAY),
             (&self.amounts, Type::INT8_ARRAY),
+            (&self.caps, Type::INT8_ARRAY),
         ])
     }
 
-    /// [`SLIDING_UPSERT_SQL`]'s parameters: the function's first four, for a batch with a
+    /// [`SLIDING_UPSERT_SQL`]'s parameters: the function's first five, for a batch with a
     /// sliding limit (`None` otherwise: the plain upsert is cheaper).
-    pub(super) fn sliding(&self) -> Option<[(&(dyn ToSql + Sync), Type); 4]> {
+    pub(super) fn sliding(&self) -> Option<[(&(dyn ToSql + Sync), Type); 5]> {
         self.limits.is_some().then(|| {
-            let [buckets, windows, amounts, limits, _] = self.function();
-            [buckets, windows, amounts, limits]
+            let [buckets, windows, amounts, limits, caps, _] = self.function();
+            [buckets, windows, amounts, limits, caps]
         })
     }
 
@@ -353,6 +376,7 @@ impl IncrementArgs<'_> {
                 .limits
                 .as_ref()
                 .map(|limits| keep.iter().map(|&i| limits[i]).collect()),
+            caps: keep.iter().map(|&i| self.caps[i]).collect(),
             async_commit: self.async_commit,
         })
     }
@@ -408,6 +432,7 @@ impl PooledClient {
             let windows = [1i64];
             let amounts = [1i64];
             let limits: Option<Vec<i64>> = None;
+            let caps = [None::<i64>];
             tx.query_typed(
                 INCREMENT_SQL,
                 &[
@@ -415,6 +440,7 @@ impl PooledClient {
                     (&&windows[..], Type::INT8_ARRAY),
                     (&&amounts[..], Type::INT8_ARRAY),
                     (&limits, Type::INT8_ARRAY),
+                    (&&caps[..], Type::INT8_ARRAY),
                     (&async_commit, Type::BOOL),
                 ],
             )
@@ -431,7 +457,7 @@ impl PooledClient {
 
     /// The increment on this connection. Known to be direct: prepared once and then bound and
     /// executed, the plain upsert for a batch without a sliding limit, the plain sliding
-    /// statement otherwise, followed by the function's call for the rows it left (those at
+    /// statement otherwise, followed by the function's call for the rows they left (those at
     /// their limit). Else the function's call as the unnamed statement.
     pub(super) async fn increment(
         &self,
@@ -443,25 +469,30 @@ impl PooledClient {
                 .run(|| self.client.query_typed(INCREMENT_SQL, &function))
                 .await;
         }
-        if let Some(fixed) = args.fixed() {
-            let which = IncrementStatement::FixedUpsert;
-            return self
-                .increment_prepared(which, &fixed, &function, args.async_commit)
-                .await;
-        }
-        let (which, sliding) = match (args.sliding_one(), args.sliding()) {
-            (Some(one), _) => (IncrementStatement::SlidingOne, one),
-            (None, Some(batch)) => (IncrementStatement::SlidingUpsert, batch),
-            (None, None) => {
+        let async_commit = args.async_commit;
+        let mut rows = match (args.fixed(), args.sliding_one(), args.sliding()) {
+            (Some(fixed), _, _) => {
+                let which = IncrementStatement::FixedUpsert;
+                self.increment_prepared(which, &fixed, &function, async_commit)
+                    .await?
+            }
+            (None, Some(one), _) => {
+                let which = IncrementStatement::SlidingOne;
+                self.increment_prepared(which, &one, &function, async_commit)
+                    .await?
+            }
+            (None, None, Some(batch)) => {
+                let which = IncrementStatement::SlidingUpsert;
+                self.increment_prepared(which, &batch, &function, async_commit)
+                    .await?
+            }
+            (None, None, None) => {
                 let which = IncrementStatement::Function;
                 return self
-                    .increment_prepared(which, &function, &function, args.async_commit)
+                    .increment_prepared(which, &function, &function, async_commit)
                     .await;
             }
         };
-        let mut rows = self
-            .increment_prepared(which, &sliding, &function, args.async_commit)
-            .await?;
         if rows.len() < args.buckets.len() {
             // Rare (a row at its limit), so boxed: the common future stays small.
             let rest = args.without(&rows)?;
@@ -470,8 +501,8 @@ impl PooledClient {
         Ok(rows)
     }
 
-    /// The function's call for the rows [`SLIDING_UPSERT_SQL`] did not count whole: it counts
-    /// the prefix of their units that each estimate admits.
+    /// The function's call for the rows [`FIXED_UPSERT_SQL`] or [`SLIDING_UPSERT_SQL`] did not
+    /// count whole: it counts the prefix of their units that each limit admits.
     async fn increment_rest(
         &self,
         rest: &IncrementArgs<'_>,
@@ -490,7 +521,7 @@ impl PooledClient {
         &self,
         which: IncrementStatement,
         params: &[(&(dyn ToSql + Sync), Type); N],
-        function: &[(&(dyn ToSql + Sync), Type); 5],
+        function: &[(&(dyn ToSql + Sync), Type); 6],
         async_commit: bool,
     ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
         let Some(statement) = self.prepared[which.slot()].get() else {
@@ -532,7 +563,7 @@ impl PooledClient {
     /// connection on unnamed statements for good rather than retrying on every call.
     async fn increment_and_prepare(
         &self,
-        function: &[(&(dyn ToSql + Sync), Type); 5],
+        function: &[(&(dyn ToSql + Sync), Type); 6],
         which: IncrementStatement,
         types: Vec<Type>,
         async_commit: bool,
@@ -580,6 +611,16 @@ pub(super) fn columns(batch: &[Increment]) -> Result<(Vec<&str>, Vec<i64>), Stor
     columns_of(batch.iter().map(|inc| (&inc.bucket, inc.window_secs)))
 }
 
+/// A row's cap for [`INCREMENT_SQL`]'s `$5`: a fixed window's enforced limit, past which its
+/// units are denied and not added (contract §3d). A folded row carries its requests' common
+/// enforced limit ([`Folded::new`]).
+pub(super) fn fixed_cap(row: &Increment) -> Option<i64> {
+    match row.sliding {
+        None => row.enforce.map(i64::from),
+        Some(_) => None,
+    }
+}
+
 /// [`columns`] of any rows given as (bucket, window length).
 pub(super) fn columns_of<'a>(
     rows: impl ExactSizeIterator<Item = (&'a Arc<str>, u32)>,
@@ -602,12 +643,10 @@ pub(super) fn columns_of<'a>(
     Ok((buckets, windows))
 }
 
-/// Each request's answers from `tollgate_decide`'s rows ([`DECIDE_SQL`]). A plain fixed row
-/// counted every unit, so a request's count is its position, as for [`Folded::share`]. A walked
-/// row (sliding, or fixed with a request of several units or a check) lists, per entry in
-/// arrival order, the units counted and the units its own limit admitted; its count before the
-/// statement is the count after minus everything counted, and an entry's count is that plus
-/// what was counted up to and including it.
+/// Each request's answers from `tollgate_decide`'s rows ([`DECIDE_SQL`]). Every row is walked:
+/// it lists, per entry in arrival order, the units counted and the units its own limit
+/// admitted; its count before the statement is the count after minus everything counted, and
+/// an entry's count is that plus what was counted up to and including it.
 pub(super) fn decided(
     requests: &[&[Increment]],
     folded: &Folded,
@@ -616,7 +655,7 @@ pub(super) fn decided(
     struct RowAnswer {
         after: Counted,
         /// Per entry of this row: (added, fits).
-        entries: Option<(Vec<i64>, Vec<i64>)>,
+        entries: (Vec<i64>, Vec<i64>),
     }
     let mut by_bucket: FastMap<&str, RowAnswer> =
         FastMap::with_capacity_and_hasher(rows.len(), Default::default());
@@ -633,8 +672,7 @@ pub(super) fn decided(
             fits: 0,
         };
         let entries = match (added, fits) {
-            (Some(a), Some(f)) if a.len() == f.len() => Some((a, f)),
-            (None, None) => None,
+            (Some(a), Some(f)) if a.len() == f.len() => (a, f),
             _ => {
                 return Err(StoreError::Query(
                     "a walked row's entries do not match".into(),
@@ -652,14 +690,11 @@ pub(super) fn decided(
             })
         })
         .collect::<Result<_, _>>()?;
-    // Per sliding row: the count before, and how far its entries have been walked.
+    // Per row: the count before, and how far its entries have been walked.
     let mut walked: Vec<(u32, usize)> = answers
         .iter()
         .map(|a| {
-            let counted: i64 = a
-                .entries
-                .as_ref()
-                .map_or(0, |(added, _)| added.iter().sum());
+            let counted: i64 = a.entries.0.iter().sum();
             let counted = u32::try_from(counted.max(0)).unwrap_or(u32::MAX);
             (a.after.count.saturating_sub(counted), 0)
         })
@@ -672,17 +707,9 @@ pub(super) fn decided(
             request
                 .iter()
                 .zip(place)
-                .map(|(inc, &(row, offset))| {
+                .map(|(inc, &(row, _))| {
                     let answer = answers[row];
-                    let Some((added, fits)) = &answer.entries else {
-                        let total = folded.rows[row].by;
-                        return Ok(Counted {
-                            count: position(answer.after.count, total, offset, inc.by),
-                            added: inc.by,
-                            fits: inc.by,
-                            ..answer.after
-                        });
-                    };
+                    let (added, fits) = &answer.entries;
                     let (count, next) = &mut walked[row];
                     let (Some(&a), Some(&f)) = (added.get(*next), fits.get(*next)) else {
                         return Err(StoreError::Query("a walked row lacks an entry".into()));

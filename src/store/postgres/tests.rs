@@ -4,10 +4,10 @@ use super::statements::{FIXED_UPSERT_SQL, SLIDING_ONE_SQL, SLIDING_UPSERT_SQL};
 use super::*;
 use crate::store::settings::StoreErrorPolicy;
 
-/// The plain upsert counts every unit, so it must never get a batch with a sliding limit:
-/// its parameters exist only for a batch without one, and they are the function's first
-/// three. The plain sliding statement's exist only for a batch with one (a fixed batch is
-/// cheaper as the plain upsert), and they are the function's first four.
+/// The plain upsert knows no sliding estimate, so it must never get a batch with a sliding
+/// limit: its parameters exist only for a batch without one, and they are the function's
+/// first three and its caps. The plain sliding statement's exist only for a batch with one (a
+/// fixed batch is cheaper as the plain upsert), and they are the function's first five.
 #[test]
 fn each_plain_statement_takes_its_batches_and_the_functions_parameters() {
     let args = |limits| IncrementArgs {
@@ -15,12 +15,13 @@ fn each_plain_statement_takes_its_batches_and_the_functions_parameters() {
         windows: vec![60, 60],
         amounts: vec![1, 2],
         limits,
+        caps: vec![Some(10), None],
         async_commit: true,
     };
     let fixed = args(None);
     let plain = fixed.fixed().expect("a fixed-window batch");
     let function = fixed.function();
-    for (p, f) in plain.iter().zip(&function) {
+    for (p, f) in plain.iter().zip([0, 1, 2, 4].map(|i| &function[i])) {
         assert_eq!(p.1, f.1, "the same parameter types, in the same order");
         assert!(std::ptr::addr_eq(p.0, f.0), "the same values");
     }
@@ -28,8 +29,7 @@ fn each_plain_statement_takes_its_batches_and_the_functions_parameters() {
         args(Some(vec![None, Some(10)])).fixed().is_none(),
         "a batch with a sliding limit is the function's"
     );
-    assert_eq!(FIXED_UPSERT_SQL.matches('$').count(), 3, "three parameters");
-    assert!(!FIXED_UPSERT_SQL.contains("$4"));
+    assert!(FIXED_UPSERT_SQL.contains("$4") && !FIXED_UPSERT_SQL.contains("$5"));
     // The plain sliding statement: a batch with a sliding limit only, and the function's
     // first four parameters.
     assert!(
@@ -44,13 +44,14 @@ fn each_plain_statement_takes_its_batches_and_the_functions_parameters() {
         assert_eq!(p.1, f.1, "the same parameter types, in the same order");
         assert!(std::ptr::addr_eq(p.0, f.0), "the same values");
     }
-    assert!(SLIDING_UPSERT_SQL.contains("$4") && !SLIDING_UPSERT_SQL.contains("$5"));
+    assert!(SLIDING_UPSERT_SQL.contains("$5") && !SLIDING_UPSERT_SQL.contains("$6"));
     // One sliding row: the single-row statement, with that row's values.
     let one = IncrementArgs {
         buckets: vec!["a"],
         windows: vec![60],
         amounts: vec![2],
         limits: Some(vec![Some(10)]),
+        caps: vec![None],
         async_commit: true,
     };
     let plain = one.sliding_one().expect("one sliding row");
