@@ -186,14 +186,16 @@ pub struct PlannedRequest {
 }
 
 /// Plans `request` with the proxy's own [`plan::plan`], for every command that names a
-/// request (`explain`, `usage`, `reset`). `Err` is the exit code of a usage error of
-/// `command`, its one line on stderr already written.
+/// request (`explain`, `usage`, `reset`), with `overrides` as the proxy would apply them
+/// (contract §3e). `Err` is the exit code of a usage error of `command`, its one line on
+/// stderr already written.
 pub fn plan_request(
     config: &Config,
     hasher: &BucketHasher,
     ip: IpAddr,
     request: &CommandRequest,
     command: &str,
+    overrides: &Overrides,
 ) -> Result<PlannedRequest, ExitCode> {
     // The proxy answers such a request 400; here it is a command line that says too little.
     if request.uri.authority().is_none() && !request.headers.contains_key(http::header::HOST) {
@@ -210,12 +212,10 @@ pub fn plan_request(
         .body(String::new())
         .map_err(|e| usage_error(command, &e.to_string()))?;
     *req.headers_mut() = request.headers.clone();
-    // The file's limits as they stand: overrides are the database's (contract §3e).
-    let overrides = Overrides::default();
     let asker = plan::Asker {
         peer: ip,
         ip_buckets: None,
-        overrides: &overrides,
+        overrides,
     };
     let mut limits = Plans::new();
     let method = &request.method;
@@ -252,7 +252,8 @@ pub fn plan_and_say_route(
     command: &str,
     out: &mut Out<'_>,
 ) -> Result<CommandPlan, ExitCode> {
-    let planned = plan_request(config, hasher, ip, request, command)?;
+    // The buckets are all `reset` needs: the file's `requests` do (contract §3e).
+    let planned = plan_request(config, hasher, ip, request, command, &Overrides::default())?;
     say_planned(config, &planned, out)?;
     match planned.planned {
         Planned::Route(plan) => Ok(plan),

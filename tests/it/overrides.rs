@@ -349,6 +349,72 @@ async fn a_reserved_share_never_admits_past_a_lowered_override() {
     }
 }
 
+/// `tollgate explain` or `tollgate usage` (`command`) of `GET /api` with `token`: its stdout.
+async fn reading_of(path: &Path, command: &str, token: &str) -> String {
+    let path = path.to_path_buf();
+    let (command, header) = (command.to_owned(), bearer(token));
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args([command.as_str(), "--config"])
+            .arg(&path)
+            .args(["--header", &header, "GET", "http://any.host/api"])
+            .env_remove("TOLLGATE_DATABASE_URL")
+            .env_remove("TOLLGATE_CONFIG")
+            .output()
+            .expect("run tollgate")
+    })
+    .await
+    .expect("command task");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// `usage` and `explain` read the override the instances apply: `requests` is the
+/// override's and says so, for that token only.
+#[tokio::test]
+async fn usage_and_explain_show_the_override() {
+    let two = Two::start("usage").await;
+    let (a, path) = (&two.a, &two.path);
+    set(path, "acme", "10", &[]).await;
+    until_in_force(&[a], 1, Duration::from_secs(5)).await;
+    let client = h1_client();
+    for _ in 0..2 {
+        assert_eq!(ask(&client, a, "acme").await, (StatusCode::OK, Some(10)));
+    }
+    let usage: serde_json::Value =
+        serde_json::from_str(&reading_of(path, "usage", "acme").await).expect("JSON");
+    let limit = &usage["limits"][0];
+    assert_eq!(
+        (
+            &limit["requests"],
+            &limit["override"],
+            &limit["used"],
+            &limit["left"]
+        ),
+        (&10.into(), &true.into(), &2.into(), &8.into()),
+        "{usage}"
+    );
+    let other: serde_json::Value =
+        serde_json::from_str(&reading_of(path, "usage", "other").await).expect("JSON");
+    let limit = &other["limits"][0];
+    assert_eq!(
+        (&limit["requests"], &limit["override"]),
+        (&FILE_REQUESTS.into(), &false.into()),
+        "{other}"
+    );
+    let explained = reading_of(path, "explain", "acme").await;
+    assert!(
+        explained.contains("api:authorization: 10 (override) per 3600s"),
+        "{explained}"
+    );
+    assert!(explained.contains("count 2, 8 left"), "{explained}");
+}
+
 /// `--requests 0` blocks a token from its first request; an `--until` in the past is stored
 /// but does not apply; one that passes while the instances run stops applying, without a
 /// notification.
