@@ -128,6 +128,8 @@ pub struct Metrics {
     pub reset_listener_up: Gauge,
     /// Units of reserved shares this instance holds and has not used (contract §3c).
     pub reserved_units: Gauge,
+    /// Overrides in force on this instance (contract §3e).
+    pub overrides: Gauge,
     pub upstream_connect_failures: Family<UpstreamLabels, Counter>,
     pub policy_decisions: Family<PolicyDecisionLabels, Counter>,
     /// 1 while decisions succeed (what `/readyz` answers), else 0; set on each scrape.
@@ -172,6 +174,7 @@ impl Metrics {
         let ready = Gauge::default();
         let reset_listener_up = Gauge::default();
         let reserved_units = Gauge::default();
+        let overrides = Gauge::default();
         let sweep_last_success = Gauge::<f64, AtomicU64>::default();
         let config_last_reload_successful = Gauge::default();
         config_last_reload_successful.set(1);
@@ -266,6 +269,11 @@ impl Metrics {
             reserved_units.clone(),
         );
         registry.register(
+            "overrides",
+            "Per-subject overrides (tollgate override) this instance applies now: in force, not ended (always 0 on the memory store)",
+            overrides.clone(),
+        );
+        registry.register(
             "sweep_last_success_timestamp_seconds",
             "Unix time of the last sweep round that ended without an error (0 = none yet)",
             sweep_last_success.clone(),
@@ -299,6 +307,7 @@ impl Metrics {
             ready,
             reset_listener_up,
             reserved_units,
+            overrides,
             sweep_last_success,
             config_last_reload_successful,
         }

@@ -41,6 +41,7 @@
 mod coarse_clock;
 mod connection;
 mod open_files;
+mod overrides;
 pub mod proxy_protocol;
 mod reload;
 mod store_start;
@@ -66,6 +67,7 @@ use crate::config::Config;
 use crate::error::StartupError;
 use crate::key::BucketHasher;
 use crate::limit::fallback::{self, Instances, LocalFallback};
+use crate::limit::overrides::Overrides;
 use crate::limit::reserve::{self, Shares};
 use crate::limit::Limiter;
 use crate::metrics::Metrics;
@@ -74,6 +76,7 @@ use crate::store::{Clock, ResetEvent, Store};
 use coarse_clock::CoarseClock;
 use connection::{serve_connection, ConnSettings};
 use open_files::AcceptErrors;
+use overrides::OverrideReader;
 use store_start::{StoreHandle, StoreOptions};
 
 /// Back-off after a failed accept (e.g. out of file descriptors).
@@ -304,9 +307,17 @@ impl Server {
             )));
         }
         let mut registration = None;
+        let overrides = Arc::new(Overrides::default());
         if let Some(pg) = pg {
-            // The registry of live instances (contract §5b) and the reset listener (contract §3b).
+            // The registry of live instances (contract §5b), the overrides (contract §3e,
+            // read once before serving when the database answers) and the reset listener
+            // (contract §3b), which also tells the overrides' reader of changes.
             registration = Some(fallback::Registration::start(pg.clone(), instances));
+            let mut reader =
+                OverrideReader::new(pg.clone(), overrides.clone(), metrics.overrides.clone());
+            reader.read().await;
+            let reader_hears = reader.hears();
+            background.push(tokio::spawn(reader.run()));
             let denials = limiter.denials();
             let listener_up = metrics.reset_listener_up.clone();
             let shares = shares.clone();
@@ -318,10 +329,11 @@ impl Server {
                 if let Some(shares) = &shares {
                     shares.on_event(event);
                 }
+                reader_hears(event);
             })));
         }
         let give_back = shares.map(|shares| (shares, limiter.store().clone()));
-        let proxy = Proxy::new(runtime, limiter, hasher, metrics.clone());
+        let proxy = Proxy::new(runtime, limiter, hasher, metrics.clone()).with_overrides(overrides);
         let proxy = Arc::new(proxy.with_direct_client(paths.direct_client));
 
         let (phase, phase_rx) = watch::channel(Phase::Running);

@@ -16,6 +16,7 @@ mod explain;
 mod logging;
 mod migrate;
 mod output;
+mod overrides;
 mod reading;
 mod request;
 mod reset;
@@ -27,6 +28,7 @@ pub use explain::explain;
 pub use logging::{init_logging, Logging};
 pub use migrate::migrate;
 pub use output::Out;
+pub use overrides::overrides;
 pub use reset::reset;
 pub use run::run;
 pub use usage::usage;
@@ -39,11 +41,12 @@ pub use usage::usage;
 /// reader has gone (a closed pipe) is dropped without changing the exit code.
 pub fn main(env: Env) -> ExitCode {
     let cli = Cli::parse();
-    // `explain`, `usage` and `reset` end every failure with a line of their own on stderr (one
-    // clear line, README "Command line"); the store's failure log would say it again as a WARN.
+    // `explain`, `usage`, `reset` and `override` end every failure with a line of their own
+    // on stderr (one clear line, README "Command line"); the store's failure log would say it
+    // again as a WARN.
     let quiet = matches!(
         cli.command,
-        Some(Command::Explain(_) | Command::Usage(_) | Command::Reset(_))
+        Some(Command::Explain(_) | Command::Usage(_) | Command::Reset(_) | Command::Override(_))
     );
     // Kept to the end of `main`: dropping it writes out the log's last lines (after the
     // runtime, whose workers hand over their last access-log lines as they go).
@@ -95,6 +98,7 @@ pub fn main(env: Env) -> ExitCode {
         Command::Explain(args) => runtime.block_on(explain(&mut out, config, &args)),
         Command::Usage(args) => runtime.block_on(usage(&mut out, config, &args)),
         Command::Reset(args) => runtime.block_on(reset(&mut out, config, &args)),
+        Command::Override(action) => runtime.block_on(overrides(&mut out, config, &action)),
     };
     match out.finish() {
         Ok(()) => code,
@@ -143,6 +147,54 @@ pub enum Command {
     /// Forget what a request's buckets counted (current window, and the previous one), in the
     /// database and in every running instance's cache of denials
     Reset(RequestArgs),
+    /// Per-subject limits kept in the database, applied by every running instance within a
+    /// second, without a reload
+    #[command(subcommand)]
+    Override(OverrideAction),
+}
+
+/// `tollgate override ...`.
+#[derive(Subcommand)]
+pub enum OverrideAction {
+    /// Store (or replace) the `requests` of one subject's bucket of a limit
+    Set {
+        #[command(flatten)]
+        subject: SubjectArgs,
+        /// The subject's `requests` instead of the limit's; 0 blocks it
+        #[arg(long, value_name = "N", allow_hyphen_values = true)]
+        requests: String,
+        /// When it stops applying, RFC 3339 (e.g. 2027-01-31T00:00:00Z); none: no end
+        #[arg(long, value_name = "TIME", allow_hyphen_values = true)]
+        until: Option<String>,
+        /// Why, for the next operator (shown by `override list`)
+        #[arg(long, value_name = "TEXT", default_value = "")]
+        note: String,
+    },
+    /// Delete the override of one subject's bucket: the limit's `requests` apply again
+    Remove {
+        #[command(flatten)]
+        subject: SubjectArgs,
+    },
+    /// Print every override (bucket digests, never a subject), one per line
+    List {
+        /// Only the overrides of this limit
+        #[arg(long, value_name = "SCOPE:LABEL")]
+        limit: Option<String>,
+    },
+}
+
+/// Whose bucket an override is for: a limit, and the subject as `explain` takes it.
+#[derive(clap::Args)]
+pub struct SubjectArgs {
+    /// The limit, as `check` and the rate-limit headers name it (e.g. api:authorization)
+    #[arg(long, value_name = "SCOPE:LABEL")]
+    pub limit: String,
+    /// The client address, for a limit keyed on `ip`
+    #[arg(long, value_name = "ADDR")]
+    pub ip: Option<String>,
+    /// A header the limit keys on, as 'Name: value' (repeatable)
+    #[arg(long = "header", value_name = "'Name: value'")]
+    pub headers: Vec<String>,
 }
 
 /// How `run` serves.
@@ -310,6 +362,33 @@ mod tests {
             (method.as_str(), url.as_str()),
             ("POST", "http://api.example.com/login")
         );
+    }
+
+    /// `--requests -1` reaches the command, which refuses it in one line (contract §1), rather
+    /// than clap taking `-1` for an unknown flag and printing its usage block.
+    #[test]
+    fn override_set_takes_a_negative_requests_as_a_value() {
+        let cli = Cli::try_parse_from([
+            "tollgate",
+            "override",
+            "set",
+            "--limit",
+            "api:authorization",
+            "--header",
+            "Authorization: Bearer x",
+            "--requests",
+            "-1",
+        ])
+        .expect("parses");
+        let Some(Command::Override(OverrideAction::Set {
+            subject, requests, ..
+        })) = cli.command
+        else {
+            panic!("not override set");
+        };
+        assert_eq!(requests, "-1");
+        assert_eq!(subject.limit, "api:authorization");
+        assert_eq!(subject.headers, ["Authorization: Bearer x"]);
     }
 
     #[test]

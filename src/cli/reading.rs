@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use crate::config::Config;
 use crate::key::BucketHasher;
+use crate::limit::overrides::Overrides;
 use crate::limit::PlannedLimit;
 use crate::store::{Increment, Peeked, Store};
 
@@ -64,12 +65,30 @@ pub struct LimitReading {
 pub async fn read(config: &Config, args: &RequestArgs, command: &str) -> Result<Reading, ExitCode> {
     let request = request_of(args, command)?;
     let hasher = BucketHasher::new(config.keys.secret.as_deref());
-    let planned = plan_request(config, &hasher, args.ip, &request, command)?;
-    let counts = match &planned.planned {
-        Planned::Route(plan) if plan.planned().next().is_some() => {
-            read_counts(config, &hasher, plan).await
+    let file = Overrides::default();
+    let mut planned = plan_request(config, &hasher, args.ip, &request, command, &file)?;
+    let limits_apply = matches!(
+        &planned.planned,
+        Planned::Route(plan) if plan.planned().next().is_some()
+    );
+    if !limits_apply {
+        return Ok(Reading {
+            request,
+            planned,
+            counts: Counts::Unread,
+        });
+    }
+    let counts = match reading_store(config, &hasher).await {
+        Err(problem) => Counts::Failed(problem),
+        Ok((store, overrides)) => {
+            // Planned again with the overrides the running instances apply: the same plan()
+            // puts them in, so `requests` here is what the proxy enforces.
+            planned = plan_request(config, &hasher, args.ip, &request, command, &overrides)?;
+            match &planned.planned {
+                Planned::Route(plan) => read_counts(&*store, plan, &overrides).await,
+                _ => Counts::Unread,
+            }
         }
-        _ => Counts::Unread,
     };
     Ok(Reading {
         request,
@@ -78,15 +97,24 @@ pub async fn read(config: &Config, args: &RequestArgs, command: &str) -> Result<
     })
 }
 
+/// The store to read the counts from, and the overrides in force in it (contract §3e; the
+/// memory store has none: they need the database).
+async fn reading_store(
+    config: &Config,
+    hasher: &BucketHasher,
+) -> Result<(Arc<dyn Store>, Overrides), StoreProblem> {
+    if config.store.url.is_none() {
+        let memory = Arc::new(crate::store::memory::MemoryStore::new());
+        return Ok((memory, Overrides::default()));
+    }
+    let pg = command_store(config, hasher).await?;
+    let overrides = Overrides::default();
+    overrides.replace(pg.load_overrides().await.map_err(StoreProblem::failed)?);
+    Ok((pg, overrides))
+}
+
 /// The store's counts of `plan`'s limits, each read against its `requests`.
-async fn read_counts(config: &Config, hasher: &BucketHasher, plan: &CommandPlan) -> Counts {
-    let store: Arc<dyn Store> = match &config.store.url {
-        Some(_) => match command_store(config, hasher).await {
-            Ok(pg) => pg,
-            Err(problem) => return Counts::Failed(problem),
-        },
-        None => Arc::new(crate::store::memory::MemoryStore::new()),
-    };
+async fn read_counts(store: &dyn Store, plan: &CommandPlan, overrides: &Overrides) -> Counts {
     let probe: Vec<Increment> = plan
         .planned()
         .map(|p| Increment {
@@ -99,32 +127,29 @@ async fn read_counts(config: &Config, hasher: &BucketHasher, plan: &CommandPlan)
         })
         .collect();
     match store.peek(&probe).await {
-        Ok(peeked) if peeked.len() == probe.len() => {
-            Counts::Read(plan.planned().zip(&peeked).map(limit_reading).collect())
-        }
+        Ok(peeked) if peeked.len() == probe.len() => Counts::Read(
+            plan.planned()
+                .zip(&peeked)
+                .map(|(planned, peeked)| {
+                    let overridden = overrides.requests(&planned.bucket).is_some();
+                    limit_reading(planned, peeked, overridden)
+                })
+                .collect(),
+        ),
         Ok(_) => Counts::Failed(StoreProblem::failed("the store answered oddly")),
         Err(err) => Counts::Failed(StoreProblem::failed(err)),
     }
 }
 
-/// The override in force for `planned`'s bucket (contract §3e): its `requests`, or `None` to
-/// keep the file's. The one place `explain` and `usage` learn of overrides; none is stored
-/// yet, so none applies.
-fn applied_override(_planned: &PlannedLimit) -> Option<u32> {
-    None
-}
-
 /// Where `planned` stands on `peeked`, and whether this request's `cost` units would fit: a
 /// fixed window by its count (`count + cost <= requests`); a sliding one by contract §3a's
 /// estimate, with the rule the stores admit by.
-fn limit_reading((planned, peeked): (&PlannedLimit, &Peeked)) -> LimitReading {
-    let mut limit = planned.clone();
-    let overridden = applied_override(planned);
-    limit.requests = overridden.unwrap_or(planned.requests);
+fn limit_reading(planned: &PlannedLimit, peeked: &Peeked, overridden: bool) -> LimitReading {
+    let limit = planned.clone();
     let cost = limit.cost.max(1);
     let reset_secs = crate::limit::seconds_until(peeked.now_ms, peeked.window_end_ms);
     let mut reading = LimitReading {
-        overridden: overridden.is_some(),
+        overridden,
         count: peeked.count,
         previous: 0,
         weighs: 0.0,
@@ -185,13 +210,13 @@ mod tests {
 
     #[test]
     fn a_fixed_window_fits_while_one_more_stays_within() {
-        let r = limit_reading((&planned(5, false), &peeked(4, 9, 0, 60_000)));
+        let r = limit_reading(&planned(5, false), &peeked(4, 9, 0, 60_000), false);
         assert_eq!((r.count, r.used, r.left, r.fits), (4, 4.0, 1, true));
         assert_eq!((r.previous, r.reset_secs, r.overridden), (0, 60, false));
-        let r = limit_reading((&planned(5, false), &peeked(5, 0, 0, 60_000)));
+        let r = limit_reading(&planned(5, false), &peeked(5, 0, 0, 60_000), false);
         assert_eq!((r.used, r.left, r.fits), (5.0, 0, false));
         // A fixed window's count may include denied requests: more used than allowed.
-        let r = limit_reading((&planned(5, false), &peeked(7, 0, 59_500, 60_000)));
+        let r = limit_reading(&planned(5, false), &peeked(7, 0, 59_500, 60_000), false);
         assert_eq!((r.used, r.left, r.fits, r.reset_secs), (7.0, 0, false, 1));
     }
 
@@ -199,14 +224,14 @@ mod tests {
     fn a_sliding_window_weighs_the_previous_one() {
         // Half-way through the window, 4 from the previous window weigh 2: 2 + 2 used, and
         // one more fits 5.
-        let r = limit_reading((&planned(5, true), &peeked(2, 4, 30_000, 60_000)));
+        let r = limit_reading(&planned(5, true), &peeked(2, 4, 30_000, 60_000), false);
         assert_eq!((r.weighs, r.used, r.left, r.fits), (2.0, 4.0, 1, true));
         assert_eq!((r.previous, r.reset_secs), (4, 30));
         // One more in the current window passes 5.
-        let r = limit_reading((&planned(5, true), &peeked(3, 4, 30_000, 60_000)));
+        let r = limit_reading(&planned(5, true), &peeked(3, 4, 30_000, 60_000), false);
         assert_eq!((r.used, r.left, r.fits), (5.0, 0, false));
         // 3 of the previous window weigh 1.5: 3.5 used, floor(1.5) left.
-        let r = limit_reading((&planned(5, true), &peeked(2, 3, 30_000, 60_000)));
+        let r = limit_reading(&planned(5, true), &peeked(2, 3, 30_000, 60_000), false);
         assert_eq!((r.used, r.left, r.fits), (3.5, 1, true));
     }
 }

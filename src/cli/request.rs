@@ -10,6 +10,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri};
 
 use crate::config::{self, Config, KeyPart, LimitConfig};
 use crate::key::BucketHasher;
+use crate::limit::overrides::Overrides;
 use crate::limit::{PlannedLimit, Plans};
 use crate::pipeline::plan::{self, Rules};
 use crate::store::postgres::{self, InitError, PostgresStore};
@@ -50,6 +51,16 @@ pub fn command_request(
     let Ok(uri) = url.parse::<Uri>() else {
         return Err("URL does not parse".to_string());
     };
+    Ok(CommandRequest {
+        method,
+        uri,
+        headers: command_headers(header_args)?,
+    })
+}
+
+/// The `--header 'Name: value'` arguments of a command (`explain`, `reset`, `override`), as
+/// a request would carry them: a repeated name is kept twice.
+pub fn command_headers(header_args: &[String]) -> Result<HeaderMap, String> {
     let mut headers = HeaderMap::new();
     for arg in header_args {
         let Some((name, value)) = arg.split_once(':') else {
@@ -63,11 +74,7 @@ pub fn command_request(
         };
         headers.append(name, value);
     }
-    Ok(CommandRequest {
-        method,
-        uri,
-        headers,
-    })
+    Ok(headers)
 }
 
 /// The one-off commands' budget for a call to the store beyond making its connection: the
@@ -179,14 +186,16 @@ pub struct PlannedRequest {
 }
 
 /// Plans `request` with the proxy's own [`plan::plan`], for every command that names a
-/// request (`explain`, `usage`, `reset`). `Err` is the exit code of a usage error of
-/// `command`, its one line on stderr already written.
+/// request (`explain`, `usage`, `reset`), with `overrides` as the proxy would apply them
+/// (contract §3e). `Err` is the exit code of a usage error of `command`, its one line on
+/// stderr already written.
 pub fn plan_request(
     config: &Config,
     hasher: &BucketHasher,
     ip: IpAddr,
     request: &CommandRequest,
     command: &str,
+    overrides: &Overrides,
 ) -> Result<PlannedRequest, ExitCode> {
     // The proxy answers such a request 400; here it is a command line that says too little.
     if request.uri.authority().is_none() && !request.headers.contains_key(http::header::HOST) {
@@ -206,6 +215,7 @@ pub fn plan_request(
     let asker = plan::Asker {
         peer: ip,
         ip_buckets: None,
+        overrides,
     };
     let mut limits = Plans::new();
     let method = &request.method;
@@ -242,7 +252,8 @@ pub fn plan_and_say_route(
     command: &str,
     out: &mut Out<'_>,
 ) -> Result<CommandPlan, ExitCode> {
-    let planned = plan_request(config, hasher, ip, request, command)?;
+    // The buckets are all `reset` needs: the file's `requests` do (contract §3e).
+    let planned = plan_request(config, hasher, ip, request, command, &Overrides::default())?;
     say_planned(config, &planned, out)?;
     match planned.planned {
         Planned::Route(plan) => Ok(plan),

@@ -231,7 +231,8 @@ impl Exhausted {
     pub fn on_reset(&self, event: ResetEvent<'_>) {
         match event {
             ResetEvent::Bucket(bucket) | ResetEvent::Returned(bucket) => self.forget(bucket),
-            ResetEvent::Reclaim(_) => {}
+            // A cached denial is held against the plan's `requests`, overrides included.
+            ResetEvent::Reclaim(_) | ResetEvent::Overrides => {}
             ResetEvent::Missed => self.clear(),
             ResetEvent::Hearing(hearing) => {
                 self.enabled.store(hearing, Ordering::Release);

@@ -173,7 +173,11 @@ pub async fn keep_registered(
 }
 
 /// `ceil(requests / instances)`, at least 1: every live instance may admit that many alone.
+/// A limit of 0 (an override that blocks a subject, contract §3e) stays 0.
 pub fn local_quota(requests: u32, instances: u32) -> u32 {
+    if requests == 0 {
+        return 0;
+    }
     requests.div_ceil(instances.max(1)).max(1)
 }
 
@@ -278,6 +282,7 @@ mod tests {
         assert_eq!(local_quota(1, 3), 1);
         assert_eq!(local_quota(10, 1), 10);
         assert_eq!(local_quota(10, 0), 10, "never divides by zero");
+        assert_eq!(local_quota(0, 3), 0, "a blocked subject stays blocked");
     }
 
     fn plan(requests: u32, sliding: bool) -> Vec<PlannedLimit> {

@@ -46,6 +46,7 @@ type RandomState = foldhash::fast::RandomState;
 mod breaker;
 mod exhausted;
 pub mod fallback;
+pub mod overrides;
 pub mod reserve;
 
 pub use breaker::{Attempt, Breaker};

@@ -37,6 +37,7 @@ use crate::error::{GrpcCode, RequestError, StartupError};
 use crate::forward::{ForwardRequest, UpstreamPool};
 use crate::headers::{self, ResponseFields};
 use crate::key::{self, BucketHasher};
+use crate::limit::overrides::Overrides;
 use crate::limit::{LimitOutcome, Limiter, Outcomes, PlannedLimit, Plans, Verdict};
 use crate::log_format::AccessLine;
 use crate::metrics::{Metrics, RouteMetrics, NO_ROUTE};
@@ -162,6 +163,8 @@ pub struct Proxy {
     direct_client: bool,
     /// Warnings about the upstream's unusable cost fields ([`charge`]), one a second at most.
     cost_warnings: crate::log_gate::LogGate,
+    /// The overrides in force (contract §3e). Here, not in the runtime: a reload keeps them.
+    overrides: Arc<Overrides>,
 }
 
 /// How a request ended, for the log and metrics.
@@ -191,7 +194,14 @@ impl Proxy {
             metrics,
             direct_client: true,
             cost_warnings: crate::log_gate::LogGate::default(),
+            overrides: Arc::default(),
         }
+    }
+
+    /// Plans requests with `overrides` (contract §3e), which whoever made them keeps current.
+    pub fn with_overrides(mut self, overrides: Arc<Overrides>) -> Self {
+        self.overrides = overrides;
+        self
     }
 
     /// `on`: whether tollgate's own HTTP/1.1 client may carry requests (default: it may).
@@ -286,6 +296,7 @@ impl Proxy {
             let asker = Asker {
                 peer: conn.peer.ip(),
                 ip_buckets: Some(conn.worker.ip_buckets()),
+                overrides: &self.overrides,
             };
             let mut plans = Plans::new();
             let mut plan = match plan::plan(&rt.rules, &self.hasher, &mut req, asker, &mut plans) {

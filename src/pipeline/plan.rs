@@ -20,6 +20,7 @@ use crate::error::RequestError;
 use crate::headers;
 use crate::http1::rules::MAX_TARGET;
 use crate::key::{self, BucketHasher, IpBucketCache, RequestIdentity};
+use crate::limit::overrides::Overrides;
 use crate::limit::{PlannedLimit, Plans};
 use crate::normalise::{self, Authority, NormaliseError};
 use crate::route;
@@ -104,10 +105,12 @@ impl Refusal {
 }
 
 /// Who is asking: the connection's peer and the serving worker's cache of `ip` buckets
-/// (`None`, for the commands, derives every bucket afresh).
+/// (`None`, for the commands, derives every bucket afresh); and the overrides in force
+/// (contract §3e), which replace a limit's `requests` for their buckets.
 pub struct Asker<'a> {
     pub peer: IpAddr,
     pub ip_buckets: Option<&'a IpBucketCache>,
+    pub overrides: &'a Overrides,
 }
 
 /// What the proxy does with `req` up to the limiter: see the module docs. The route's limits
@@ -189,7 +192,7 @@ pub fn plan<B: Body>(
             .iter()
             .zip(&route.policies)
             .filter_map(|(limit, policy)| {
-                planned_limit(&route.config, limit, policy, &who, hasher)
+                planned_limit(&route.config, limit, policy, &who, hasher, asker.overrides)
             }),
     );
     Ok(Plan {
@@ -202,18 +205,20 @@ pub fn plan<B: Body>(
 
 /// What this request would count in `limit` (one of `route`'s, named `policy`, its
 /// `<scope>:<label>`): its bucket and quota, or `None` when the limit does not apply (a keyed
-/// header is missing).
+/// header is missing). An override of the bucket (contract §3e) replaces `requests` only:
+/// window, algorithm, cost and key stay the file's.
 fn planned_limit(
     route: &RouteConfig,
     limit: &LimitConfig,
     policy: &Arc<str>,
     who: &RequestIdentity<'_>,
     hasher: &BucketHasher,
+    overrides: &Overrides,
 ) -> Option<PlannedLimit> {
     key::bucket_in(policy, &limit.key, who, hasher).map(|bucket| PlannedLimit {
         policy: policy.clone(),
+        requests: overrides.requests(&bucket).unwrap_or(limit.requests),
         bucket,
-        requests: limit.requests,
         window_secs: limit.window_secs,
         shadow: limit.shadow || route.shadow,
         sliding: limit.algorithm == crate::config::Algorithm::Sliding,
@@ -277,9 +282,11 @@ mod tests {
         hasher: &BucketHasher,
         req: &mut Request<String>,
     ) -> Result<(Plan, Plans), Refusal> {
+        let none = Overrides::default();
         let asker = Asker {
             peer: "192.0.2.7".parse().expect("ip"),
             ip_buckets: None,
+            overrides: &none,
         };
         let mut limits = Plans::new();
         plan(rules, hasher, req, asker, &mut limits).map(|plan| (plan, limits))
@@ -309,6 +316,38 @@ mod tests {
         );
         assert!(limit_in(&limits, &rules.routes[0], 0).is_some());
         assert!(limit_in(&limits, &rules.routes[0], 1).is_none());
+    }
+
+    /// Contract §3e: an override replaces `requests` for its bucket only; everything else
+    /// of the limit stays the file's.
+    #[test]
+    fn an_override_changes_the_requests_of_its_bucket_only() {
+        let (rules, hasher) = rules();
+        let keyed = |value: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert("x-api-key", value.parse().expect("value"));
+            request(Method::GET, "http://api.test/login", headers)
+        };
+        let (_, limits) = plan_on(&rules, &hasher, &mut keyed("a")).expect("plans");
+        let bucket_a = limits[1].bucket.clone();
+        let mut map = crate::limit::overrides::OverrideMap::default();
+        let raised = crate::limit::overrides::Override {
+            requests: 50,
+            until_ms: None,
+        };
+        map.insert(Box::from(&*bucket_a), raised);
+        let overrides = Overrides::of(map);
+        let asker = || Asker {
+            peer: "192.0.2.7".parse().expect("ip"),
+            ip_buckets: None,
+            overrides: &overrides,
+        };
+        let mut planned = Plans::new();
+        plan(&rules, &hasher, &mut keyed("a"), asker(), &mut planned).expect("plans");
+        assert_eq!((planned[1].requests, planned[1].window_secs), (50, 60));
+        assert_eq!(planned[0].requests, 5, "the ip limit keeps the file's");
+        plan(&rules, &hasher, &mut keyed("b"), asker(), &mut planned).expect("plans");
+        assert_eq!(planned[1].requests, 2, "another key keeps the file's");
     }
 
     #[test]

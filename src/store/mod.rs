@@ -164,6 +164,8 @@ pub enum ResetEvent<'a> {
     /// Reserved units of this bucket went back to its row: a denial cached from the exhausted
     /// row no longer holds.
     Returned(&'a str),
+    /// `tollgate override` changed the overrides (contract §3e): read them again.
+    Overrides,
     /// Whether notifications reach this session. `false`: they are not delivered (a pooler in
     /// transaction mode hands the `LISTEN` to a server connection this session does not
     /// keep), so nothing cached can be trusted to be forgotten by a reset.

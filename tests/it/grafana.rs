@@ -10,9 +10,9 @@
 //! - every metric and label name those expressions use is in a real scrape of `/metrics`,
 //!   after a short run of tollgate on a real PostgreSQL, and every `decision` they select is
 //!   one tollgate counts. No name is exempt. The database's series (`tollgate_instances`,
-//!   `tollgate_reserved_units`, `tollgate_store_round_trips_total`) are on the memory store's
-//!   page too, as constants; on PostgreSQL the test also sees them move, as their panels
-//!   need.
+//!   `tollgate_reserved_units`, `tollgate_overrides`, `tollgate_store_round_trips_total`) are
+//!   on the memory store's page too, as constants; on PostgreSQL the test also sees them
+//!   move, as their panels need.
 //!
 //! promtool is Debian's `prometheus` package, found as in `prometheus.rs`: without it these
 //! tests fail, they never skip.
@@ -42,12 +42,13 @@ const DECISIONS: [&str; 8] = [
 ];
 
 /// The families the dashboard is for (issue 51); a panel that lost one fails here.
-const REQUIRED: [&str; 9] = [
+const REQUIRED: [&str; 10] = [
     "tollgate_decisions_total",
     "tollgate_policy_decisions_total",
     "tollgate_store_seconds_bucket",
     "tollgate_store_round_trips_total",
     "tollgate_reserved_units",
+    "tollgate_overrides",
     "tollgate_instances",
     "tollgate_upstream_seconds_bucket",
     "tollgate_responses_total",
@@ -565,6 +566,20 @@ upstream = "failover"
     )
 }
 
+/// One override row and its notification, as `tollgate override set` writes them (a
+/// `global` bucket: no subject to hash).
+async fn override_in_the_table(db: &TestDb) {
+    db.client()
+        .await
+        .batch_execute(
+            "INSERT INTO tollgate_overrides (scope, label, digest, requests, note) \
+             VALUES ('reserved', 'global', '', 2000, 'dashboard test'); \
+             SELECT pg_notify('tollgate_overrides', 'reserved:global')",
+        )
+        .await
+        .expect("an override row");
+}
+
 /// Every sample's name in a 0.0.4 page, with its label names.
 fn scraped(page: &str) -> BTreeMap<String, BTreeSet<String>> {
     let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
@@ -598,6 +613,20 @@ async fn every_name_the_dashboard_uses_is_in_a_real_scrape_on_postgres() {
     proxy.until_store_ready(Duration::from_secs(30)).await;
     // The listener's start gives back any share taken before it.
     proxy.until_hearing_resets(Duration::from_secs(30)).await;
+    // One override in force (contract §3e): `tollgate_overrides` shows it.
+    override_in_the_table(&db).await;
+    let metrics = proxy.server().metrics();
+    until(
+        "tollgate_overrides never showed the override",
+        Duration::from_secs(15),
+        || {
+            metrics
+                .render()
+                .lines()
+                .any(|l| l == "tollgate_overrides 1")
+        },
+    )
+    .await;
     let admin = proxy.server().admin_addr.expect("admin listener");
     let client = h1_client();
     let statuses = [
@@ -613,7 +642,6 @@ async fn every_name_the_dashboard_uses_is_in_a_real_scrape_on_postgres() {
         assert_eq!(get(&client, &proxy.url("/reserved")).await.status, S::OK);
     }
     // The reserved-units gauge is brought up to date every 250 ms.
-    let metrics = proxy.server().metrics();
     until(
         "tollgate_reserved_units never rose",
         Duration::from_secs(10),
@@ -630,6 +658,7 @@ async fn every_name_the_dashboard_uses_is_in_a_real_scrape_on_postgres() {
     let page = scrape(admin, None).await.text();
     // The database's own gauges carry what their panels show, not a memory store's constant.
     assert!(value(&page, "tollgate_instances") >= 1.0);
+    assert_eq!(value(&page, "tollgate_overrides"), 1.0);
     assert!(value(&page, "tollgate_store_round_trips_total") >= 1.0);
     assert!(
         value(

@@ -36,6 +36,7 @@ mod msrv;
 mod normalisation;
 mod operations;
 mod origin_failover;
+mod overrides;
 mod pg_tls;
 mod pgbouncer;
 mod prometheus;

@@ -68,7 +68,7 @@ async fn migrate_applies_once_then_is_a_no_op() {
         "{}",
         String::from_utf8_lossy(&first.stderr)
     );
-    assert!(stdout.contains("applied 8 migration(s)"), "{stdout}");
+    assert!(stdout.contains("applied 9 migration(s)"), "{stdout}");
     assert!(stdout.contains("key fingerprint stored"), "{stdout}");
 
     let second = migrate(&path, "alpha", &[]);
@@ -83,7 +83,7 @@ async fn migrate_applies_once_then_is_a_no_op() {
         .await
         .expect("query")
         .get(0);
-    assert_eq!(n, 8);
+    assert_eq!(n, 9);
     // The fingerprint is not the secret.
     let stored: String = pg
         .query_one(

@@ -16,13 +16,13 @@ use crate::common::*;
 
 /// tollgate as a child process, with JSON logs unless started with `start_text`; stderr lines
 /// are collected as they come.
-struct Process {
+pub(super) struct Process {
     child: Child,
     lines: Arc<Mutex<Vec<String>>>,
 }
 
 impl Process {
-    fn start(config: &Path) -> Process {
+    pub(super) fn start(config: &Path) -> Process {
         Process::spawn(config, "json")
     }
 
@@ -89,12 +89,16 @@ impl Process {
     }
 
     /// Waits for a JSON log line for which `pick` returns something.
-    async fn wait_for<T>(&self, what: &str, pick: impl Fn(&serde_json::Value) -> Option<T>) -> T {
+    pub(super) async fn wait_for<T>(
+        &self,
+        what: &str,
+        pick: impl Fn(&serde_json::Value) -> Option<T>,
+    ) -> T {
         self.wait_for_line(what, |line| pick(&serde_json::from_str(line).ok()?))
             .await
     }
 
-    async fn address(&self, message: &str) -> String {
+    pub(super) async fn address(&self, message: &str) -> String {
         self.wait_for(message, |v| {
             (v["message"] == message).then(|| v["address"].as_str().map(str::to_string))?
         })
@@ -110,7 +114,7 @@ impl Process {
         .await
     }
 
-    fn signal(&self, name: &str) {
+    pub(super) fn signal(&self, name: &str) {
         let status = Command::new("kill")
             .arg(format!("-{name}"))
             .arg(self.child.id().to_string())

@@ -385,7 +385,7 @@ async fn migrate_through(mode: PoolMode) {
         first.status.success(),
         "migrate through {mode:?} pgbouncer: {out}"
     );
-    assert!(out.contains("applied 8 migration(s)"), "{out}");
+    assert!(out.contains("applied 9 migration(s)"), "{out}");
     let second = migrate();
     let out = String::from_utf8_lossy(&second.stdout).into_owned();
     assert!(second.status.success(), "{out}");
@@ -886,7 +886,7 @@ async fn a_crowded_socket_table_never_delays_a_decision() {
 /// among them. Answers `(backend pid, value)`, one per server connection. A question the
 /// role's own `statement_timeout` cancels (a fresh backend's first statement loads its
 /// catalog caches) is asked again in a new transaction.
-async fn ask_every_server_connection(
+pub(super) async fn ask_every_server_connection(
     bouncer: &PgBouncer,
     url: &str,
     user: &str,

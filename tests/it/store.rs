@@ -291,7 +291,8 @@ async fn pg_concurrent_initialize_applies_each_migration_once() {
             (5, "0005_joint_decision".to_owned()),
             (6, "0006_reserved_shares".to_owned()),
             (7, "0007_request_cost".to_owned()),
-            (8, "0008_denied_adds_nothing".to_owned())
+            (8, "0008_denied_adds_nothing".to_owned()),
+            (9, "0009_overrides".to_owned())
         ]
     );
     // The seed's schema, in schema public.
@@ -322,7 +323,8 @@ async fn pg_migrate_twice_applies_nothing_the_second_time() {
             "0005_joint_decision",
             "0006_reserved_shares",
             "0007_request_cost",
-            "0008_denied_adds_nothing"
+            "0008_denied_adds_nothing",
+            "0009_overrides"
         ]
     );
     assert_eq!(first.fingerprint, FingerprintChange::Written);

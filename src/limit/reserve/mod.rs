@@ -297,6 +297,18 @@ impl Shares {
     /// grant under way or sends one.
     pub fn take(&self, worker: usize, plan: &PlannedLimit) -> Take {
         let now = Instant::now();
+        let stale = {
+            let mine = self.worker(worker);
+            let share = mine.shares.get(&*plan.bucket);
+            share.is_some_and(|share| share.shape.requests != plan.requests)
+        };
+        if stale {
+            // An override of the bucket was set, removed or ended (contract §3e): units
+            // granted under the old `requests` must not admit under the new one.
+            self.set_aside_where(|b, share| {
+                **b == *plan.bucket && share.shape.requests != plan.requests
+            });
+        }
         {
             let mut mine = self.worker(worker);
             if let Some(share) = mine.shares.get_mut(&*plan.bucket) {
@@ -367,7 +379,7 @@ impl Shares {
                 let Some(share) = theirs.shares.get_mut(&*plan.bucket) else {
                     continue;
                 };
-                if !share.live(now) || share.unused == 0 {
+                if !share.live(now) || share.unused == 0 || share.shape.requests != plan.requests {
                     continue;
                 }
                 let units = share.unused.div_ceil(2).max(needed).min(share.unused);
@@ -515,7 +527,8 @@ impl Shares {
             // What this instance holds of the bucket now goes back at the next tick; units
             // granted after the ask are not what it asked for.
             ResetEvent::Reclaim(bucket) => self.set_aside_where(|b, _| &**b == bucket),
-            ResetEvent::Returned(_) => {}
+            // A share taken under other `requests` goes back at its next use (`take`).
+            ResetEvent::Returned(_) | ResetEvent::Overrides => {}
             // A reset or a reclaim may have been missed: nothing held is sure to be wanted.
             ResetEvent::Missed => {
                 self.set_aside_where(|_, _| true);
@@ -770,6 +783,32 @@ mod tests {
         // A unit put back (another limit denied the request) is there again.
         shares.put_back(1, &plan, &held);
         assert_eq!(shares.worker(1).shares[&plan.bucket].unused, 4);
+    }
+
+    /// Contract §3e: units granted under one `requests` never admit a request planned with
+    /// another (an override set, removed or ended): every worker's share of the bucket is set
+    /// aside for the next give-back and the request asks the store under the new limit.
+    #[test]
+    fn a_share_granted_under_other_requests_is_given_back_not_used() {
+        let shares = shares(2);
+        let plan = limit(5);
+        take_granting(&shares, 0, &plan, 9);
+        let Take::Taken(_) = shares.take(1, &plan) else {
+            panic!("worker 1 takes from worker 0's units");
+        };
+        let lowered = PlannedLimit {
+            requests: 3,
+            ..plan.clone()
+        };
+        let Take::Grant(want) = shares.take(0, &lowered) else {
+            panic!("units of the old limit were used");
+        };
+        assert_eq!(want.requests, 3);
+        let back: u32 = shares.asked().back.iter().map(|b| b.unused).sum();
+        assert_eq!(back, 7, "both workers' unused units go back");
+        for worker in 0..2 {
+            assert_eq!(shares.worker(worker).shares[&plan.bucket].unused, 0);
+        }
     }
 
     /// Requests that find a grant under way wait for it, and the grant asks for them too.

@@ -83,6 +83,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "0008_denied_adds_nothing",
         sql: include_str!("../../../migrations/0008_denied_adds_nothing.sql"),
     },
+    Migration {
+        version: 9,
+        name: "0009_overrides",
+        sql: include_str!("../../../migrations/0009_overrides.sql"),
+    },
 ];
 
 /// What happened to the stored key fingerprint.

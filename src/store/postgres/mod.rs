@@ -39,6 +39,9 @@
 //!   reconnects by itself and checks that notifications really arrive. It sends `LISTEN` only
 //!   on a session that is its backend's own ([`session`]): through a pooler the
 //!   statement would stay on a server connection that other clients get.
+//! - **Overrides** (contract §3e, [`overrides`]): `tollgate override` writes
+//!   `public.tollgate_overrides` and notifies on the same `LISTEN` session as reset; every
+//!   instance reads the table into memory ([`PostgresStore::load_overrides`]).
 //! - **Readiness** (contract §7): [`PostgresStore::ping`] answers from the outcome of recent
 //!   decisions, and with no recent traffic runs the real increment inside a transaction that
 //!   is rolled back, so a missing table, a revoked privilege or a read-only database is "not
@@ -70,6 +73,7 @@ mod charge;
 mod direct;
 mod errors;
 mod migrate;
+mod overrides;
 mod pool;
 mod registry;
 mod reset;
@@ -82,6 +86,7 @@ pub mod tls;
 
 pub use errors::InitError;
 pub use migrate::FingerprintChange;
+pub use overrides::{ListedOverride, OverrideKey, OverrideSet};
 pub use pool::{connect_deadline_for, Manager, PoolError};
 pub use statements::{fixed_upsert_sql, increment_sql, sliding_one_sql, sliding_upsert_sql};
 

@@ -1,7 +1,8 @@
 //! `tollgate reset` (contract §3b; docs/operations.md, "`tollgate reset`"): the delete of buckets'
 //! current and previous windows, with a `NOTIFY` to every instance in the same transaction,
 //! and the one `LISTEN` session per instance that hears it and tells the limiter's cache of
-//! denials ([`ResetEvent`]). The session is a connection of its own outside the pool; it
+//! denials ([`ResetEvent`]); the same session hears reserved shares' requests (contract §3c)
+//! and changes of overrides (contract §3e). The session is a connection of its own outside the pool; it
 //! reconnects by itself, checks that notifications really arrive, and sends `LISTEN` only on
 //! a session that is its backend's own ([`session::settle`]).
 
@@ -13,6 +14,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Client;
 
 use super::errors::{describe, query_error};
+use super::overrides::OVERRIDES_CHANNEL;
 use super::pool::connect_deadline;
 use super::statements::{columns, count_from};
 use super::{session, PostgresStore};
@@ -227,7 +229,7 @@ impl PostgresStore {
                 match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
                     Some(Ok(tokio_postgres::AsyncMessage::Notification(n))) => {
                         let heard = Heard {
-                            shares: n.channel() == SHARES_CHANNEL,
+                            channel: Channel::of(n.channel()),
                             payload: n.payload().to_owned(),
                         };
                         if tx.try_send(heard).is_err() {
@@ -252,7 +254,7 @@ impl PostgresStore {
         }
         // A statement of its own, after the check: the session is its backend's for good, and
         // `pg_stat_activity.query` shows `LISTEN tollgate_reset` (docs/operations.md).
-        let listen_shares = format!("LISTEN {SHARES_CHANNEL}");
+        let listen_shares = format!("LISTEN {SHARES_CHANNEL}; LISTEN {OVERRIDES_CHANNEL}");
         let listen = format!("LISTEN {RESET_CHANNEL}");
         let name = self
             .listen_name
@@ -297,11 +299,12 @@ impl PostgresStore {
                 awaiting.unwrap_or_else(|| tokio::time::Instant::now() + LISTEN_CHECK_EVERY * 4);
             tokio::select! {
                 heard = notified.recv() => match heard {
-                    Some(Heard { shares: true, payload }) => {
+                    Some(Heard { channel: Channel::Shares, payload }) => {
                         if let Some(event) = share_event(&payload) {
                             on(event);
                         }
                     }
+                    Some(Heard { channel: Channel::Overrides, .. }) => on(ResetEvent::Overrides),
                     Some(Heard { payload, .. }) if payload == token => {
                         awaiting = None;
                         missed = 0;
@@ -380,9 +383,29 @@ impl PostgresStore {
 
 /// One notification as the listen session's driver hands it on.
 struct Heard {
-    /// On [`SHARES_CHANNEL`]; otherwise on [`RESET_CHANNEL`].
-    shares: bool,
+    channel: Channel,
     payload: String,
+}
+
+/// The channel a notification came on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Channel {
+    /// [`RESET_CHANNEL`] (resets, and the session's own check).
+    Reset,
+    /// [`SHARES_CHANNEL`].
+    Shares,
+    /// [`OVERRIDES_CHANNEL`].
+    Overrides,
+}
+
+impl Channel {
+    fn of(name: &str) -> Channel {
+        match name {
+            SHARES_CHANNEL => Channel::Shares,
+            OVERRIDES_CHANNEL => Channel::Overrides,
+            _ => Channel::Reset,
+        }
+    }
 }
 
 /// What a notification on [`SHARES_CHANNEL`] asks; `None` for a payload no release sends.
