@@ -26,6 +26,13 @@
 #               decided from shares taken from the database; not in the default MODES:
 #               MODES="memory memory-10k pg-hot pg-10k pg-hot-reserve pg-10k-reserve" gives the
 #               same-run ratios the summary checks against issue 49's targets
+#   pg-hot-overrides
+#               as pg-hot, with OVERRIDES [10000] overrides of its limit in the database for
+#               other subjects (contract §3e): the decision path's look-up in a full map;
+#               BASE_BIN=<main> MODES="pg-hot pg-hot-overrides" gives the same-run pair
+#   pg-hot-two  as pg-hot with a second limit (`global`) on the route: a request with two
+#               enforced limits, decided together (contract §3d: one that denies takes
+#               nothing from the other)
 #   pg-hot-cost-header
 #               as pg-hot, the limit charged after the response from the upstream's
 #               `x-ratelimit-cost` field (contract §3d; wrk asks /cost, where the upstream sets it):
@@ -48,6 +55,7 @@
 #   RUNS [3] rounds   DURATION [10] s per measured run   WARMUP [2] s before every run
 #   CONNS ["32 128"]  PROTOS ["h1 h2"]  H2_STREAMS [10] (h2load -m)  PAUSE [1] s between runs
 #   MODES ["nolimit memory memory-10k pg-hot pg-10k pg-flood"]
+#   OVERRIDES [10000]       overrides loaded for pg-hot-overrides
 #   SOAK [1]  SOAK_SECONDS [300]  SOAK_CONNS [1000]  SOAK_INTERVAL [5] s between two requests
 #             on one connection (1000 connections / 5 s = ~200 req/s of light load)
 #   PIN [1]: proxy under test on CPU_PROXY [1]; wrk/h2load and the upstream on CPU_LOAD [0]
@@ -128,6 +136,7 @@ PROTOS=${PROTOS:-"h1 h2"}
 H2_STREAMS=${H2_STREAMS:-10}
 PAUSE=${PAUSE:-1}
 MODES=${MODES:-"nolimit memory memory-10k pg-hot pg-10k pg-flood"}
+OVERRIDES=${OVERRIDES:-10000}
 SOAK=${SOAK:-1}
 SOAK_SECONDS=${SOAK_SECONDS:-300}
 SOAK_CONNS=${SOAK_CONNS:-1000}
@@ -275,7 +284,7 @@ for m in $MODES; do
   case $m in
     nolimit | memory | memory-10k | pg-hot | pg-10k | pg-flood | pg-hot-sliding | pg-10k-sliding | \
       pg-hot-reserve | pg-10k-reserve | pg-hot-reserve-sliding | pg-10k-reserve-sliding | \
-      pg-hot-cost-header | nolimit-hyper | memory-hyper)
+      pg-hot-cost-header | pg-hot-overrides | pg-hot-two | nolimit-hyper | memory-hyper)
       ORDER+=("tollgate-$m")
       [[ -n $BASE_BIN ]] && ORDER+=("base-$m") ;;
     *) echo "unknown mode $m" >&2; exit 1 ;;
@@ -342,15 +351,29 @@ EOF
     local limits=${mode%-hyper}
     case ${limits/-reserve/} in
       nolimit) ;;
-      memory | pg-hot) printf '  [[routes.limits]]\n  key = "ip"\n  requests = 2000000000\n  window = "1h"\n' ;;
+      memory | pg-hot | pg-hot-overrides) printf '  [[routes.limits]]\n  key = "ip"\n  requests = 2000000000\n  window = "1h"\n' ;;
       memory-10k | pg-10k) printf '  [[routes.limits]]\n  key = "header:authorization"\n  requests = 2000000000\n  window = "1h"\n' ;;
       pg-flood) printf '  [[routes.limits]]\n  key = "ip"\n  requests = 10\n  window = "1h"\n' ;;
+      pg-hot-two) printf '  [[routes.limits]]\n  key = "%s"\n  requests = 2000000000\n  window = "1h"\n' ip global ;;
       pg-hot-cost-header) printf '  [[routes.limits]]\n  key = "ip"\n  requests = 2000000000\n  window = "1h"\n  cost_header = "x-ratelimit-cost"\n' ;;
       pg-hot-sliding) printf '  [[routes.limits]]\n  key = "ip"\n  requests = 2000000000\n  window = "1h"\n  algorithm = "sliding"\n' ;;
       pg-10k-sliding) printf '  [[routes.limits]]\n  key = "header:authorization"\n  requests = 2000000000\n  window = "1h"\n  algorithm = "sliding"\n' ;;
     esac
     if [[ $limits == *-reserve* ]]; then printf '  reserve = true\n'; fi
   } >"$file"
+}
+
+# load_overrides TARGET: its database migrated, then OVERRIDES overrides of the bench limit
+# (`bench:ip`) for subjects that are not the client, so the decision path looks the client's
+# bucket up in a full map and finds nothing (contract §3e). A build without overrides (a
+# BASE_BIN before them) has no table: it runs as pg-hot.
+load_overrides() {
+  local t=$1
+  "${BIN[$t]}" migrate --config "${CONF[$t]}" >"$RUN/$t.migrate.log" 2>&1 \
+    || { echo "$t: tollgate migrate failed (see $RUN/$t.migrate.log)" >&2; exit 1; }
+  psql_db "${DB[$t]}" -c "INSERT INTO tollgate_overrides (scope, label, digest, requests, note)
+    SELECT 'bench', 'ip', encode(sha256(convert_to('bench-' || i, 'UTF8')), 'hex'), 2000000000, 'bench'
+    FROM generate_series(1, $OVERRIDES) AS i" >/dev/null 2>&1 || echo "$t: no overrides table: runs as pg-hot"
 }
 
 i=0
@@ -430,6 +453,7 @@ for t in "${ORDER[@]}"; do
     psql_admin -c "DROP DATABASE IF EXISTS ${DB[$t]} WITH (FORCE)" >/dev/null
     psql_admin -c "CREATE DATABASE ${DB[$t]}" >/dev/null
     PG_DBS+=("${DB[$t]}")
+    [[ $t == *-pg-hot-overrides ]] && load_overrides "$t"
   fi
   # With ACCESS_LOG=1 everything it logs goes to /dev/null (see ACCESS_LOG above): a start-up
   # failure shows as the readiness wait below giving up, and the same command without
