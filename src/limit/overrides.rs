@@ -10,31 +10,12 @@
 //! the `requests` of the request's plan ([`super::Exhausted`]), and a reserved share taken
 //! under another `requests` is given back at its next use ([`super::reserve::Shares::take`]).
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use super::RandomState;
-
-/// One override: the `requests` that replaces the limit's, and until when (unix milliseconds,
-/// `None`: no end).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Override {
-    pub requests: u32,
-    pub until_ms: Option<i64>,
-}
-
-impl Override {
-    /// Whether it applies at `now_ms`.
-    pub fn in_force(&self, now_ms: i64) -> bool {
-        self.until_ms.is_none_or(|until| now_ms < until)
-    }
-}
-
-/// Bucket (`<scope>:<label>:<digest>`, or `<scope>:global`) -> its override.
-pub type OverrideMap = HashMap<Box<str>, Override, RandomState>;
+pub use crate::store::OverrideMap;
 
 /// The overrides this instance applies (see the module notes).
 #[derive(Default)]
@@ -89,6 +70,7 @@ impl Overrides {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Override;
 
     fn map(entries: &[(&str, u32, Option<i64>)]) -> OverrideMap {
         entries

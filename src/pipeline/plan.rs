@@ -331,7 +331,7 @@ mod tests {
         let (_, limits) = plan_on(&rules, &hasher, &mut keyed("a")).expect("plans");
         let bucket_a = limits[1].bucket.clone();
         let mut map = crate::limit::overrides::OverrideMap::default();
-        let raised = crate::limit::overrides::Override {
+        let raised = crate::store::Override {
             requests: 50,
             until_ms: None,
         };

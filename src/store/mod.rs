@@ -50,6 +50,25 @@ pub struct Increment {
     pub check: bool,
 }
 
+/// One override of a bucket's `requests` (contract §3e), as the database keeps it: the
+/// `requests` that replaces the limit's, and until when (unix milliseconds, `None`: no end).
+/// Here, with the store that reads them, so that the limiter above uses the store's type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Override {
+    pub requests: u32,
+    pub until_ms: Option<i64>,
+}
+
+impl Override {
+    /// Whether it applies at `now_ms`.
+    pub fn in_force(&self, now_ms: i64) -> bool {
+        self.until_ms.is_none_or(|until| now_ms < until)
+    }
+}
+
+/// Bucket (`<scope>:<label>:<digest>`, or `<scope>:global`) -> its override.
+pub type OverrideMap = std::collections::HashMap<Box<str>, Override, foldhash::fast::RandomState>;
+
 /// The state of one bucket right after an increment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Counted {

@@ -1,7 +1,7 @@
 //! Per-subject overrides in the database (contract §3e; `migrations/0009_overrides.sql`):
 //! what `tollgate override` writes and lists, with a `NOTIFY` to every instance in the same
 //! transaction, and what each running instance reads into memory
-//! ([`crate::limit::overrides`]). Every statement goes through the pool as a statement (or a
+//! (`crate::limit::overrides`). Every statement goes through the pool as a statement (or a
 //! transaction) of its own: nothing is kept on a session, so it works through any pooler.
 
 use tokio_postgres::types::{ToSql, Type};
@@ -10,8 +10,8 @@ use tokio_postgres::Row;
 use super::errors::query_error;
 use super::pool::statement_bound;
 use super::PostgresStore;
-use crate::limit::overrides::{Override, OverrideMap};
 use crate::store::StoreError;
+use crate::store::{Override, OverrideMap};
 
 /// The `NOTIFY` channel of `tollgate override` (contract §3e). Payload: the bucket changed,
 /// `<scope>:<label>:<digest>` or `<scope>:global`; every listener reads the table again.
