@@ -71,8 +71,6 @@ enum Work<'c> {
     Set {
         limit: &'c LimitConfig,
         set: OverrideSet,
-        /// `until` has passed already: stored, but it does not apply.
-        ended: bool,
     },
     Remove {
         limit: &'c LimitConfig,
@@ -98,10 +96,7 @@ impl<'c> Work<'c> {
             } => {
                 let (limit, key) = subject_key(config, hasher, subject)?;
                 let requests = requests_of(requests)?;
-                let (until, ended) = match until {
-                    Some(text) => until_of(text).map(|(t, ended)| (Some(t), ended))?,
-                    None => (None, false),
-                };
+                let until = until.as_deref().map(until_of).transpose()?;
                 let note = note.clone();
                 let set = OverrideSet {
                     key,
@@ -109,7 +104,7 @@ impl<'c> Work<'c> {
                     until,
                     note,
                 };
-                Ok(Work::Set { limit, set, ended })
+                Ok(Work::Set { limit, set })
             }
             OverrideAction::Remove { subject } => {
                 let (limit, key) = subject_key(config, hasher, subject)?;
@@ -132,7 +127,7 @@ impl<'c> Work<'c> {
         out: &mut Out<'_>,
     ) -> Result<(), crate::store::StoreError> {
         match self {
-            Work::Set { limit, set, ended } => run_set(pg, limit, &set, ended, out).await,
+            Work::Set { limit, set } => run_set(pg, limit, &set, out).await,
             Work::Remove { limit, key } => run_remove(pg, limit, &key, out).await,
             Work::List { limit } => {
                 let policy = limit.map(|l| (l.scope.as_str(), l.key.label()));
@@ -153,7 +148,6 @@ async fn run_set(
     pg: &PostgresStore,
     limit: &LimitConfig,
     set: &OverrideSet,
-    ended: bool,
     out: &mut Out<'_>,
 ) -> Result<(), crate::store::StoreError> {
     let old = pg.set_override(set).await?;
@@ -169,12 +163,6 @@ async fn run_set(
         requests_text(old, limit),
         set.requests,
     );
-    if ended {
-        say!(
-            out,
-            "ended       until has passed: the override is stored but does not apply"
-        );
-    }
     say!(out, "{NOTIFIED}");
     Ok(())
 }
@@ -374,13 +362,18 @@ fn requests_of(text: &str) -> Result<u32, String> {
         })
 }
 
-/// `--until`: an RFC 3339 time, as UTC text for the database, and whether it has passed.
-fn until_of(text: &str) -> Result<(String, bool), String> {
+/// `--until`: an RFC 3339 time still to come, as UTC text for the database. One that has
+/// passed already is a usage error (contract §3e): it would never apply.
+fn until_of(text: &str) -> Result<String, String> {
     let bad = || format!("--until {text}: give an RFC 3339 time, such as 2027-01-31T00:00:00Z");
     let at = OffsetDateTime::parse(text.trim(), &Rfc3339).map_err(|_| bad())?;
     let utc = at.to_offset(UtcOffset::UTC);
-    let formatted = utc.format(&Rfc3339).map_err(|_| bad())?;
-    Ok((formatted, utc <= OffsetDateTime::now_utc()))
+    if utc <= OffsetDateTime::now_utc() {
+        return Err(format!(
+            "--until {text}: that time has passed; an override must end in the future"
+        ));
+    }
+    utc.format(&Rfc3339).map_err(|_| bad())
 }
 
 #[cfg(test)]
@@ -515,9 +508,12 @@ mod tests {
         }
         assert_eq!(
             until_of("2999-01-31T01:00:00+01:00"),
-            Ok(("2999-01-31T00:00:00Z".to_owned(), false))
+            Ok("2999-01-31T00:00:00Z".to_owned())
         );
-        assert!(until_of("2001-01-01T00:00:00Z").expect("valid").1, "passed");
+        assert!(
+            until_of("2001-01-01T00:00:00Z").is_err_and(|e| e.contains("has passed")),
+            "a time that has passed"
+        );
         for bad in ["2027-01-31", "tomorrow", "2027-13-01T00:00:00Z"] {
             assert!(until_of(bad).is_err(), "{bad}");
         }

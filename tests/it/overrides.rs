@@ -433,8 +433,27 @@ async fn zero_blocks_and_an_until_that_passed_does_not_apply() {
         );
     }
 
-    let out = set(path, "expired", "10", &["--until", "2001-01-01T00:00:00Z"]).await;
-    assert!(out.contains("until has passed"), "{out}");
+    // An --until that has passed is refused (contract §3e: a usage error), so nothing of it
+    // applies.
+    let refused = tollgate_override(
+        path,
+        &[
+            "set",
+            "--limit",
+            "api:authorization",
+            "--header",
+            &bearer("expired"),
+            "--requests",
+            "10",
+            "--until",
+            "2001-01-01T00:00:00Z",
+        ],
+        "error",
+    )
+    .await;
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("has passed"), "{stderr}");
     let soon = time::OffsetDateTime::now_utc() + time::Duration::seconds(3);
     let soon = soon
         .format(&time::format_description::well_known::Rfc3339)
@@ -798,7 +817,7 @@ fn bad_arguments_exit_2_with_one_clear_line() {
     )
     .expect("config");
     let token = "Authorization: Bearer abc";
-    let cases: [(&[&str], &str); 6] = [
+    let cases: [(&[&str], &str); 7] = [
         (
             &[
                 "set",
@@ -848,6 +867,20 @@ fn bad_arguments_exit_2_with_one_clear_line() {
                 "next week",
             ],
             "RFC 3339",
+        ),
+        (
+            &[
+                "set",
+                "--limit",
+                "api:authorization",
+                "--header",
+                token,
+                "--requests",
+                "5",
+                "--until",
+                "2001-01-01T00:00:00Z",
+            ],
+            "has passed",
         ),
         (
             &[
