@@ -20,7 +20,7 @@ pub mod store {
 
     pub mod postgres {
         pub use crate::store::postgres::{
-            fixed_upsert_sql, increment_sql, sliding_one_sql, sliding_upsert_sql,
+            decide_sql, fixed_upsert_sql, increment_sql, sliding_one_sql, sliding_upsert_sql,
             ConnectionInspection, FingerprintChange, InitError, PostgresStore,
         };
     }

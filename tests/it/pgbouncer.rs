@@ -526,6 +526,34 @@ fn row_answer(counted: &[Vec<tollgate::testing::store::Counted>], at: usize) -> 
     (count, counted.iter().map(|c| c[at].added).sum())
 }
 
+/// Three requests, each with the limits `<bucket>-a` (10) and `<bucket>-b` (1), decided one
+/// statement each: the units each added to its two rows.
+async fn joint_decisions(
+    store: &tollgate::testing::store::postgres::PostgresStore,
+    bucket: &str,
+) -> Vec<(u32, u32)> {
+    use tollgate::testing::store::Store;
+    let pair = [
+        tollgate::testing::store::Increment {
+            enforce: Some(10),
+            ..one(&format!("{bucket}-a"))
+        },
+        tollgate::testing::store::Increment {
+            enforce: Some(1),
+            ..one(&format!("{bucket}-b"))
+        },
+    ];
+    let mut added = Vec::new();
+    for _ in 0..3 {
+        let counted = store
+            .increment_each(&[&pair[..]])
+            .await
+            .expect("joint decision");
+        added.push((counted[0][0].added, counted[0][1].added));
+    }
+    added
+}
+
 fn one(bucket: &str) -> tollgate::testing::store::Increment {
     tollgate::testing::store::Increment {
         bucket: std::sync::Arc::from(bucket),
@@ -771,9 +799,17 @@ async fn the_increment_is_prepared_only_on_a_connection_that_reaches_its_backend
                 [((2, 2), (1, 1)), ((3, 1), (2, 1)), ((3, 0), (3, 1))],
                 "direct: a row at its limit counts exactly the admitted units"
             );
+            // A request with two enforced limits takes the joint decision, prepared too; the
+            // second limit's denial takes nothing from the first (contract §3d).
+            assert_eq!(
+                joint_decisions(&store, &bucket).await,
+                [(1, 1), (0, 0), (0, 0)],
+                "direct: units added to each row by three requests of two limits"
+            );
             let (_, at_limit) = settled(&store).await;
             let mut all = vec![
                 fixed,
+                tollgate::testing::store::postgres::decide_sql(),
                 tollgate::testing::store::postgres::increment_sql(),
                 tollgate::testing::store::postgres::sliding_one_sql(),
                 tollgate::testing::store::postgres::sliding_upsert_sql(),
@@ -811,12 +847,19 @@ async fn the_increment_is_prepared_only_on_a_connection_that_reaches_its_backend
             assert_eq!(direct, path.starts_with("direct"), "{path}");
             let counts = [count().await, count().await, count().await];
             assert_eq!(counts, [1, 2, 3], "{path}: counting is exact");
+            assert_eq!(
+                joint_decisions(&store, &bucket).await,
+                [(1, 1), (0, 0), (0, 0)],
+                "{path}: units added to each row by three requests of two limits"
+            );
             let (_, seen) = settled(&store).await;
-            let prepared: Vec<String> = if direct {
-                vec![fixed.to_string()]
+            let mut prepared: Vec<String> = if direct {
+                let decide = tollgate::testing::store::postgres::decide_sql();
+                vec![fixed.to_string(), decide.to_string()]
             } else {
                 Vec::new()
             };
+            prepared.sort_unstable();
             assert_eq!(
                 (seen.prepared, seen.synchronous_commit.as_str()),
                 (prepared, "on"),

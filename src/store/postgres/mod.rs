@@ -88,7 +88,9 @@ pub use errors::InitError;
 pub use migrate::FingerprintChange;
 pub use overrides::{ListedOverride, OverrideKey, OverrideSet};
 pub use pool::{connect_deadline_for, Manager, PoolError};
-pub use statements::{fixed_upsert_sql, increment_sql, sliding_one_sql, sliding_upsert_sql};
+pub use statements::{
+    decide_sql, fixed_upsert_sql, increment_sql, sliding_one_sql, sliding_upsert_sql,
+};
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -101,9 +103,7 @@ use tokio_postgres::types::{ToSql, Type};
 use self::errors::{cause, describe, is_transient, query_error, Cause, FailureLog};
 use self::migrate::MIGRATION_LOCK;
 use self::pool::{connect_deadline, connection_config, statement_bound, LastConnectError};
-use self::statements::{
-    columns, count_from, decided, fixed_cap, FastMap, IncrementArgs, DECIDE_SQL, PEEK_SQL,
-};
+use self::statements::{columns, count_from, decided, fixed_cap, FastMap, IncrementArgs, PEEK_SQL};
 use self::tls::MakeRustls;
 use super::coalesce::Folded;
 use super::settings::StoreConfig;
@@ -458,7 +458,7 @@ impl PostgresStore {
     /// every row can be counted on its own (no request has an enforced limit next to another
     /// limit, takes several units of a limit, or checks one, see [`Folded::joint`]),
     /// the rows go to `tollgate_increment` and each request gets its share of them in arrival
-    /// order. Otherwise `tollgate_decide` walks the requests one by one ([`DECIDE_SQL`]).
+    /// order. Otherwise `tollgate_decide` walks the requests one by one ([`DECIDE_SQL`](statements::DECIDE_SQL)).
     async fn run_requests(
         &self,
         requests: &[&[Increment]],
@@ -473,7 +473,7 @@ impl PostgresStore {
         Box::pin(self.run_decide(requests, &folded)).await
     }
 
-    /// The joint decision of [`DECIDE_SQL`]: one row back per bucket; a sliding row carries
+    /// The joint decision of [`DECIDE_SQL`](statements::DECIDE_SQL): one row back per bucket; a sliding row carries
     /// what each of its requests' increments added and what its estimate admitted, in arrival
     /// order, from which every request's count is its own position.
     async fn run_decide(
@@ -519,9 +519,7 @@ impl PostgresStore {
         let result = self
             .bounded(|| async {
                 let conn = self.pool.get().await.map_err(|e| self.pool_error(e))?;
-                conn.run(|| conn.query_typed(DECIDE_SQL, &params))
-                    .await
-                    .map_err(|e| self.fail(e))
+                conn.decide(&params).await.map_err(|e| self.fail(e))
             })
             .await
             .and_then(|rows| decided(requests, folded, &rows));

@@ -104,7 +104,7 @@ pub struct PooledClient {
     local_timeouts: Option<LocalTimeouts>,
     /// The increment statements prepared on this connection (direct connections only), by
     /// [`IncrementStatement::slot`](super::statements::IncrementStatement::slot).
-    pub(super) prepared: [std::sync::OnceLock<tokio_postgres::Statement>; 4],
+    pub(super) prepared: [std::sync::OnceLock<tokio_postgres::Statement>; 5],
     /// The prepared increment stopped working (its plan no longer fits the function, or the
     /// statement is gone): the connection is replaced rather than reused.
     pub(super) stale: AtomicBool,

@@ -58,6 +58,11 @@ pub fn increment_sql() -> &'static str {
     INCREMENT_SQL
 }
 
+/// The text of the joint decision's call, for tests; as documented on [`DECIDE_SQL`].
+pub fn decide_sql() -> &'static str {
+    DECIDE_SQL
+}
+
 /// The fixed-window part of `public.tollgate_increment` (`migrations/0008_denied_adds_nothing.sql`)
 /// as a statement of its own: the seed's atomic upsert, with [`INCREMENT_SQL`]'s first three
 /// parameters, `$4 int8[]` its fixed rows' caps (its `$5`), and the four columns `bucket,
@@ -265,6 +270,9 @@ pub(super) enum IncrementStatement {
     SlidingUpsert,
     /// The same for a batch of one sliding row.
     SlidingOne,
+    /// The joint decision's call ([`DECIDE_SQL`]), prepared on a direct connection: the
+    /// parse and plan of the call cost the database on every request with several limits.
+    Decide,
 }
 
 impl IncrementStatement {
@@ -274,13 +282,26 @@ impl IncrementStatement {
             IncrementStatement::FixedUpsert => FIXED_UPSERT_SQL,
             IncrementStatement::SlidingUpsert => SLIDING_UPSERT_SQL,
             IncrementStatement::SlidingOne => SLIDING_ONE_SQL,
+            IncrementStatement::Decide => DECIDE_SQL,
+        }
+    }
+
+    /// The unnamed statement that stands in for it, with the same parameters as `fallback`
+    /// of [`PooledClient::increment_prepared`]: the function's call.
+    fn unnamed_sql(self) -> &'static str {
+        match self {
+            IncrementStatement::Decide => DECIDE_SQL,
+            _ => INCREMENT_SQL,
         }
     }
 
     /// Whether the statement relies on the session's `synchronous_commit` (the function sets
     /// it for its own transaction).
     fn needs_session_setting(self) -> bool {
-        !matches!(self, IncrementStatement::Function)
+        !matches!(
+            self,
+            IncrementStatement::Function | IncrementStatement::Decide
+        )
     }
 
     /// Its slot in `PooledClient::prepared`.
@@ -515,15 +536,31 @@ impl PooledClient {
             .await
     }
 
+    /// The joint decision ([`DECIDE_SQL`]) on this connection: prepared once on a direct one,
+    /// the unnamed statement otherwise (behind a pooler a named statement may not be there).
+    pub(super) async fn decide(
+        &self,
+        params: &[(&(dyn ToSql + Sync), Type); 10],
+    ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+        if !self.direct.is_direct() {
+            return self
+                .run(|| self.client.query_typed(DECIDE_SQL, params))
+                .await;
+        }
+        // The function sets `synchronous_commit` for its own transaction: no session setting.
+        self.increment_prepared(IncrementStatement::Decide, params, params, false)
+            .await
+    }
+
     /// `which` with its `params`, prepared on this direct connection (the first time, see
-    /// [`PooledClient::increment_and_prepare`]). `function`: the same batch as the function's
-    /// parameters, for the unnamed call when the prepared statement is not (or no longer)
-    /// there.
+    /// [`PooledClient::increment_and_prepare`]). `fallback`: the same batch as the parameters
+    /// of `which`'s unnamed stand-in ([`IncrementStatement::unnamed_sql`]), for when the
+    /// prepared statement is not (or no longer) there.
     async fn increment_prepared<const N: usize>(
         &self,
         which: IncrementStatement,
         params: &[(&(dyn ToSql + Sync), Type); N],
-        function: &[(&(dyn ToSql + Sync), Type); 6],
+        fallback: &[(&(dyn ToSql + Sync), Type)],
         async_commit: bool,
     ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
         let Some(statement) = self.prepared[which.slot()].get() else {
@@ -531,7 +568,7 @@ impl PooledClient {
             // Boxed: once per connection and statement, and its three pipelined futures
             // would otherwise make every increment's future (moved into a box per call by
             // `Store::increment_each`) several kilobytes larger.
-            return Box::pin(self.increment_and_prepare(function, which, types, async_commit))
+            return Box::pin(self.increment_and_prepare(fallback, which, types, async_commit))
                 .await;
         };
         let values: [&(dyn ToSql + Sync); N] = std::array::from_fn(|i| params[i].0);
@@ -550,22 +587,22 @@ impl PooledClient {
             {
                 tracing::debug!(error = %err, "the prepared increment no longer applies");
                 self.stale.store(true, Ordering::Release);
-                self.run(|| self.client.query_typed(INCREMENT_SQL, function))
+                self.run(|| self.client.query_typed(which.unnamed_sql(), fallback))
                     .await
             }
             _ => result,
         }
     }
 
-    /// The first batch of its kind on a direct connection: it runs as the function's unnamed
-    /// call, and the prepare of `which` (parameter `types`) is pipelined right behind it (sent
+    /// The first batch of its kind on a direct connection: it runs as the unnamed stand-in of
+    /// `which` (a function's call), and the prepare of `which` (parameter `types`) is pipelined right behind it (sent
     /// in the same flush, answered after it), so this decision waits for no extra round trip.
     /// For the plain upsert with `async_commit`, the session's `synchronous_commit = off`
     /// goes in the same flush: the statement relies on it. A failure of either leaves the
     /// connection on unnamed statements for good rather than retrying on every call.
     async fn increment_and_prepare(
         &self,
-        function: &[(&(dyn ToSql + Sync), Type); 6],
+        fallback: &[(&(dyn ToSql + Sync), Type)],
         which: IncrementStatement,
         types: Vec<Type>,
         async_commit: bool,
@@ -574,7 +611,7 @@ impl PooledClient {
         let (rows, prepared, session) = self
             .tracked(|| async {
                 tokio::join!(
-                    self.client.query_typed(INCREMENT_SQL, function),
+                    self.client.query_typed(which.unnamed_sql(), fallback),
                     self.client.prepare_typed(which.sql(), &types),
                     async {
                         if set_session {
