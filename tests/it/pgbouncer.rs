@@ -526,6 +526,41 @@ fn row_answer(counted: &[Vec<tollgate::testing::store::Counted>], at: usize) -> 
     (count, counted.iter().map(|c| c[at].added).sum())
 }
 
+/// What [`capped_increments`] answers: three requests one after another on a limit of 2, then
+/// three folded into one row of a fresh bucket (more units than fit), as (count, added).
+const CAPPED: [(u32, u32); 6] = [(1, 1), (2, 1), (2, 0), (1, 1), (2, 1), (2, 0)];
+
+/// A fixed limit of 2 (contract §3d: a denied unit is not added), on whichever statement the
+/// connection sends: the plain upsert with caps and the function for the rows it leaves on a
+/// direct connection, the function alone behind a pooler.
+async fn capped_increments(
+    store: &tollgate::testing::store::postgres::PostgresStore,
+    bucket: &str,
+) -> Vec<(u32, u32)> {
+    use tollgate::testing::store::Store;
+    let capped = |name: &str| tollgate::testing::store::Increment {
+        enforce: Some(2),
+        ..one(&format!("{bucket}-{name}"))
+    };
+    let alone = capped("capped");
+    let mut answers = Vec::new();
+    for _ in 0..3 {
+        let counted = store
+            .increment_each(&[std::slice::from_ref(&alone)])
+            .await
+            .expect("capped increment");
+        answers.push((counted[0][0].count, counted[0][0].added));
+    }
+    let folded = capped("folded");
+    let requests = vec![std::slice::from_ref(&folded); 3];
+    let counted = store
+        .increment_each(&requests)
+        .await
+        .expect("folded capped increment");
+    answers.extend(counted.iter().map(|c| (c[0].count, c[0].added)));
+    answers
+}
+
 /// Three requests, each with the limits `<bucket>-a` (10) and `<bucket>-b` (1), decided one
 /// statement each: the units each added to its two rows.
 async fn joint_decisions(
@@ -806,6 +841,11 @@ async fn the_increment_is_prepared_only_on_a_connection_that_reaches_its_backend
                 [(1, 1), (0, 0), (0, 0)],
                 "direct: units added to each row by three requests of two limits"
             );
+            assert_eq!(
+                capped_increments(&store, &bucket).await,
+                CAPPED,
+                "direct: a fixed row never counts a denied unit"
+            );
             let (_, at_limit) = settled(&store).await;
             let mut all = vec![
                 fixed,
@@ -852,10 +892,17 @@ async fn the_increment_is_prepared_only_on_a_connection_that_reaches_its_backend
                 [(1, 1), (0, 0), (0, 0)],
                 "{path}: units added to each row by three requests of two limits"
             );
+            assert_eq!(
+                capped_increments(&store, &bucket).await,
+                CAPPED,
+                "{path}: a fixed row never counts a denied unit"
+            );
             let (_, seen) = settled(&store).await;
             let mut prepared: Vec<String> = if direct {
+                // The function too: for the capped rows at their limit.
                 let decide = tollgate::testing::store::postgres::decide_sql();
-                vec![fixed.to_string(), decide.to_string()]
+                let function = tollgate::testing::store::postgres::increment_sql();
+                vec![fixed.to_string(), decide.to_string(), function.to_string()]
             } else {
                 Vec::new()
             };
