@@ -425,6 +425,16 @@ pub fn tollgate_check(path: &std::path::Path) -> std::process::Output {
         .expect("run tollgate check")
 }
 
+/// Writes `text` to `proxy.toml` in a folder of its own under the temporary directory,
+/// `tollgate-<suite>-<pid>-<name>`, for a `tollgate` child process to read; its path.
+pub fn write_config_file(suite: &str, name: &str, text: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("tollgate-{suite}-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("proxy.toml");
+    std::fs::write(&path, text).expect("write config");
+    path
+}
+
 pub fn config_from(text: &str, upstream: SocketAddr, env: &[(&str, &str)]) -> Config {
     let text = text.replace("@UPSTREAM@", &upstream.to_string());
     let map: HashMap<String, String> = env

@@ -634,11 +634,7 @@ async fn pg_reserve_r_counts_every_workers_units() {
 
 /// Writes `text` to a configuration file of this test's own.
 fn write_config(tag: &str, text: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("tollgate-cost-{}-{tag}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let path = dir.join("proxy.toml");
-    std::fs::write(&path, text).expect("write config");
-    path
+    write_config_file("cost", tag, text)
 }
 
 /// A file whose one limit has `cost = {cost}` and `requests = 10`; answers the file's text

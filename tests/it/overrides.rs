@@ -61,16 +61,8 @@ fn config_text(url: &str) -> String {
 
 /// Writes `text` (with `@UPSTREAM@` filled in) to a file of this test's own.
 fn config_file(name: &str, text: &str, upstream: &Upstream) -> PathBuf {
-    let dir =
-        std::env::temp_dir().join(format!("tollgate-overrides-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let path = dir.join("proxy.toml");
-    std::fs::write(
-        &path,
-        text.replace("@UPSTREAM@", &upstream.addr.to_string()),
-    )
-    .expect("write config");
-    path
+    let text = text.replace("@UPSTREAM@", &upstream.addr.to_string());
+    write_config_file("overrides", name, &text)
 }
 
 /// Runs `tollgate override ARGS --config PATH` (with `RUST_LOG` set to `log`).
@@ -123,6 +115,19 @@ async fn set(path: &Path, token: &str, requests: &str, extra: &[&str]) -> String
         requests,
     ];
     args.extend_from_slice(extra);
+    succeeds(path, &args).await
+}
+
+/// `override remove` of `token`'s bucket.
+async fn remove(path: &Path, token: &str) -> String {
+    let header = bearer(token);
+    let args = [
+        "remove",
+        "--limit",
+        "api:authorization",
+        "--header",
+        &header,
+    ];
     succeeds(path, &args).await
 }
 
@@ -263,18 +268,7 @@ async fn set_raises_one_tokens_limit_everywhere_within_a_second_and_remove_resto
         );
     }
 
-    let header = bearer("acme");
-    let out = succeeds(
-        path,
-        &[
-            "remove",
-            "--limit",
-            "api:authorization",
-            "--header",
-            &header,
-        ],
-    )
-    .await;
+    let out = remove(path, "acme").await;
     assert!(out.contains("requests 10 -> 3 (the file's)"), "{out}");
     let took = until_in_force(&[a, b], 1, Duration::from_secs(5)).await;
     assert!(took <= Duration::from_secs(1), "removed after {took:?}");
@@ -283,17 +277,7 @@ async fn set_raises_one_tokens_limit_everywhere_within_a_second_and_remove_resto
         assert_eq!(answer, (StatusCode::TOO_MANY_REQUESTS, Some(FILE_REQUESTS)));
     }
     // Removing again removes nothing, and says so.
-    let out = succeeds(
-        path,
-        &[
-            "remove",
-            "--limit",
-            "api:authorization",
-            "--header",
-            &header,
-        ],
-    )
-    .await;
+    let out = remove(path, "acme").await;
     assert!(out.contains("removed     nothing"), "{out}");
 }
 

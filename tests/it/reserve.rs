@@ -526,12 +526,8 @@ fn free_port() -> u16 {
 
 /// Writes `text` (with `@UPSTREAM@` filled in) to a file of this test's own.
 fn config_file(name: &str, text: &str, upstream: &Upstream) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("tollgate-reserve-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let path = dir.join("proxy.toml");
     let text = text.replace("@UPSTREAM@", &upstream.addr.to_string());
-    std::fs::write(&path, text).expect("write config");
-    path
+    write_config_file("reserve", name, &text)
 }
 
 /// Runs `tollgate COMMAND --config PATH --ip 127.0.0.1 GET http://t/limited`.

@@ -40,15 +40,8 @@ fn config_text(url: &str) -> String {
 
 /// Writes `text` (with `@UPSTREAM@` filled in) to a file of this test's own.
 fn config_file(name: &str, text: &str, upstream: &Upstream) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("tollgate-reset-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let path = dir.join("proxy.toml");
-    std::fs::write(
-        &path,
-        text.replace("@UPSTREAM@", &upstream.addr.to_string()),
-    )
-    .expect("write config");
-    path
+    let text = text.replace("@UPSTREAM@", &upstream.addr.to_string());
+    write_config_file("reset", name, &text)
 }
 
 /// Runs `tollgate reset` on `path` for `GET /api` from 127.0.0.1 (the tests' client).

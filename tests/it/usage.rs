@@ -49,11 +49,7 @@ const YEAR: u64 = 366 * 86_400;
 
 /// Writes `text` (with `@UPSTREAM@` filled in) to a file of this test's own.
 fn config_file(tag: &str, text: &str, upstream: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("tollgate-usage-{}-{tag}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let path = dir.join("proxy.toml");
-    std::fs::write(&path, text.replace("@UPSTREAM@", upstream)).expect("write config");
-    path
+    write_config_file("usage", tag, &text.replace("@UPSTREAM@", upstream))
 }
 
 /// `tollgate COMMAND --config PATH ARGS...` on a blocking thread: exit code, stdout, stderr.
