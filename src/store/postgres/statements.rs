@@ -78,7 +78,7 @@ pub fn decide_sql() -> &'static str {
 /// counts the prefix that fits. The cap is found by the row's place in the arrays
 /// (`array_position`), not by a sub-plan per row: 263k PostgreSQL instructions per execution
 /// on a hot bucket against 237k for the uncapped upsert and 296k with a correlated sub-select
-/// (one backend under callgrind, `EXECUTE` of the prepared text).
+/// (`bench/statement_instructions.sh`).
 ///
 /// Why a second text: prepared once, the plain upsert costs the server less than the prepared
 /// call of the function (PL/pgSQL's call and the tuplestore that `RETURN QUERY` fills; about
